@@ -1,0 +1,227 @@
+"""Where ranks are spawned and stopped: the process manager of the controller.
+
+* Start method: ``forkserver`` with a server that has already imported torch, fhelium and
+  the rank loop, so a new rank is a cheap fork of a warm, CUDA-free process that shares
+  torch's pages copy-on-write. ``spawn`` where forkserver is unavailable. Never ``fork``:
+  the controller may have touched CUDA or hold live process groups.
+* Rendezvous: a ``FileStore`` in the world's private (0700) directory, and Gloo/NCCL pinned
+  to the loopback interface, so nothing listens on a reachable address and concurrent runs
+  on one machine cannot meet each other.
+* Stopping: every rank holds the read end of a lifeline pipe whose only write end is ours.
+  Closing it (or our death, even by SIGKILL) wakes the rank's watchdog thread, which saves
+  coverage and exits; what has not exited shortly after is SIGKILLed. Ranks also ask the
+  kernel for SIGKILL when their parent (the forkserver) dies.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.connection
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import torch.multiprocessing
+
+from harness import _rank
+from harness._messages import RankSetup, rank_file
+
+# How long ranks get to save coverage and exit after their lifeline closes before SIGKILL.
+STOP_GRACE_S = 5.0
+STOP_GRACE_NO_COVERAGE_S = 1.0
+
+_context: BaseContext | None = None
+
+
+def context() -> BaseContext:
+    """The multiprocessing context ranks are started from (created once per process)."""
+    global _context
+    if _context is None:
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            ctx = torch.multiprocessing.get_context("forkserver")
+            # Only effective before the server starts; a server someone else started first
+            # still works, its ranks just import these modules themselves.
+            ctx.set_forkserver_preload(_preload())  # type: ignore[attr-defined]
+            _context = ctx
+        else:
+            _context = torch.multiprocessing.get_context("spawn")
+    return _context
+
+
+def _preload() -> list[str]:
+    # Everything a rank imports before it can run a call; pytest only when we run under it
+    # (without it each rank of an isolated test would import pytest, ~0.5 s).
+    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness._rank"]
+    if "_pytest" in sys.modules:
+        modules += ["pytest", "_pytest.outcomes", "harness._pytest_rank"]
+    if "coverage" in sys.modules:
+        modules.append("coverage")
+    return modules
+
+
+def loopback_interface() -> str:
+    """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    names = [name for _, name in socket.if_nameindex()]
+    for name in ("lo", "lo0"):
+        if name in names:
+            return name
+    loops = [name for name in names if name.startswith("lo")]
+    return loops[0] if loops else "lo"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for ``MASTER_PORT``)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def rank_env(rank: int, world_size: int, master_port: int) -> dict[str, str]:
+    """The torchrun environment of one rank of a single-node world."""
+    env = {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1",
+        "ROLE_NAME": "default",
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(master_port),
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "harness",
+    }
+    # torchrun's default: one intra-op thread per rank, so N ranks do not fight over cores.
+    if "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = "1"
+    loopback = loopback_interface()
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        if name not in os.environ:
+            env[name] = loopback
+    return env
+
+
+@dataclass
+class RankProcess:
+    """One rank as the controller sees it, from its start until it is reaped."""
+
+    rank: int
+    pid: int
+    process: Any  # multiprocessing.Process of the chosen context
+    conn: Connection
+    lifeline: Connection | None
+    workdir: str
+    main_thread: int = 0
+    watchdog_thread: int = 0
+    exitcode: int | None = None  # set once the process is reaped
+    reaped: bool = False
+
+    def alive(self) -> bool:
+        return not self.reaped and self.process.exitcode is None
+
+
+def start_ranks(
+    world_size: int, backend: str, workdir: str, coverage: dict[str, Any] | None
+) -> list[RankProcess]:
+    """Start ``world_size`` rank processes (they then rendezvous on their own)."""
+    ctx = context()
+    port = free_port()
+    ranks: list[RankProcess] = []
+    try:
+        for rank in range(world_size):
+            setup = RankSetup(
+                rank=rank,
+                world_size=world_size,
+                backend=backend,
+                env=rank_env(rank, world_size, port),
+                workdir=workdir,
+                coverage=coverage,
+            )
+            ours, theirs = ctx.Pipe()  # type: ignore[attr-defined]
+            life_read, life_write = ctx.Pipe(duplex=False)  # type: ignore[attr-defined]
+            process = ctx.Process(  # type: ignore[attr-defined]
+                target=_rank.main,
+                args=(setup, theirs, life_read),
+                name=f"harness-rank{rank}",
+            )
+            try:
+                process.start()
+            finally:
+                # The child has its copies; keeping ours would hide its death from us.
+                theirs.close()
+                life_read.close()
+            ranks.append(RankProcess(rank, process.pid, process, ours, life_write, workdir))
+    except BaseException:
+        stop_ranks(ranks, grace_s=STOP_GRACE_NO_COVERAGE_S)
+        raise
+    return ranks
+
+
+def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
+    """Stop ranks: close lifelines, give them ``grace_s`` to exit, SIGKILL the rest, reap all.
+
+    Safe to call again on the same ranks.
+    """
+    for proc in ranks:
+        if proc.lifeline is not None:
+            proc.lifeline.close()
+            proc.lifeline = None
+    ranks = [proc for proc in ranks if not proc.reaped]
+    deadline = time.monotonic() + grace_s
+    waiting = [proc for proc in ranks if proc.alive()]
+    while waiting:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        multiprocessing.connection.wait([proc.process.sentinel for proc in waiting], left)
+        waiting = [proc for proc in waiting if proc.alive()]
+    for proc in waiting:
+        proc.process.kill()
+    for proc in ranks:
+        proc.process.join()
+        proc.exitcode = proc.process.exitcode
+        proc.reaped = True
+        proc.conn.close()
+        proc.process.close()
+
+
+def dump_stacks(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
+    """Ask every live rank for a dump of all its threads; return the raw dumps by rank."""
+    paths = {}
+    for proc in ranks:
+        if proc.alive():
+            paths[proc.rank] = rank_file(proc.workdir, proc.rank, "stacks")
+            try:
+                os.kill(proc.pid, _rank.STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+    dumps: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    pending = dict(paths)
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank, path in list(pending.items()):
+            text = read_text(path)
+            # faulthandler writes a dump in one go from the signal handler; a dump that has
+            # stopped growing for one poll interval is complete.
+            if text and text == dumps.get(rank):
+                del pending[rank]
+            dumps[rank] = text
+    return dumps
+
+
+def read_text(path: str) -> str:
+    """A rank file's text ('' when it does not exist)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""

@@ -1,0 +1,70 @@
+"""Turn :mod:`faulthandler` dumps into tracebacks a person can read.
+
+A rank's stacks are taken by :mod:`faulthandler` (on a signal at a timeout, or on a fatal
+error) because it works from a C signal handler: it sees a main thread that is blocked in a
+collective or a ``time.sleep`` where Python-level code would never run. Its dump names files
+and line numbers only, most recent call first. The controller runs on the same machine and
+reads the same files, so it adds the source lines and puts the frames in traceback order.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import re
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):$")
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
+_MULTIPROCESSING_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "multiprocessing"
+
+
+def format_dump(dump: str, *, main_thread: int | None = None, hidden: tuple[int, ...] = ()) -> str:
+    """Rewrite a faulthandler dump as traceback-style text with source lines.
+
+    Args:
+        dump: What :mod:`faulthandler` wrote.
+        main_thread: Ident of the rank's main thread: it is listed first and labelled.
+        hidden: Idents of harness threads to leave out.
+
+    Returns:
+        One block per thread, ``(most recent call last)``, each frame followed by its source
+        line. The harness's own outermost frames (the rank loop) are dropped. Lines of the
+        dump that are not part of a stack (``Fatal Python error: ...``) are kept at the top.
+    """
+    preamble: list[str] = []
+    threads: list[tuple[int, list[tuple[str, int, str]]]] = []
+    for line in dump.splitlines():
+        header = _THREAD.match(line.strip())
+        if header:
+            threads.append((int(header.group(1), 16), []))
+            continue
+        frame = _FRAME.match(line)
+        if frame and threads:
+            threads[-1][1].append((frame["file"], int(frame["line"]), frame["name"]))
+        elif not threads and line.strip() and not line.startswith("Extension modules"):
+            preamble.append(line.rstrip())
+    threads = [t for t in threads if t[0] not in hidden]
+    threads.sort(key=lambda t: t[0] != main_thread)
+    blocks = ["\n".join(preamble)] if preamble else []
+    for ident, frames in threads:
+        label = " (main thread)" if ident == main_thread else ""
+        lines = [f"Thread {ident:#x}{label} (most recent call last):"]
+        for path, lineno, name in _user_frames(frames[::-1]):
+            lines.append(f'  File "{path}", line {lineno}, in {name}')
+            source = linecache.getline(path, lineno).strip()
+            if source:
+                lines.append(f"    {source}")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n" if blocks else dump
+
+
+def _user_frames(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    # Drop the outermost frames that belong to multiprocessing's bootstrap or the rank loop;
+    # keep everything from the first frame of user code on. A thread that is all harness
+    # (the rank waiting for work) keeps its frames, so the reader still sees where it waits.
+    for index, (path, _, _) in enumerate(frames):
+        if not path.startswith((_HARNESS_DIR, _MULTIPROCESSING_DIR, "<")):
+            return frames[index:] if index else frames
+    return frames
