@@ -41,6 +41,9 @@ STACKS_SIGNAL = signal.SIGUSR1
 
 _PR_SET_PDEATHSIG = 1
 
+# Frames from this package (the rank loop, the pytest test runner) are left out of tracebacks.
+_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
 # faulthandler writes to these from a signal handler; they must stay open for the rank's life.
 _dump_files: list[TextIO] = []
 
@@ -196,7 +199,7 @@ def _skip_reason(exc: BaseException) -> str:
 def _failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
     """Describe an exception as text (it may not pickle), without the harness's own frames."""
     tb: TracebackType | None = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_HARNESS_DIR):
         tb = tb.tb_next
     try:
         message = str(exc)

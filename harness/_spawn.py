@@ -58,7 +58,7 @@ def _preload() -> list[str]:
     # (without it each rank of an isolated test would import pytest, ~0.5 s).
     modules = ["torch", "torch.distributed", "fhelium.distributed", "harness._rank"]
     if "_pytest" in sys.modules:
-        modules += ["pytest", "_pytest.outcomes", "harness._pytest_rank"]
+        modules += ["pytest", "_pytest.assertion.rewrite", "harness._pytest_rank"]
     if "coverage" in sys.modules:
         modules.append("coverage")
     return modules

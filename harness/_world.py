@@ -96,14 +96,14 @@ def resolve_backend(backend: object) -> str:
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:
     """Why a world of this (resolved) backend and size cannot run here, or None if it can."""
-    check = getattr(dist, "is_backend_available", None)
-    available = check(backend) if check else getattr(dist, f"is_{backend}_available", bool)()
-    if not dist.is_available() or not available:
-        return f"backend {backend!r} is not available in this build of torch {torch.__version__}"
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:
             return f"needs {world_size} CUDA devices, found {found}"
+    check = getattr(dist, "is_backend_available", None)
+    available = check(backend) if check else getattr(dist, f"is_{backend}_available", bool)()
+    if not dist.is_available() or not available:
+        return f"backend {backend!r} is not available in this build of torch {torch.__version__}"
     return None
 
 

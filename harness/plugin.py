@@ -1,0 +1,156 @@
+"""pytest plugin: options, the ``distributed`` marker, fixtures and hooks.
+
+Registered through the ``pytest11`` entry point, so a project that installs fhelium only
+has to mark its tests::
+
+    @pytest.mark.distributed(world_size=2)
+    def test_all_reduce(rank, world_size):
+        ...
+
+This module only translates between pytest and the harness: running a test on its ranks
+is :mod:`harness._pytest_session`, the body runs in :mod:`harness._pytest_rank`, and
+failures become reports in :mod:`harness._pytest_report`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Generator
+from typing import Any
+
+import pytest
+
+from harness import _pytest_report
+from harness._pytest_rank import RankValue
+from harness._pytest_session import DEFAULT_TIMEOUT_S, MARKER, DistSession, parametrize
+from harness._world import World
+
+_SESSION = pytest.StashKey[DistSession]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("harness", "distributed tests (fhelium harness)")
+    group.addoption(
+        "--dist-backend",
+        choices=("auto", "gloo", "nccl"),
+        default=None,
+        help="backend for distributed tests that ask for 'auto' (default: auto, i.e. NCCL "
+        "when CUDA is available, else Gloo)",
+    )
+    group.addoption(
+        "--dist-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help=f"default time limit of one distributed test (default: ini dist_timeout, "
+        f"else {DEFAULT_TIMEOUT_S:g})",
+    )
+    group.addoption(
+        "--dist-isolate",
+        action="store_true",
+        default=False,
+        help="run every distributed test in fresh rank processes instead of reused worlds",
+    )
+    parser.addini(
+        "dist_timeout",
+        help=f"default time limit of one distributed test in seconds ({DEFAULT_TIMEOUT_S:g})",
+        default=str(DEFAULT_TIMEOUT_S),
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(world_size=2, *, backend='auto', timeout=None, isolate=False): run the "
+        "test body on every rank of a torch.distributed world (lists of world sizes or "
+        "backends parametrize the test)",
+    )
+    config.stash[_SESSION] = DistSession(config)
+    config.pluginmanager.register(_pytest_report, "harness-report")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION, None)
+    if session is not None:
+        session.close()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    parametrize(metafunc)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if pyfuncitem.get_closest_marker(MARKER) is None:
+        return None
+    pyfuncitem.config.stash[_SESSION].run_item(pyfuncitem)
+    return True
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
+    # Inside pytest-cov's own wrapper: the worlds' ranks save their coverage when they stop,
+    # and it must be merged before pytest-cov combines and reports.
+    try:
+        return (yield)
+    finally:
+        session.config.stash[_SESSION].close()
+
+
+def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
+    session = request.config.stash[_SESSION]
+    if session.launcher is not None:
+        import torch.distributed as dist
+
+        import fhelium.distributed
+
+        session.launcher_group()
+        if name == "local_device":
+            return fhelium.distributed.local_device()
+        if name == "rank":
+            return dist.get_rank()
+        if name == "world_size":
+            return dist.get_world_size()
+        return int(os.environ.get("LOCAL_RANK", "0"))
+    if request.node.get_closest_marker(MARKER) is None:
+        raise pytest.UsageError(
+            f"fixture {name!r} is only available in tests marked @pytest.mark.{MARKER} "
+            f"(requested by {request.node.nodeid})"
+        )
+    return RankValue(name)
+
+
+@pytest.fixture
+def rank(request: pytest.FixtureRequest) -> Any:
+    """This rank's global rank (filled in inside each rank)."""
+    return _rank_side(request, "rank")
+
+
+@pytest.fixture
+def world_size(request: pytest.FixtureRequest) -> Any:
+    """The number of ranks (filled in inside each rank)."""
+    return _rank_side(request, "world_size")
+
+
+@pytest.fixture
+def local_rank(request: pytest.FixtureRequest) -> Any:
+    """This rank's ``LOCAL_RANK`` (filled in inside each rank)."""
+    return _rank_side(request, "local_rank")
+
+
+@pytest.fixture
+def local_device(request: pytest.FixtureRequest) -> Any:
+    """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank)."""
+    return _rank_side(request, "local_device")
+
+
+@pytest.fixture(scope="session")
+def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
+    """``dist_world(world_size, backend="auto")``: a World shared for the session.
+
+    The same World is returned for the same size and backend; it is closed when the
+    session ends. Use it from ordinary (unmarked) tests that drive ranks themselves.
+    """
+    session = request.config.stash[_SESSION]
+    return session.world
+
