@@ -752,22 +752,28 @@ def main(argv: list[str] | None = None) -> int:
 def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     """Start the world, run the check, print the report; return the exit code."""
     try:
-        world = World(world_size, backend=backend, timeout=timeout)
+        world = World(world_size, backend=backend)
     except RuntimeError as exc:
         # An unavailable backend (NCCL without CUDA devices, a backend torch lacks).
-        print(f"harness check: {exc}", file=sys.stderr)
+        hint = "; try --backend gloo" if backend != "gloo" else ""
+        print(f"harness check: {exc}{hint}", file=sys.stderr)
         return 2
     except DistributedError as exc:
         print(f"harness check: {exc}", file=sys.stderr)
         return 1
+    # --timeout bounds the whole check once the world is up, across both runs.
+    deadline = time.monotonic() + timeout
     try:
-        devices = world.run(_rank_device)
+        devices = world.run(_rank_device, timeout=timeout)
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices(devices)} | start method "
-            f"{_spawn.context().get_start_method()}"
+            f"{_spawn.context().get_start_method()}",
+            # Shown while the check runs, also when stdout is a pipe (CI logs).
+            flush=True,
         )
-        per_rank = world.run(check_collectives, kwargs={"repeats": repeats})
+        remaining = max(deadline - time.monotonic(), 0.001)
+        per_rank = world.run(check_collectives, kwargs={"repeats": repeats}, timeout=remaining)
     except DistributedError as exc:
         print(f"harness check: {exc}", file=sys.stderr)
         return 1

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import inspect
 import os
+import sys
 from typing import Any
 
 # Settings copied from the controller's Coverage to each rank's: (config attribute, keyword).
@@ -34,9 +35,10 @@ _COPIED = (
 
 
 def _current() -> Any | None:
-    try:
-        import coverage
-    except ImportError:
+    # Nothing can be measuring us unless coverage was imported (checked first: this runs on
+    # every world stop, and a failed import is not cached).
+    coverage = sys.modules.get("coverage")
+    if coverage is None:
         return None
     return coverage.Coverage.current()
 

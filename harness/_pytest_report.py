@@ -8,6 +8,7 @@ captured output is attached as report sections ``rank N stdout`` / ``rank N stde
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,9 @@ class DistributedFailureRepr(TerminalRepr):
         headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         # reprcrash is what -rA, --tb=line and the short summary show in one line.
-        self.reprcrash = ReprFileLocation(str(Path(item.config.rootpath, path)), (lineno or 0) + 1, headline)
+        self.reprcrash = ReprFileLocation(
+            str(Path(item.config.rootpath, path)), (lineno or 0) + 1, headline
+        )
         self._headline = headline
 
     def toterminal(self, tw: TerminalWriter) -> None:
@@ -51,7 +54,7 @@ def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> pytest.TestReport:
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report: pytest.TestReport = yield
     excinfo = call.excinfo
     if report.failed and excinfo is not None and isinstance(excinfo.value, DistributedError):

@@ -241,7 +241,9 @@ class DistSession:
             pytest.fail(f"failed on other ranks: {details}", pytrace=False)
         if skipped and len(skipped) < launched_size:
             ranks = ", ".join(map(str, skipped))
-            pytest.fail(f"skipped on ranks {ranks} only: {everyone[min(skipped)][1]}", pytrace=False)
+            pytest.fail(
+                f"skipped on ranks {ranks} only: {everyone[min(skipped)][1]}", pytrace=False
+            )
         if skipped:
             assert local is not None
             raise local
@@ -258,7 +260,8 @@ def _status(exc: BaseException | None) -> tuple[str, str]:
 def _describe(item: pytest.Function) -> tuple[TestRef, dict[str, Any]]:
     """The reference to the test function and the fixture values to send to the ranks."""
     module = item.module
-    assert module is not None and module.__file__ is not None
+    assert module is not None
+    assert module.__file__ is not None
     cls = item.cls
     state = None
     if cls is not None and item.instance is not None and vars(item.instance):

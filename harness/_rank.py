@@ -70,7 +70,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         torch.set_num_threads(int(setup.env["OMP_NUM_THREADS"]))
 
     try:
-        store = dist.FileStore(f"{setup.workdir}/store", setup.world_size)
+        store = dist.FileStore(f"{setup.workdir}/store", setup.world_size)  # type: ignore[attr-defined]
         fhelium.distributed.init(
             backend=setup.backend, store=store, world_size=setup.world_size, rank=setup.rank
         )
@@ -169,7 +169,7 @@ class _Capture:
 
     def start(self) -> None:
         _flush()
-        for fd, path in zip((1, 2), self._paths):
+        for fd, path in zip((1, 2), self._paths, strict=True):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             self._saved.append(os.dup(fd))
             os.dup2(target, fd)
@@ -177,7 +177,7 @@ class _Capture:
 
     def stop(self) -> None:
         _flush()
-        for fd, saved in zip((1, 2), self._saved):
+        for fd, saved in zip((1, 2), self._saved, strict=True):
             os.dup2(saved, fd)
             os.close(saved)
         self._saved.clear()

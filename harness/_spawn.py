@@ -46,7 +46,7 @@ def context() -> BaseContext:
             ctx = torch.multiprocessing.get_context("forkserver")
             # Only effective before the server starts; a server someone else started first
             # still works, its ranks just import these modules themselves.
-            ctx.set_forkserver_preload(_preload())  # type: ignore[attr-defined]
+            ctx.set_forkserver_preload(_preload())
             _context = ctx
         else:
             _context = torch.multiprocessing.get_context("spawn")
@@ -145,8 +145,8 @@ def start_ranks(
                 workdir=workdir,
                 coverage=coverage,
             )
-            ours, theirs = ctx.Pipe()  # type: ignore[attr-defined]
-            life_read, life_write = ctx.Pipe(duplex=False)  # type: ignore[attr-defined]
+            ours, theirs = ctx.Pipe()
+            life_read, life_write = ctx.Pipe(duplex=False)
             process = ctx.Process(  # type: ignore[attr-defined]
                 target=_rank.main,
                 args=(setup, theirs, life_read),

@@ -13,7 +13,9 @@ import linecache
 import os
 import re
 
-_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):$")
+_THREAD = re.compile(
+    r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[.*\])? \(most recent call first\):$"
+)
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))

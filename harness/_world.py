@@ -417,9 +417,7 @@ def _short_repr(obj: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _gather(
-    ranks: list[RankProcess], deadline: float | None
-) -> tuple[dict[int, _Reply], bool]:
+def _gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, _Reply], bool]:
     """Wait for one reply (or death) per rank.
 
     Returns the replies by rank and whether the deadline passed. After the first reply
@@ -481,8 +479,9 @@ def _interpret(
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
 
     silent = [proc.rank for proc in ranks if proc.rank not in replies]
-    events: list[tuple[float, int, _Reply]] = sorted(
-        (m.at, r, m) for r, m in replies.items() if isinstance(m, (Failed, _Died))
+    events: list[tuple[float, int, Failed | _Died]] = sorted(
+        ((m.at, r, m) for r, m in replies.items() if isinstance(m, (Failed, _Died))),
+        key=lambda event: (event[0], event[1]),
     )
     if events:
         failures: dict[int, RankFailure] = {}
@@ -530,9 +529,7 @@ def _interpret(
         for rank in range(n)
     }
     failures = {
-        rank: RankFailure(
-            rank, "WorldTimeout", f"still running after {timeout:g} s", stacks[rank]
-        )
+        rank: RankFailure(rank, "WorldTimeout", f"still running after {timeout:g} s", stacks[rank])
         for rank in silent
     }
     return Outcome(

@@ -153,4 +153,3 @@ def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
     """
     session = request.config.stash[_SESSION]
     return session.world
-

@@ -136,7 +136,7 @@ def init(
     if init_method is None and store is None and world_size == 1:
         # A direct world-size-one launch needs no rendezvous with anyone: a private
         # in-memory store keeps it free of ports, files and environment variables.
-        store = dist.HashStore()
+        store = dist.HashStore()  # type: ignore[attr-defined]
 
     if device is not None:
         torch.cuda.set_device(device)
@@ -251,9 +251,10 @@ def _select_device(device_id: object, cuda: bool) -> torch.device | None:
             f"device_id={device_id!r} is not a CUDA device, but CUDA is available and a "
             "CUDA device is required; use None, an int ordinal or 'cuda:N'"
         )
-    if device.index is None:
+    index: int | None = device.index  # None for a bare "cuda"
+    if index is None:
         return _cuda_ordinal(_env_int("LOCAL_RANK", default=0), "LOCAL_RANK")
-    return _cuda_ordinal(device.index, "device_id")
+    return _cuda_ordinal(index, "device_id")
 
 
 def _cuda_ordinal(index: int, source: str) -> torch.device:
