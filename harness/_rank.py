@@ -44,6 +44,10 @@ _PR_SET_PDEATHSIG = 1
 # Frames from this package (the rank loop, the pytest test runner) are left out of tracebacks.
 _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
+# Variables a controller running under torchrun inherits that would point a rank's own
+# env:// rendezvous at the launcher's agent instead of at this world.
+_LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
+
 # faulthandler writes to these from a signal handler; they must stay open for the rank's life.
 _dump_files: list[TextIO] = []
 
@@ -64,6 +68,8 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True
     )
     watchdog.start()
+    for name in _LAUNCHER_ONLY:
+        os.environ.pop(name, None)
     os.environ.update(setup.env)
     if "OMP_NUM_THREADS" in setup.env:
         # torch was imported (in the forkserver) before the variable was set.

@@ -53,6 +53,18 @@ def context() -> BaseContext:
     return _context
 
 
+def warm_up() -> None:
+    """Start the forkserver now, so that it imports torch while the caller does other work.
+
+    Returns at once; the first rank started later no longer waits for the server's imports.
+    """
+    ctx = context()
+    if ctx.get_start_method() == "forkserver":
+        import multiprocessing.forkserver
+
+        multiprocessing.forkserver.ensure_running()
+
+
 def _preload() -> list[str]:
     # Everything a rank imports before it can run a call; pytest only when we run under it
     # (without it each rank of an isolated test would import pytest, ~0.5 s).

@@ -457,9 +457,29 @@ def _receive(proc: RankProcess) -> _Reply:
             return message
     except (EOFError, OSError):
         pass
-    # Nothing to read: the process ended (or closed its pipe, and is about to).
+    # Nothing to read: the process ended (or closed its pipe, and is about to). Its death is
+    # seen now; joining then waits for the forkserver's report, which may lag behind peers
+    # that already failed because of this death.
+    seen = time.monotonic()
     proc.process.join(1.0)
-    return _Died(proc.process.exitcode, time.monotonic())
+    return _Died(proc.process.exitcode, _death_time(proc, seen))
+
+
+def _death_time(proc: RankProcess, seen: float) -> float:
+    """When a rank died, on the monotonic clock, as well as we can tell.
+
+    A fatal signal makes faulthandler write the crash file just before the process dies, so
+    its mtime precedes the failures of peers that lost their connection to the rank (which
+    the controller may see first, on a loaded machine).
+    """
+    try:
+        info = os.stat(rank_file(proc.workdir, proc.rank, "crash"))
+    except OSError:
+        return seen
+    if info.st_size == 0:
+        return seen
+    written = seen - (time.time_ns() - info.st_mtime_ns) / 1e9
+    return min(seen, written)
 
 
 def _interpret(

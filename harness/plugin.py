@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness import _pytest_report
+from harness import _pytest_report, _spawn
 from harness._pytest_rank import RankValue
 from harness._pytest_session import DEFAULT_TIMEOUT_S, MARKER, DistSession, parametrize
 from harness._world import World
@@ -67,6 +67,16 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_SESSION] = DistSession(config)
     config.pluginmanager.register(_pytest_report, "harness-report")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
+    if config.option.collectonly or xdist_controller or config.stash[_SESSION].launcher:
+        return
+    # Rank processes fork from a server that imports torch first (~1 s); start it now so
+    # that import overlaps with collection instead of delaying the first distributed test.
+    _spawn.warm_up()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
