@@ -7,9 +7,9 @@ prints one table row per collective with the slowest rank's latency.
 
 Two halves:
 
-* the rank side, :func:`check_collectives`, runs inside each rank and imports nothing but
-  the standard library, torch and :mod:`fhelium.distributed`, so it tests torch.distributed
-  and not the harness;
+* the rank side, :func:`check_collectives`, runs inside each rank and uses nothing but the
+  standard library, torch and :mod:`fhelium.distributed`, so it tests torch.distributed and
+  not the harness;
 * the controller side, :func:`main`, starts the :class:`~harness.World`, merges the ranks'
   rows (:func:`merge_rows`), prints them (:func:`format_table`) and picks the exit code
   (:func:`exit_code`).
@@ -74,7 +74,8 @@ class Row(NamedTuple):
     """One line of the report.
 
     Attributes:
-        name: The collective, with ``" (async)"`` appended for its ``async_op=True`` form.
+        name: The collective, with ``" (async)"`` appended for its ``async_op=True`` form
+            (``"isend/irecv (async)"`` for the non-blocking form of ``"send/recv"``).
         status: ``"ok"``, ``"FAIL: <why>"``, ``"unsupported: <why>"`` or ``"n/a: <why>"``.
         latency_ms: Median latency in milliseconds, or None when it did not run.
     """
@@ -443,8 +444,10 @@ def _measure(c: _Ctx, check: _Check, async_op: bool, name: str, repeats: int, da
         except _Mismatch as exc:
             return Row(name, f"{FAIL}: {exc}", None)
         except Exception as exc:
-            # The collective (or its Work) raised: every rank sees the same for an
-            # unimplemented collective, so stopping here keeps the ranks in step.
+            # The collective (or its Work) raised. An unimplemented collective raises on
+            # every rank, so stopping here keeps the ranks in step; if only this rank
+            # raised, its peers may block in the next collective, and the controller's
+            # timeout then reports every rank's stack instead of a table.
             return Row(name, _classify(exc, c.backend), None)
         if attempt:
             times.append(elapsed)
