@@ -38,7 +38,9 @@ class RankSetup:
         rank: Global rank.
         world_size: Number of ranks.
         backend: Resolved backend (``"gloo"``, ``"nccl"``, ...), never ``"auto"``.
-        env: Variables set in the rank before anything else (the torchrun environment).
+        inherited: The controller's ``os.environ`` when the rank started. A forked rank would
+            otherwise see the forkserver's environment, frozen when that server started.
+        env: The rank's torchrun variables, set over ``inherited``.
         workdir: The world generation's private directory: rendezvous store, capture and
             stack files, coverage data.
         coverage: Keyword arguments for the rank's ``coverage.Coverage``, or None.
@@ -47,6 +49,7 @@ class RankSetup:
     rank: int
     world_size: int
     backend: str
+    inherited: dict[str, str]
     env: dict[str, str]
     workdir: str
     coverage: dict[str, Any] | None
@@ -63,10 +66,14 @@ class Call:
 
     ``capture`` redirects the rank's stdout/stderr file descriptors to its capture files for
     the duration of the call (the controller reads them afterwards, even after a crash).
+    ``env`` is the controller's ``os.environ`` when it differs from the one the rank started
+    with (a fixture's ``monkeypatch.setenv``, say): the call sees it, with the rank's torchrun
+    variables on top, and the rank's own environment is restored afterwards.
     """
 
     payload: bytes
     capture: bool = False
+    env: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

@@ -102,9 +102,7 @@ class DistSession:
         self.backend_option: str = config.getoption("dist_backend") or "auto"
         self.isolate_all: bool = bool(config.getoption("dist_isolate"))
         option = config.getoption("dist_timeout")
-        self.default_timeout = float(
-            option if option is not None else (config.getini("dist_timeout") or DEFAULT_TIMEOUT_S)
-        )
+        self.default_timeout = _default_timeout(config, option)
         self.launcher = launcher_world()
         self._worlds: dict[tuple[int, str], World] = {}
         self._outcome_group: Any = None
@@ -171,6 +169,10 @@ class DistSession:
         if outcome.error is not None:
             _raise_xfail_if_all_xfailed(outcome.error)
             raise outcome.error
+        if outcome.skip is not None:
+            # Any skip (pytest.skip or unittest.SkipTest) is pytest's skip here, located at the
+            # test: pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
+            raise pytest.skip.Exception(outcome.skip.reason, _use_item_location=True)
         outcome.result()
 
     def _resolve(self, item: pytest.Function, mark: pytest.Mark) -> tuple[int, str, float, bool]:
@@ -247,6 +249,22 @@ class DistSession:
         if skipped:
             assert local is not None
             raise local
+
+
+def _default_timeout(config: pytest.Config, option: float | None) -> float:
+    """``--dist-timeout``, else ini ``dist_timeout``, else the default; a bad value is a
+    usage error naming it (not a failure of every distributed test, or an internal error)."""
+    raw: Any = option
+    if raw is None:
+        raw = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
+    try:
+        timeout = _world.check_timeout(float(raw))
+    except (TypeError, ValueError):
+        timeout = None
+    if timeout is None:
+        source = "--dist-timeout" if option is not None else "ini option dist_timeout"
+        raise pytest.UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
+    return timeout
 
 
 def _status(exc: BaseException | None) -> tuple[str, str]:

@@ -68,12 +68,11 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True
     )
     watchdog.start()
-    for name in _LAUNCHER_ONLY:
-        os.environ.pop(name, None)
-    os.environ.update(setup.env)
-    if "OMP_NUM_THREADS" in setup.env:
-        # torch was imported (in the forkserver) before the variable was set.
-        torch.set_num_threads(int(setup.env["OMP_NUM_THREADS"]))
+    _set_environ(setup.inherited, setup.env)
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdecimal() and int(threads) > 0:
+        # torch read the variable when the forkserver imported it, maybe with another value.
+        torch.set_num_threads(int(threads))
 
     try:
         store = dist.FileStore(f"{setup.workdir}/store", setup.world_size)  # type: ignore[attr-defined]
@@ -105,6 +104,8 @@ def _call(call: Call, setup: RankSetup) -> RankMessage:
     groups = _live_groups()
     capture = _Capture(setup) if call.capture else None
     try:
+        if call.env is not None:
+            _set_environ(call.env, setup.env)
         if capture:
             capture.start()
         try:
@@ -139,6 +140,14 @@ def _call(call: Call, setup: RankSetup) -> RankMessage:
         if capture:
             capture.stop()
         _restore(env, cwd, groups)
+
+
+def _set_environ(inherited: dict[str, str], own: dict[str, str]) -> None:
+    wanted = {k: v for k, v in inherited.items() if k not in _LAUNCHER_ONLY}
+    wanted.update(own)
+    if os.environ != wanted:
+        os.environ.clear()
+        os.environ.update(wanted)
 
 
 def _restore(env: dict[str, str], cwd: str, groups: set[Any]) -> None:

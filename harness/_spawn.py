@@ -146,6 +146,7 @@ def start_ranks(
     """Start ``world_size`` rank processes (they then rendezvous on their own)."""
     ctx = context()
     port = free_port()
+    inherited = dict(os.environ)
     ranks: list[RankProcess] = []
     try:
         for rank in range(world_size):
@@ -153,6 +154,7 @@ def start_ranks(
                 rank=rank,
                 world_size=world_size,
                 backend=backend,
+                inherited=inherited,
                 env=rank_env(rank, world_size, port),
                 workdir=workdir,
                 coverage=coverage,

@@ -45,6 +45,10 @@ START_TIMEOUT_S = 60.0
 FAILURE_GRACE_S = 0.5
 """After the first failure, how long the other ranks get to report before they are torn down."""
 
+DEATH_SEEN_LATE_S = FAILURE_GRACE_S
+"""How much earlier than we see it a rank may have died without a crash dump: a death seen
+within this time after another rank's failure counts as that failure's cause."""
+
 SKIP_GRACE_S = 2.0
 """After the first skip, how long the other ranks get to finish (a skip is usually unanimous)."""
 
@@ -273,8 +277,9 @@ class World:
         ranks = self._state.ranks
         assert self._state.workdir is not None
         workdir = self._state.workdir
+        environ = dict(os.environ)
         try:
-            call = Call(payload, capture)
+            call = Call(payload, capture, None if environ == self._environ else environ)
             for proc in ranks:
                 try:
                     proc.conn.send(call)
@@ -317,6 +322,7 @@ class World:
         workdir = os.path.join(self._state.root, f"g{self._generation}")
         os.mkdir(workdir, 0o700)
         self._state.workdir = workdir
+        self._environ = dict(os.environ)  # what the ranks inherit; calls send only changes
         self._state.ranks = _spawn.start_ranks(
             self.world_size, self.backend, workdir, _coverage.settings()
         )
@@ -468,16 +474,18 @@ def _receive(proc: RankProcess) -> _Reply:
 def _death_time(proc: RankProcess, seen: float) -> float:
     """When a rank died, on the monotonic clock, as well as we can tell.
 
-    A fatal signal makes faulthandler write the crash file just before the process dies, so
-    its mtime precedes the failures of peers that lost their connection to the rank (which
-    the controller may see first, on a loaded machine).
+    Peers blocked in a collective with a rank fail the moment its sockets close, which is
+    also when we can first see its death, so they often report a (consequential) failure
+    stamped before the death is seen. A fatal signal makes faulthandler write the crash file
+    just before the process dies: its mtime dates the death. Otherwise (``os._exit``, an
+    external SIGKILL) the death is dated ``DEATH_SEEN_LATE_S`` before it was seen.
     """
     try:
         info = os.stat(rank_file(proc.workdir, proc.rank, "crash"))
     except OSError:
-        return seen
-    if info.st_size == 0:
-        return seen
+        info = None
+    if info is None or info.st_size == 0:
+        return seen - DEATH_SEEN_LATE_S
     written = seen - (time.time_ns() - info.st_mtime_ns) / 1e9
     return min(seen, written)
 

@@ -123,9 +123,11 @@ def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
             return dist.get_world_size()
         return int(os.environ.get("LOCAL_RANK", "0"))
     if request.node.get_closest_marker(MARKER) is None:
-        raise pytest.UsageError(
+        # An error of this test at setup, shown as its message alone (no plugin frames).
+        pytest.fail(
             f"fixture {name!r} is only available in tests marked @pytest.mark.{MARKER} "
-            f"(requested by {request.node.nodeid})"
+            f"(requested by {request.node.nodeid})",
+            pytrace=False,
         )
     return RankValue(name)
 

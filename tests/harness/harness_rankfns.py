@@ -1,0 +1,257 @@
+"""Functions the harness tests run inside ranks.
+
+They must be importable by the ranks, so they live at module level in a uniquely named
+module (``tests/harness`` has no ``__init__.py`` and is put on ``sys.path`` by pytest).
+Ranks that must wait for a peer's failure either block in a collective or sleep; the
+source lines ``time.sleep(3600)`` are asserted on by the timeout tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import unittest
+from typing import Any
+
+import harness_testutil
+import pytest
+import torch
+import torch.distributed as dist
+
+TORCHRUN_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+# ---------------------------------------------------------------- results, arguments, env
+
+
+def rank_and_size() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def echo(*args: Any, **kwargs: Any) -> tuple[int, tuple[Any, ...], dict[str, Any]]:
+    return dist.get_rank(), args, kwargs
+
+
+def all_reduce_sum() -> float:
+    """Sum of (rank + 1) over all ranks, through a blocking all_reduce."""
+    tensor = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(tensor)
+    return tensor.item()
+
+
+def async_collectives() -> dict[str, Any]:
+    """Async all_reduce, broadcast and a point-to-point ring through ``Work`` handles."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    summed = torch.tensor([float(rank)])
+    work = dist.all_reduce(summed, async_op=True)
+    assert work is not None
+    work.wait()
+    assert work.is_completed()
+    root = torch.tensor([42.0]) if rank == 0 else torch.zeros(1)
+    handle = dist.broadcast(root, src=0, async_op=True)
+    assert handle is not None
+    handle.wait()
+    outgoing = torch.tensor([float(rank)])
+    incoming = torch.zeros(1)
+    works = [
+        dist.isend(outgoing, dst=(rank + 1) % size),
+        dist.irecv(incoming, src=(rank - 1) % size),
+    ]
+    for item in works:
+        assert item is not None
+        item.wait()
+    return {"sum": summed.item(), "broadcast": root.item(), "from_left": incoming.item()}
+
+
+def torchrun_env() -> dict[str, str | None]:
+    return {name: os.environ.get(name) for name in TORCHRUN_VARS}
+
+
+def getpid() -> int:
+    return os.getpid()
+
+
+def backend_name() -> str:
+    return str(dist.get_backend())
+
+
+# ---------------------------------------------------------------- state between runs
+
+
+def dirty_state(path: str) -> tuple[str, str]:
+    """Change the environment and the working directory, and leave them changed."""
+    os.environ["HARNESS_TEST_LEAK"] = "leaked"
+    del os.environ["MASTER_PORT"]
+    os.environ["RANK"] = "999"
+    os.chdir(path)
+    return os.getcwd(), os.environ["HARNESS_TEST_LEAK"]
+
+
+def env_and_cwd() -> tuple[str | None, str | None, str | None, str]:
+    return (
+        os.environ.get("HARNESS_TEST_LEAK"),
+        os.environ.get("RANK"),
+        os.environ.get("MASTER_PORT"),
+        os.getcwd(),
+    )
+
+
+def group_count() -> int:
+    """Number of live process groups (the default group counts as one)."""
+    return len(dist.distributed_c10d._world.pg_map)
+
+
+def make_subgroups() -> int:
+    """Create two groups, use one, and leave both behind."""
+    everyone = dist.new_group()
+    dist.new_group(ranks=[0])
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor, group=everyone)
+    assert tensor.item() == dist.get_world_size()
+    return group_count()
+
+
+def destroy_default_group() -> str:
+    dist.destroy_process_group()
+    return "destroyed"
+
+
+# ---------------------------------------------------------------- failures
+
+
+def raise_on(rank: int, message: str) -> float:
+    """``rank`` raises at once; the others wait for it in an all_reduce."""
+    if dist.get_rank() == rank:
+        raise ValueError(message)
+    return all_reduce_sum()
+
+
+def raise_on_else_sleep(rank: int) -> None:
+    """``rank`` raises at once; the others sleep (they must be torn down)."""
+    if dist.get_rank() == rank:
+        raise KeyError("the root cause")
+    time.sleep(3600)
+
+
+def raise_in_order(first: int, second: int) -> None:
+    """``first`` raises at once, ``second`` shortly after, the others sleep."""
+    if dist.get_rank() == first:
+        raise ValueError("first failure")
+    if dist.get_rank() == second:
+        time.sleep(0.05)
+        raise RuntimeError("second failure")
+    time.sleep(3600)
+
+
+def sleep_forever() -> None:
+    time.sleep(3600)
+
+
+def _sleeping_thread() -> None:
+    time.sleep(3601)
+
+
+def sleep_forever_with_thread() -> None:
+    """The main thread and a helper thread both sleep."""
+    threading.Thread(target=_sleeping_thread, name="helper", daemon=True).start()
+    time.sleep(3600)
+
+
+def segfault_on(rank: int) -> None:
+    """``rank`` dies of SIGSEGV; the others sleep."""
+    if dist.get_rank() == rank:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    time.sleep(3600)
+
+
+def segfault_on_else_barrier(rank: int) -> None:
+    """``rank`` dies of SIGSEGV; the others wait for it in a barrier."""
+    if dist.get_rank() == rank:
+        os.kill(os.getpid(), signal.SIGSEGV)
+    dist.barrier()
+
+
+def exit_on(rank: int, code: int) -> None:
+    """``rank`` leaves through ``os._exit(code)``; the others sleep."""
+    if dist.get_rank() == rank:
+        os._exit(code)
+    time.sleep(3600)
+
+
+def exit_on_else_barrier(rank: int, code: int) -> None:
+    """``rank`` leaves through ``os._exit(code)``; the others wait for it in a barrier."""
+    if dist.get_rank() == rank:
+        os._exit(code)
+    dist.barrier()
+
+
+class LockedError(Exception):
+    """An exception that cannot be pickled: it holds a lock."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable(rank: int) -> None:
+    if dist.get_rank() == rank:
+        raise LockedError("this exception holds a lock")
+    time.sleep(3600)
+
+
+def return_unpicklable_on(rank: int) -> object:
+    """``rank`` returns a lock (cannot be pickled); the others return an int."""
+    return threading.Lock() if dist.get_rank() == rank else dist.get_rank()
+
+
+def _refuse_to_load() -> None:
+    raise RuntimeError("this object cannot be unpickled")
+
+
+class Unloadable:
+    """Pickles fine, fails when unpickled."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_refuse_to_load, ())
+
+
+def return_unloadable_on(rank: int) -> object:
+    return Unloadable() if dist.get_rank() == rank else dist.get_rank()
+
+
+# ---------------------------------------------------------------- skips
+
+
+def pytest_skip_on(ranks: list[int] | None, reason: str) -> int:
+    """Raise pytest's skip on ``ranks`` (None: all)."""
+    if ranks is None or dist.get_rank() in ranks:
+        pytest.skip(reason)
+    return dist.get_rank()
+
+
+def unittest_skip_on(ranks: list[int] | None, reason: str) -> int:
+    if ranks is None or dist.get_rank() in ranks:
+        raise unittest.SkipTest(reason)
+    return dist.get_rank()
+
+
+# ---------------------------------------------------------------- network
+
+
+def rank_network() -> dict[str, Any]:
+    """This rank's listening TCP sockets (after a collective, so Gloo is fully connected)."""
+    all_reduce_sum()
+    return {
+        "listening": harness_testutil.listening_addresses(),
+        "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME"),
+    }

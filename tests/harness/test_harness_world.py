@@ -1,0 +1,172 @@
+"""A reused World: what it keeps between runs, what it restores, how it rebuilds itself after
+a failure, a timeout or a crash; argument checks, close() and the context manager."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import harness_rankfns as fns
+import pytest
+from harness_testutil import BACKEND, alive, wait_gone
+
+import harness
+
+
+def test_environment_and_cwd_are_restored_between_runs(
+    world2: harness.World, tmp_path: Any
+) -> None:
+    before = world2.run(fns.env_and_cwd)
+    assert [leak for leak, _, _, _ in before] == [None, None]
+    changed = world2.run(fns.dirty_state, args=(str(tmp_path),))
+    assert changed == [(str(tmp_path), "leaked")] * 2
+    after = world2.run(fns.env_and_cwd)
+    assert after == before
+    assert [rank for _, rank, _, _ in after] == ["0", "1"]
+    assert all(port is not None and port.isdigit() for _, _, port, _ in after)
+
+
+def test_groups_left_behind_are_destroyed_between_runs(world2: harness.World) -> None:
+    pids = world2.run(fns.getpid)
+    assert world2.run(fns.group_count) == [1, 1]
+    # Rank 1 is not a member of the second group, so it holds one group fewer.
+    assert world2.run(fns.make_subgroups) == [3, 2]
+    assert world2.run(fns.group_count) == [1, 1], "only the default group may survive a run"
+    assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+    assert world2.pids == pids, "a successful run keeps the ranks"
+
+
+def test_run_that_destroys_the_default_group(world2: harness.World) -> None:
+    assert world2.run(fns.destroy_default_group) == ["destroyed", "destroyed"]
+    # The next run still has a working default group.
+    assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+    assert world2.run(fns.group_count) == [1, 1]
+
+
+FAILING_CALLS: list[tuple[Callable[..., Any], tuple[Any, ...], float | None, type[Exception]]] = [
+    (fns.raise_on, (1, "boom"), None, harness.RankError),
+    (fns.sleep_forever, (), 0.5, harness.WorldTimeout),
+    (fns.segfault_on, (0,), None, harness.RankCrash),
+    (fns.exit_on, (1, 7), None, harness.RankCrash),
+]
+
+
+@pytest.mark.parametrize(
+    ("fn", "args", "timeout", "error"),
+    FAILING_CALLS,
+    ids=["failure", "timeout", "crash", "exit"],
+)
+def test_world_rebuilds_itself_after(
+    world2: harness.World,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    timeout: float | None,
+    error: type[Exception],
+) -> None:
+    old = world2.run(fns.getpid)
+    with pytest.raises(error):
+        world2.run(fn, args=args, timeout=timeout)
+    assert wait_gone(old, timeout=5) == [], "the old ranks must be gone"
+    new = world2.run(fns.getpid)
+    assert not set(new) & set(old)
+    assert world2.pids == new
+    assert all(alive(pid) for pid in new)
+    assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+    assert world2.run(fns.group_count) == [1, 1]
+
+
+def test_two_worlds_at_once() -> None:
+    with harness.World(2, backend=BACKEND) as first, harness.World(3, backend=BACKEND) as second:
+        assert not set(first.pids) & set(second.pids)
+        assert first._state.root != second._state.root
+        for _ in range(3):
+            assert first.run(fns.all_reduce_sum) == [3.0] * 2
+            assert second.run(fns.all_reduce_sum) == [6.0] * 3
+        # A failure in one leaves the other alone.
+        with pytest.raises(harness.RankError):
+            first.run(fns.raise_on, args=(0, "only the first"))
+        assert second.run(fns.rank_and_size) == [(0, 3), (1, 3), (2, 3)]
+        assert first.run(fns.rank_and_size) == [(0, 2), (1, 2)]
+
+
+def test_close_is_idempotent_and_stops_the_ranks() -> None:
+    world = harness.World(2, backend=BACKEND)
+    pids = world.pids
+    root = world._state.root
+    assert os.path.isdir(root)
+    states = [world.closed]
+    world.close()
+    states.append(world.closed)
+    assert states == [False, True]
+    assert wait_gone(pids, timeout=5) == []
+    assert not os.path.exists(root)
+    world.close()
+    world.close()
+    assert world.closed
+    assert "closed" in repr(world)
+    with pytest.raises(RuntimeError, match="closed"):
+        world.run(fns.getpid)
+
+
+def test_context_manager_closes_even_on_error() -> None:
+    def fail_inside_with() -> None:
+        with harness.World(2, backend=BACKEND) as world:
+            assert isinstance(world, harness.World)
+            seen.append(world)
+            world.run(fns.raise_on, args=(0, "inside with"))
+
+    seen: list[harness.World] = []
+    with pytest.raises(harness.RankError):
+        fail_inside_with()
+    [world] = seen
+    pids = world.pids
+    root = world._state.root
+    assert world.closed
+    assert wait_gone(pids, timeout=5) == []
+    assert not os.path.exists(root)
+
+
+def test_rebuild_removes_the_files_of_the_torn_down_generation(world2: harness.World) -> None:
+    with pytest.raises(harness.RankError):
+        world2.run(fns.raise_on, args=(0, "x"))
+    world2.run(fns.getpid)
+    # Only the live generation's directory is left in the world's private directory.
+    assert len(os.listdir(world2._state.root)) == 1
+    assert oct(os.stat(world2._state.root).st_mode & 0o777) == oct(0o700)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"world_size": 0}, ValueError, "world_size must be >= 1, got 0"),
+        ({"world_size": -2}, ValueError, "got -2"),
+        ({"world_size": "2"}, TypeError, "world_size must be an int"),
+        ({"world_size": 2.0}, TypeError, "world_size must be an int"),
+        ({"world_size": True}, TypeError, "world_size must be an int"),
+        ({"world_size": 2, "backend": "bogus"}, ValueError, "unknown backend 'bogus'"),
+        ({"world_size": 2, "timeout": 0}, ValueError, "timeout must be a positive"),
+        ({"world_size": 2, "timeout": -1.0}, ValueError, "timeout must be a positive"),
+        ({"world_size": 2, "timeout": float("nan")}, ValueError, "timeout must be a positive"),
+    ],
+)
+def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    world_size = kwargs.pop("world_size")
+    with pytest.raises(error, match=match):
+        harness.World(world_size, **kwargs)
+    with pytest.raises(error, match=match):
+        harness.run(fns.getpid, world_size=world_size, **kwargs)
+
+
+def test_invalid_run_timeout(world2: harness.World) -> None:
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        world2.run(fns.getpid, timeout=0)
+
+
+def test_nccl_without_enough_gpus_is_refused() -> None:
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.device_count() >= 64:
+        pytest.skip("this machine has 64 GPUs")
+    with pytest.raises(RuntimeError, match="needs 64 CUDA devices, found"):
+        harness.World(64, backend="nccl")
