@@ -255,3 +255,8 @@ def rank_network() -> dict[str, Any]:
         "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME"),
         "NCCL_SOCKET_IFNAME": os.environ.get("NCCL_SOCKET_IFNAME"),
     }
+
+
+def read_env(name: str) -> tuple[str | None, str | None]:
+    """The variable ``name`` and ``RANK`` as this rank sees them."""
+    return os.environ.get(name), os.environ.get("RANK")

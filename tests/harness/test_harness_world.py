@@ -27,6 +27,21 @@ def test_environment_and_cwd_are_restored_between_runs(
     assert all(port is not None and port.isdigit() for _, _, port, _ in after)
 
 
+def test_ranks_see_the_controllers_environment_of_each_call(
+    world2: harness.World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A forked rank would see the forkserver's environment, frozen when the server started.
+    name = "HARNESS_TEST_CONTROLLER_VAR"
+    assert world2.run(fns.read_env, args=(name,)) == [(None, "0"), (None, "1")]
+    monkeypatch.setenv(name, "set later")
+    monkeypatch.setenv("RANK", "99")  # the rank's own torchrun variables still win
+    assert world2.run(fns.read_env, args=(name,)) == [("set later", "0"), ("set later", "1")]
+    with harness.World(2, backend=BACKEND) as fresh:
+        assert fresh.run(fns.read_env, args=(name,)) == [("set later", "0"), ("set later", "1")]
+    monkeypatch.delenv(name)
+    assert world2.run(fns.read_env, args=(name,)) == [(None, "0"), (None, "1")]
+
+
 def test_groups_left_behind_are_destroyed_between_runs(world2: harness.World) -> None:
     pids = world2.run(fns.getpid)
     assert world2.run(fns.group_count) == [1, 1]
