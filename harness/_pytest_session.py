@@ -160,9 +160,9 @@ class DistSession:
         capture = self.config.getoption("capture", "fd") != "no"
         if isolate:
             with World(world_size, backend=backend) as world:
-                outcome = world.call(run_test, (ref, kwargs), timeout=timeout, capture=capture)
+                outcome = world._call(run_test, (ref, kwargs), timeout=timeout, capture=capture)
         else:
-            outcome = self.world(world_size, backend).call(
+            outcome = self.world(world_size, backend)._call(
                 run_test, (ref, kwargs), timeout=timeout, capture=capture
             )
         _pytest_report.add_output_sections(item, outcome.outputs)

@@ -253,9 +253,9 @@ class World:
                 or the world could not be rebuilt after an earlier failure.
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
         """
-        return self.call(fn, args, kwargs, timeout=timeout).result()
+        return self._call(fn, args, kwargs, timeout=timeout).result()
 
-    def call(
+    def _call(
         self,
         fn: Callable[..., Any],
         args: Iterable[Any] = (),
