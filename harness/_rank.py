@@ -48,6 +48,13 @@ _HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # env:// rendezvous at the launcher's agent instead of at this world.
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
+# The process groups that outlive every call: the default group made at start-up.
+_baseline_groups: set[Any] = set()
+
+# Held by the thread that ends the process (main or watchdog), so the other cannot call
+# os._exit while coverage data is still being written.
+_exiting = threading.Lock()
+
 # faulthandler writes to these from a signal handler; they must stay open for the rank's life.
 _dump_files: list[TextIO] = []
 
@@ -82,6 +89,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     except BaseException as exc:
         conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
         _exit(cov, 1)
+    _baseline_groups.update(_live_groups())
     conn.send(Ready(os.getpid(), threading.main_thread().ident or 0, watchdog.ident or 0))
 
     while True:
@@ -99,9 +107,12 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
 
 def _call(call: Call, setup: RankSetup) -> RankMessage:
     """Run one call; whatever happens, answer with exactly one message."""
+    # Groups the previous call created are destroyed now, not when that call returned: by
+    # the time a new call arrives every rank has finished the last one, so no peer is still
+    # connecting to a group that this rank would tear down under it.
+    _destroy_groups_except(_baseline_groups)
     env = dict(os.environ)
     cwd = os.getcwd()
-    groups = _live_groups()
     capture = _Capture(setup) if call.capture else None
     try:
         if call.env is not None:
@@ -139,7 +150,7 @@ def _call(call: Call, setup: RankSetup) -> RankMessage:
     finally:
         if capture:
             capture.stop()
-        _restore(env, cwd, groups)
+        _restore(env, cwd)
 
 
 def _set_environ(inherited: dict[str, str], own: dict[str, str]) -> None:
@@ -150,19 +161,23 @@ def _set_environ(inherited: dict[str, str], own: dict[str, str]) -> None:
         os.environ.update(wanted)
 
 
-def _restore(env: dict[str, str], cwd: str, groups: set[Any]) -> None:
-    """Undo what a call changed that would leak into the next call on this rank."""
+def _restore(env: dict[str, str], cwd: str) -> None:
+    """Undo what a call changed in this process that would leak into the next call."""
     if os.environ != env:
         os.environ.clear()
         os.environ.update(env)
     if os.getcwd() != cwd:
         os.chdir(cwd)
-    if dist.is_initialized():
-        for group in _live_groups() - groups:
-            try:
-                dist.destroy_process_group(group)
-            except Exception:
-                pass
+
+
+def _destroy_groups_except(keep: set[Any]) -> None:
+    if not dist.is_initialized():
+        return
+    for group in _live_groups() - keep:
+        try:
+            dist.destroy_process_group(group)
+        except Exception:
+            pass
 
 
 def _live_groups() -> set[Any]:
@@ -273,6 +288,7 @@ def _flush() -> None:
 
 def _exit(cov: Any, code: int) -> NoReturn:
     """Leave the process at once: no atexit handlers, no destructors that could hang."""
+    _exiting.acquire()  # a second caller waits here until the first one's os._exit
     _flush()
     _coverage.save(cov)
     os._exit(code)

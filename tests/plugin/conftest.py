@@ -1,0 +1,73 @@
+"""Shared helpers of the pytest plugin tests.
+
+The tests drive the plugin the way a downstream project does: ``pytester`` (enabled by
+``-p pytester`` in the project's addopts) writes a small test project and runs pytest on it,
+in-process where possible (fast: the forkserver stays warm) and in a subprocess where a
+separate process is needed (pytest-xdist, pytest-cov, torchrun, the example project).
+
+Every test here also checks that no rank process is left behind once it is done.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+from plugin_testutil import descendants, new_processes
+
+if not sys.platform.startswith("linux"):
+    collect_ignore_glob = ["test_*.py"]  # the leftover-process checks read /proc
+
+# Variables that would put an inner pytest into launcher mode, or make a subprocess measure
+# itself with the outer run's coverage settings.
+_OUTER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_ERROR_FILE",
+    "COVERAGE_PROCESS_START",
+    "COVERAGE_FILE",
+    "COV_CORE_SOURCE",
+    "COV_CORE_CONFIG",
+    "COV_CORE_DATAFILE",
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+)
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner runs must not think they run under torchrun or under the outer coverage."""
+    for name in _OUTER_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _gloo_by_default(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inner runs mean the same on a machine with GPUs: their 'auto' backend is Gloo (a test
+    that passes its own --dist-backend overrides this)."""
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts
+        monkeypatch.setenv("PYTEST_ADDOPTS", "--dist-backend=gloo")
+
+
+@pytest.fixture(autouse=True)
+def _no_rank_left() -> Iterator[None]:
+    """After each test: no rank process (or anything else) it started is still running."""
+    before = descendants()
+    yield
+    left = new_processes(before)
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.fixture
+def pids_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A directory (outside the inner project) where inner tests drop marker files."""
+    return str(tmp_path_factory.mktemp("pids"))

@@ -1,0 +1,210 @@
+"""Worlds are reused across tests, rebuilt after any failure, and fresh when isolated; a bad
+test never changes the next test's outcome, and no rank outlives the session."""
+
+from __future__ import annotations
+
+import pytest
+from plugin_testutil import alive, read_pids
+
+# Each test writes "<name>-<rank>" = its pid to PIDS, so the outer test can compare worlds.
+HEADER = """
+import os
+import pytest
+import torch
+import torch.distributed as dist
+
+PIDS = {pids_dir!r}
+
+def record(name):
+    rank = dist.get_rank()
+    with open(os.path.join(PIDS, f"{{name}}-{{rank}}"), "w") as f:
+        f.write(str(os.getpid()))
+"""
+
+
+def world_pids(pids: dict[str, int], name: str) -> list[int]:
+    """The pids test ``name`` recorded, by rank."""
+    found = {key: pid for key, pid in pids.items() if key.rsplit("-", 1)[0] == name}
+    return [found[key] for key in sorted(found, key=lambda key: int(key.rsplit("-", 1)[1]))]
+
+
+def test_worlds_are_reused_and_rebuilt_after_failures(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    pytester.makepyfile(
+        HEADER.format(pids_dir=pids_dir)
+        + """
+@pytest.mark.distributed(world_size=2)
+def test_a(rank):
+    record("a")
+
+@pytest.mark.distributed(world_size=3)
+def test_b(rank):
+    record("b")
+
+@pytest.mark.distributed(world_size=2)
+def test_c(rank):
+    record("c")
+
+@pytest.mark.distributed(world_size=2, isolate=True)
+def test_isolated(rank):
+    record("isolated")
+
+@pytest.mark.distributed(world_size=2)
+def test_d(rank):
+    record("d")
+
+@pytest.mark.distributed(world_size=2)
+def test_fails(rank):
+    record("fails")
+    assert rank == 0
+
+@pytest.mark.distributed(world_size=2)
+def test_e(rank):
+    record("e")
+
+@pytest.mark.distributed(world_size=2)
+def test_f(rank):
+    record("f")
+"""
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=7, failed=1)
+    pids = read_pids(pids_dir, "")
+    a, b, c, isolated, d, fails, e, f = (
+        world_pids(pids, name) for name in ("a", "b", "c", "isolated", "d", "fails", "e", "f")
+    )
+    assert len(a) == 2
+    assert len(b) == 3
+    assert a == c == d == fails, "one world per size, reused"
+    assert not set(b) & set(a)
+    assert not set(isolated) & set(a), "isolate=True gets fresh processes"
+    assert not set(e) & set(a), "the world is rebuilt after a failure"
+    assert e == f, "...and reused again afterwards"
+    for pid in a + b + isolated + e:
+        assert not alive(pid), "no rank outlives the session"
+
+
+def test_dist_isolate_option_gives_every_test_fresh_processes(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    pytester.makepyfile(
+        HEADER.format(pids_dir=pids_dir)
+        + """
+@pytest.mark.distributed(world_size=2)
+def test_a(rank):
+    record("a")
+
+@pytest.mark.distributed(world_size=2)
+def test_b(rank):
+    record("b")
+
+@pytest.mark.distributed(world_size=2, isolate=False)
+def test_c(rank):
+    record("c")
+"""
+    )
+    result = pytester.runpytest("--dist-isolate")
+    result.assert_outcomes(passed=3)
+    pids = read_pids(pids_dir, "")
+    a, b, c = (world_pids(pids, name) for name in "abc")
+    assert len(set(a + b + c)) == 6
+
+
+def test_a_bad_test_never_changes_the_next_outcome(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import os
+        import signal
+        import time
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        SENTINEL = "HARNESS_PLUGIN_TEST_LEAK"
+
+        def check_clean_world():
+            assert dist.is_initialized() and dist.get_world_size() == 2
+            assert SENTINEL not in os.environ
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+
+        @pytest.mark.distributed(world_size=2)
+        def test_changes_environment(rank, tmp_path):
+            os.environ[SENTINEL] = "1"
+            os.chdir(tmp_path)
+            group = dist.new_group([0, 1])  # destroyed when the call ends
+            dist.all_reduce(torch.ones(1), group=group)
+            dist.barrier()  # no rank leaves (and destroys the group) while a peer still uses it
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_environment(rank, tmp_path):
+            check_clean_world()
+            assert os.getcwd() != str(tmp_path.parent / "test_changes_environment0")
+
+        @pytest.mark.distributed(world_size=2)
+        def test_fails(rank):
+            os.environ[SENTINEL] = "1"
+            raise RuntimeError(f"boom {rank}")
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_failure(rank):
+            check_clean_world()
+
+        @pytest.mark.distributed(world_size=2, timeout=1)
+        def test_hangs(rank):
+            if rank == 0:
+                time.sleep(3600)
+            dist.barrier()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_hang(rank):
+            check_clean_world()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_crashes(rank):
+            if rank == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            dist.barrier()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_crash(rank):
+            check_clean_world()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_destroys_the_group(rank):
+            dist.destroy_process_group()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_destroy(rank):
+            check_clean_world()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_skips(rank):
+            pytest.skip("skipped")
+
+        @pytest.mark.distributed(world_size=2)
+        def test_after_skip(rank):
+            check_clean_world()
+        """
+    )
+    result = pytester.runpytest("-v")
+    result.assert_outcomes(passed=8, failed=3, skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*::test_changes_environment PASSED*",
+            "*::test_after_environment PASSED*",
+            "*::test_fails FAILED*",
+            "*::test_after_failure PASSED*",
+            "*::test_hangs FAILED*",
+            "*::test_after_hang PASSED*",
+            "*::test_crashes FAILED*",
+            "*::test_after_crash PASSED*",
+            "*::test_destroys_the_group PASSED*",
+            "*::test_after_destroy PASSED*",
+            "*::test_skips SKIPPED*",
+            "*::test_after_skip PASSED*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*RankCrash: rank 1 was killed by SIGKILL*"])
