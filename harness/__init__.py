@@ -14,8 +14,24 @@ them. Where things live:
 * ``_check``    ``python -m harness check``
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from harness._errors import DistributedError, RankCrash, RankError, RankFailure, WorldTimeout
-from harness._world import World, run
+
+if TYPE_CHECKING:
+    from harness._world import World, run
+
+
+def __getattr__(name: str) -> Any:
+    # World and run need torch; importing them on first use keeps `import harness` (and the
+    # pytest plugin, loaded into every pytest run of the environment) free of it.
+    if name in ("World", "run"):
+        return getattr(importlib.import_module("harness._world"), name)
+    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+
 
 __all__ = [
     "DistributedError",

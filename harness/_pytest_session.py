@@ -8,90 +8,26 @@ torchrun) it runs bodies in-process instead and makes every rank agree on the ou
 
 from __future__ import annotations
 
-import os
 import pickle
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
 from harness import _pytest_report, _world
+from harness._checks import check_timeout, check_world_size
 from harness._errors import DistributedError
+from harness._pytest_marker import (
+    BACKEND_PARAM,
+    MARKER,
+    WORLD_SIZE_PARAM,
+    launcher_world,
+    parse_mark,
+    timeout_setting,
+)
 from harness._pytest_rank import RANK_FIXTURES, RankValue, TestRef, run_test
 from harness._world import World
-
-MARKER = "distributed"
-WORLD_SIZE_PARAM = "_harness_world_size"
-BACKEND_PARAM = "_harness_backend"
-DEFAULT_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class MarkSpec:
-    """The arguments of a ``distributed`` marker, not yet validated."""
-
-    world_size: Any = 2
-    backend: Any = "auto"
-    timeout: Any = None
-    isolate: Any = False
-
-
-def parse_mark(mark: pytest.Mark) -> MarkSpec:
-    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate)``.
-
-    Raises:
-        ValueError: For unknown or surplus arguments.
-    """
-    if len(mark.args) > 1:
-        raise ValueError(
-            f"@pytest.mark.{MARKER} takes world_size as its only positional argument, "
-            f"got {mark.args!r}"
-        )
-    kwargs = dict(mark.kwargs)
-    if mark.args:
-        if "world_size" in kwargs:
-            raise ValueError(f"@pytest.mark.{MARKER} got world_size twice")
-        kwargs["world_size"] = mark.args[0]
-    unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate"})
-    if unknown:
-        raise ValueError(
-            f"@pytest.mark.{MARKER} got unknown argument(s) {', '.join(unknown)}; "
-            "valid: world_size, backend, timeout, isolate"
-        )
-    return MarkSpec(**kwargs)
-
-
-def parametrize(metafunc: pytest.Metafunc) -> None:
-    """Turn list-valued ``world_size`` / ``backend`` into parameters (ids ``ws2``, ``gloo``)."""
-    mark = metafunc.definition.get_closest_marker(MARKER)
-    if mark is None:
-        return
-    try:
-        spec = parse_mark(mark)
-    except ValueError:
-        return  # reported when the test runs, so the module's other tests still run
-    for name, values, make_id in (
-        (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
-        (BACKEND_PARAM, spec.backend, str),
-    ):
-        if isinstance(values, (list, tuple)) and values:
-            # parametrize() only accepts names the test requests; this one it requests
-            # implicitly, and no fixture of that name exists.
-            if name not in metafunc.fixturenames:
-                metafunc.fixturenames.append(name)
-            metafunc.parametrize(name, list(values), ids=[make_id(v) for v in values])
-
-
-def launcher_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        except ValueError:
-            return None
-    return None
 
 
 class DistSession:
@@ -101,8 +37,7 @@ class DistSession:
         self.config = config
         self.backend_option: str = config.getoption("dist_backend") or "auto"
         self.isolate_all: bool = bool(config.getoption("dist_isolate"))
-        option = config.getoption("dist_timeout")
-        self.default_timeout = _default_timeout(config, option)
+        self.default_timeout = timeout_setting(config)
         self.launcher = launcher_world()
         self._worlds: dict[tuple[int, str], World] = {}
         self._outcome_group: Any = None
@@ -113,7 +48,7 @@ class DistSession:
     def world(self, world_size: int, backend: str = "auto") -> World:
         """The session's World of this size and backend (started on first use)."""
         resolved = _world.resolve_backend(backend)
-        key = (_world.check_world_size(world_size), resolved)
+        key = (check_world_size(world_size), resolved)
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = World(world_size, backend=resolved)
@@ -181,12 +116,12 @@ class DistSession:
             spec = parse_mark(mark)
             params = getattr(item, "callspec", None)
             params = params.params if params is not None else {}
-            world_size = _world.check_world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
+            world_size = check_world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
             backend = params.get(BACKEND_PARAM, spec.backend)
             if isinstance(backend, str) and backend.lower() == "auto":
                 backend = self.backend_option
             backend = _world.resolve_backend(backend)
-            timeout = _world.check_timeout(spec.timeout)
+            timeout = check_timeout(spec.timeout)
         except (TypeError, ValueError) as exc:
             problem = str(exc)
         if problem is not None:  # raised here, not in the except: no chained traceback
@@ -249,22 +184,6 @@ class DistSession:
         if skipped:
             assert local is not None
             raise local
-
-
-def _default_timeout(config: pytest.Config, option: float | None) -> float:
-    """``--dist-timeout``, else ini ``dist_timeout``, else the default; a bad value is a
-    usage error naming it (not a failure of every distributed test, or an internal error)."""
-    raw: Any = option
-    if raw is None:
-        raw = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
-    try:
-        timeout = _world.check_timeout(float(raw))
-    except (TypeError, ValueError):
-        timeout = None
-    if timeout is None:
-        source = "--dist-timeout" if option is not None else "ini option dist_timeout"
-        raise pytest.UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
-    return timeout
 
 
 def _status(exc: BaseException | None) -> tuple[str, str]:

@@ -15,17 +15,37 @@ failures become reports in :mod:`harness._pytest_report`.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness import _pytest_report, _spawn
+from harness import _pytest_report
+from harness._pytest_marker import (
+    DEFAULT_TIMEOUT_S,
+    MARKER,
+    launcher_world,
+    parametrize,
+    timeout_setting,
+)
 from harness._pytest_rank import RankValue
-from harness._pytest_session import DEFAULT_TIMEOUT_S, MARKER, DistSession, parametrize
-from harness._world import World
 
-_SESSION = pytest.StashKey[DistSession]()
+if TYPE_CHECKING:
+    from harness._pytest_session import DistSession
+    from harness._world import World
+
+# Nothing here imports torch: the session (and with it torch) is created on first use.
+_SESSION = pytest.StashKey["DistSession"]()
+
+
+def _session(config: pytest.Config) -> DistSession:
+    session = config.stash.get(_SESSION, None)
+    if session is None:
+        from harness._pytest_session import DistSession
+
+        session = config.stash[_SESSION] = DistSession(config)
+    return session
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -65,18 +85,31 @@ def pytest_configure(config: pytest.Config) -> None:
         "test body on every rank of a torch.distributed world (lists of world sizes or "
         "backends parametrize the test)",
     )
-    config.stash[_SESSION] = DistSession(config)
+    timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     config.pluginmanager.register(_pytest_report, "harness-report")
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    config = session.config
+def _warm_up(config: pytest.Config) -> None:
+    # Rank processes fork from a server that imports torch first (~1 s): start it early so
+    # that the import overlaps with other work instead of delaying the first distributed test.
     xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
-    if config.option.collectonly or xdist_controller or config.stash[_SESSION].launcher:
+    if config.option.collectonly or xdist_controller or launcher_world() is not None:
         return
-    # Rank processes fork from a server that imports torch first (~1 s); start it now so
-    # that import overlaps with collection instead of delaying the first distributed test.
+    from harness import _spawn
+
     _spawn.warm_up()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Only where torch is already in (a conftest imported it): then this costs no import here,
+    # and the server's imports overlap with collection.
+    if "torch" in sys.modules:
+        _warm_up(session.config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if any(item.get_closest_marker(MARKER) for item in items):
+        _warm_up(config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -93,7 +126,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if pyfuncitem.get_closest_marker(MARKER) is None:
         return None
-    pyfuncitem.config.stash[_SESSION].run_item(pyfuncitem)
+    _session(pyfuncitem.config).run_item(pyfuncitem)
     return True
 
 
@@ -104,12 +137,14 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
     try:
         return (yield)
     finally:
-        session.config.stash[_SESSION].close()
+        dist_session = session.config.stash.get(_SESSION, None)
+        if dist_session is not None:
+            dist_session.close()
 
 
 def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
-    session = request.config.stash[_SESSION]
-    if session.launcher is not None:
+    if launcher_world() is not None:
+        session = _session(request.config)
         import torch.distributed as dist
 
         import fhelium.distributed
@@ -163,5 +198,4 @@ def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
     The same World is returned for the same size and backend; it is closed when the
     session ends. Use it from ordinary (unmarked) tests that drive ranks themselves.
     """
-    session = request.config.stash[_SESSION]
-    return session.world
+    return _session(request.config).world

@@ -1,0 +1,103 @@
+"""The ``distributed`` marker and the plugin's settings, read without importing torch.
+
+The plugin is loaded into every pytest run of an environment that has fhelium installed, so
+what it needs before a distributed test actually runs lives here, free of torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from harness._checks import check_timeout
+
+MARKER = "distributed"
+WORLD_SIZE_PARAM = "_harness_world_size"
+BACKEND_PARAM = "_harness_backend"
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class MarkSpec:
+    """The arguments of a ``distributed`` marker, not yet validated."""
+
+    world_size: Any = 2
+    backend: Any = "auto"
+    timeout: Any = None
+    isolate: Any = False
+
+
+def parse_mark(mark: pytest.Mark) -> MarkSpec:
+    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate)``.
+
+    Raises:
+        ValueError: For unknown or surplus arguments.
+    """
+    if len(mark.args) > 1:
+        raise ValueError(
+            f"@pytest.mark.{MARKER} takes world_size as its only positional argument, "
+            f"got {mark.args!r}"
+        )
+    kwargs = dict(mark.kwargs)
+    if mark.args:
+        if "world_size" in kwargs:
+            raise ValueError(f"@pytest.mark.{MARKER} got world_size twice")
+        kwargs["world_size"] = mark.args[0]
+    unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate"})
+    if unknown:
+        raise ValueError(
+            f"@pytest.mark.{MARKER} got unknown argument(s) {', '.join(unknown)}; "
+            "valid: world_size, backend, timeout, isolate"
+        )
+    return MarkSpec(**kwargs)
+
+
+def parametrize(metafunc: pytest.Metafunc) -> None:
+    """Turn list-valued ``world_size`` / ``backend`` into parameters (ids ``ws2``, ``gloo``)."""
+    mark = metafunc.definition.get_closest_marker(MARKER)
+    if mark is None:
+        return
+    try:
+        spec = parse_mark(mark)
+    except ValueError:
+        return  # reported when the test runs, so the module's other tests still run
+    for name, values, make_id in (
+        (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
+        (BACKEND_PARAM, spec.backend, str),
+    ):
+        if isinstance(values, (list, tuple)) and values:
+            # parametrize() only accepts names the test requests; this one it requests
+            # implicitly, and no fixture of that name exists.
+            if name not in metafunc.fixturenames:
+                metafunc.fixturenames.append(name)
+            metafunc.parametrize(name, list(values), ids=[make_id(v) for v in values])
+
+
+def launcher_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            return None
+    return None
+
+
+def timeout_setting(config: pytest.Config) -> float:
+    """``--dist-timeout``, else ini ``dist_timeout``, else the default; a bad value is a
+    usage error naming it (not a failure of every distributed test, or an internal error)."""
+    option = config.getoption("dist_timeout")
+    raw: Any = option
+    if raw is None:
+        raw = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
+    try:
+        timeout = check_timeout(float(raw))
+    except (TypeError, ValueError):
+        timeout = None
+    if timeout is None:
+        source = "--dist-timeout" if option is not None else "ini option dist_timeout"
+        raise pytest.UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
+    return timeout
