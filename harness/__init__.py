@@ -29,7 +29,13 @@ def __getattr__(name: str) -> Any:
     # World and run need torch; importing them on first use keeps `import harness` (and the
     # pytest plugin, loaded into every pytest run of the environment) free of it.
     if name in ("World", "run"):
-        return getattr(importlib.import_module("harness._world"), name)
+        from harness import _server
+
+        # The forkserver imports torch while we do: the first world comes up sooner.
+        _server.warm_up()
+        value = getattr(importlib.import_module("harness._world"), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 

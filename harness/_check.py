@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from fhelium.distributed import local_device
-from harness import _spawn
+from harness import _server
 from harness._errors import DistributedError
 from harness._world import World
 
@@ -771,7 +771,7 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices(devices)} | start method "
-            f"{_spawn.context().get_start_method()}",
+            f"{_server.context().get_start_method()}",
             # Shown while the check runs, also when stdout is a pipe (CI logs).
             flush=True,
         )

@@ -69,7 +69,10 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
     global _dump_files
-    _dump_files = _install_dumps(setup)
+    try:
+        _dump_files = _install_dumps(setup)
+    except OSError:
+        os._exit(1)  # our directory is gone: the controller gave up on this world
     cov = _coverage.start(setup.coverage, setup.workdir, setup.rank)
     watchdog = threading.Thread(
         target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True

@@ -1,9 +1,8 @@
 """Where ranks are spawned and stopped: the process manager of the controller.
 
-* Start method: ``forkserver`` with a server that has already imported torch, fhelium and
-  the rank loop, so a new rank is a cheap fork of a warm, CUDA-free process that shares
-  torch's pages copy-on-write. ``spawn`` where forkserver is unavailable. Never ``fork``:
-  the controller may have touched CUDA or hold live process groups.
+* Start method: ranks fork from the warm forkserver of :mod:`harness._server` (``spawn``
+  where that is unavailable). Never ``fork`` the controller itself: it may have touched
+  CUDA or hold live process groups.
 * Rendezvous: a ``FileStore`` in the world's private (0700) directory, and Gloo/NCCL pinned
   to the loopback interface, so nothing listens on a reachable address and concurrent runs
   on one machine cannot meet each other.
@@ -15,65 +14,21 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import multiprocessing.connection
 import os
 import socket
-import sys
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
 from typing import Any
-
-import torch.multiprocessing
 
 from harness import _rank
 from harness._messages import RankSetup, rank_file
+from harness._server import context
 
 # How long ranks get to save coverage and exit after their lifeline closes before SIGKILL.
 STOP_GRACE_S = 5.0
 STOP_GRACE_NO_COVERAGE_S = 1.0
-
-_context: BaseContext | None = None
-
-
-def context() -> BaseContext:
-    """The multiprocessing context ranks are started from (created once per process)."""
-    global _context
-    if _context is None:
-        if "forkserver" in multiprocessing.get_all_start_methods():
-            ctx = torch.multiprocessing.get_context("forkserver")
-            # Only effective before the server starts; a server someone else started first
-            # still works, its ranks just import these modules themselves.
-            ctx.set_forkserver_preload(_preload())
-            _context = ctx
-        else:
-            _context = torch.multiprocessing.get_context("spawn")
-    return _context
-
-
-def warm_up() -> None:
-    """Start the forkserver now, so that it imports torch while the caller does other work.
-
-    Returns at once; the first rank started later no longer waits for the server's imports.
-    """
-    ctx = context()
-    if ctx.get_start_method() == "forkserver":
-        import multiprocessing.forkserver
-
-        multiprocessing.forkserver.ensure_running()
-
-
-def _preload() -> list[str]:
-    # Everything a rank imports before it can run a call; pytest only when we run under it
-    # (without it each rank of an isolated test would import pytest, ~0.5 s).
-    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness._rank"]
-    if "_pytest" in sys.modules:
-        modules += ["pytest", "_pytest.assertion.rewrite", "harness._pytest_rank"]
-    if "coverage" in sys.modules:
-        modules.append("coverage")
-    return modules
 
 
 def loopback_interface() -> str:
@@ -190,15 +145,19 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
             proc.lifeline = None
     ranks = [proc for proc in ranks if not proc.reaped]
     deadline = time.monotonic() + grace_s
-    waiting = [proc for proc in ranks if proc.alive()]
-    while waiting:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        multiprocessing.connection.wait([proc.process.sentinel for proc in waiting], left)
-        waiting = [proc for proc in waiting if proc.alive()]
-    for proc in waiting:
-        proc.process.kill()
+    try:
+        waiting = [proc for proc in ranks if proc.alive()]
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            multiprocessing.connection.wait([proc.process.sentinel for proc in waiting], left)
+            waiting = [proc for proc in waiting if proc.alive()]
+    finally:
+        # Also when interrupted (Ctrl-C): whatever is still running is killed and reaped.
+        for proc in ranks:
+            if proc.alive():
+                proc.process.kill()
     for proc in ranks:
         proc.process.join()
         proc.exitcode = proc.process.exitcode

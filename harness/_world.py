@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-from harness import _coverage, _spawn, _stacks
+from harness import _coverage, _server, _spawn, _stacks
 from harness._checks import check_timeout, check_world_size
 from harness._errors import (
     DistributedError,
@@ -133,8 +133,22 @@ class _State:
 
 
 def _release(state: _State) -> None:
-    _stop(state)
-    shutil.rmtree(state.root, ignore_errors=True)
+    try:
+        _stop(state)
+    finally:
+        shutil.rmtree(state.root, ignore_errors=True)
+
+
+_open_worlds: weakref.WeakSet[World] = weakref.WeakSet()
+
+
+def _close_open_worlds() -> None:
+    for world in list(_open_worlds):
+        world.close()
+
+
+# At exit, worlds are closed (their ranks save coverage) before the forkserver is stopped.
+_server.before_stop.append(_close_open_worlds)
 
 
 def _stop(state: _State) -> None:
@@ -179,6 +193,7 @@ class World:
             raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
         self._state = _State(tempfile.mkdtemp(prefix="harness-"))
         self._finalizer = weakref.finalize(self, _release, self._state)
+        _open_worlds.add(self)
         self._generation = 0
         self._broken = False
         try:

@@ -95,9 +95,9 @@ def _warm_up(config: pytest.Config) -> None:
     xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
     if config.option.collectonly or xdist_controller or launcher_world() is not None:
         return
-    from harness import _spawn
+    from harness import _server
 
-    _spawn.warm_up()
+    _server.warm_up()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -107,9 +107,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _warm_up(session.config)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if any(item.get_closest_marker(MARKER) for item in items):
-        _warm_up(config)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # At the first distributed test found: the rest of collection overlaps the server's start.
+    if item.get_closest_marker(MARKER) is not None:
+        _warm_up(item.config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -9,6 +9,7 @@ do, and their docstrings say so.
 from __future__ import annotations
 
 import os
+import time
 import warnings
 from datetime import timedelta
 from typing import Any
@@ -195,6 +196,12 @@ def shutdown(group: dist.ProcessGroup | None = None) -> None:
         )
     if not dist.is_available() or not dist.is_initialized():
         return
+    # torch < 2.8 destroys a Gloo group holding the GIL while it joins the group's worker
+    # threads; a worker still freeing a finished collective's tensor needs the GIL, and the
+    # two deadlock (fixed upstream in pytorch/pytorch#154976). Yielding the GIL once first
+    # lets such a worker finish: 3 of 3 runs of 100 init/collective/shutdown cycles hung on
+    # torch 2.4.1 without this, none of 5 x 300 with it.
+    time.sleep(0)
     dist.destroy_process_group(group)
 
 

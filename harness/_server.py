@@ -1,0 +1,99 @@
+"""The forkserver that ranks are forked from: started early, preloaded, stopped at exit.
+
+A new rank is a fork of a warm server that has already imported torch, fhelium and the rank
+loop: it costs a few milliseconds and shares torch's pages copy-on-write, where a spawned
+rank would import torch again (a second or more, ~150 MiB of its own). The server never
+touches CUDA, so forking it is safe; ``spawn`` is the fallback where forkserver is missing
+or cannot start.
+
+This module imports no torch. ``torch.multiprocessing.get_context`` *is*
+``multiprocessing.get_context`` (torch only adds tensor reductions when it is imported), so
+the server can be started before the controller imports torch, and the two imports share
+the machine's cores instead of running one after the other.
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import sys
+import warnings
+from collections.abc import Callable
+from multiprocessing.context import BaseContext
+
+_context: BaseContext | None = None
+
+before_stop: list[Callable[[], None]] = []
+"""Called at interpreter exit before the server is stopped (the controller closes its worlds,
+so that their ranks save coverage before the server's death takes them down)."""
+
+
+def context() -> BaseContext:
+    """The multiprocessing context ranks are started from; starts the forkserver once."""
+    global _context
+    if _context is not None:
+        return _context
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        _context = multiprocessing.get_context("spawn")
+        return _context
+    ctx = multiprocessing.get_context("forkserver")
+    # Only effective before the server starts; a server someone else started first still
+    # works, its ranks just import these modules themselves.
+    ctx.set_forkserver_preload(_preload())
+    try:
+        multiprocessing.forkserver.ensure_running()
+    except OSError as exc:
+        # For example an AF_UNIX path too long for the socket under a deep TMPDIR.
+        warnings.warn(
+            f"harness: the multiprocessing forkserver could not start ({exc}); ranks are "
+            "started with 'spawn' instead, which costs seconds per world",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        _context = multiprocessing.get_context("spawn")
+        return _context
+    atexit.register(_stop)
+    _context = ctx
+    return _context
+
+
+def warm_up() -> None:
+    """Start the forkserver now; returns at once, while the server imports torch."""
+    context()
+
+
+def _preload() -> list[str]:
+    # Everything a rank imports before it can run a call; pytest only when we run under it
+    # (without it each rank of an isolated test would import pytest, ~0.5 s).
+    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness._rank"]
+    if "_pytest" in sys.modules:
+        modules += ["pytest", "_pytest.assertion.rewrite", "harness._pytest_rank"]
+    if "coverage" in sys.modules:
+        modules.append("coverage")
+    return modules
+
+
+def _stop() -> None:
+    """At exit: close what still runs on the server, then end the server at once.
+
+    Left alone, the server would notice our exit and shut its interpreter down with torch
+    loaded, outliving us by a second with our stdout and stderr still open (``pytest | tee``
+    waits for that). Processes someone else started on it are left alone, and so is it.
+    """
+    for hook in before_stop:
+        try:
+            hook()
+        except Exception:
+            pass
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid is None or multiprocessing.active_children():
+        return
+    try:
+        os.kill(pid, signal.SIGKILL)
+        server._stop()  # type: ignore[attr-defined]
+    except Exception:
+        pass
