@@ -107,6 +107,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         _warm_up(session.config)
 
 
+def pytest_collectstart(collector: pytest.Collector) -> None:
+    # Before pytest imports a test module that mentions "distributed" (the marker, or
+    # torch.distributed): the server then imports torch while the module does, instead of
+    # after it. Reading the file costs microseconds; pytest reads it next anyway.
+    if isinstance(collector, pytest.Module) and "torch" not in sys.modules:
+        try:
+            mentions = b"distributed" in collector.path.read_bytes()
+        except OSError:
+            mentions = False
+        if mentions:
+            _warm_up(collector.config)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At the first distributed test found: the rest of collection overlaps the server's start.
     if item.get_closest_marker(MARKER) is not None:
