@@ -33,9 +33,7 @@ def __getattr__(name: str) -> Any:
 
         # The forkserver imports torch while we do: the first world comes up sooner.
         _server.warm_up()
-        value = getattr(importlib.import_module("harness._world"), name)
-        globals()[name] = value
-        return value
+        return getattr(importlib.import_module("harness._world"), name)
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 

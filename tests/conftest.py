@@ -1,0 +1,11 @@
+"""Shared by the whole suite.
+
+pytester's in-process runs snapshot ``sys.modules`` and drop every module first imported
+during an inner run. The harness imports its controller modules lazily (so that the plugin
+loads without torch); if an inner run were the first to import them, later tests would hold
+classes from modules no longer in ``sys.modules`` and could not pickle them to their ranks.
+Importing them here, before any test runs, keeps one copy for the whole session.
+"""
+
+import harness._pytest_session
+import harness._world  # noqa: F401
