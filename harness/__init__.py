@@ -5,13 +5,16 @@
 them. Where things live:
 
 * ``_world``    the controller: ``World``, ``run``, supervision of a call, errors built here
-* ``_spawn``    the process manager: start method, rendezvous, starting and stopping ranks
+* ``_spawn``    the process manager: rendezvous, starting and stopping ranks
+* ``_server``   the forkserver ranks are forked from
 * ``_rank``     the loop that runs inside each rank
 * ``_messages`` the named messages controller and ranks exchange
-* ``_errors``   the public errors and ``RankFailure``
-* ``plugin``    pytest options and hooks; ``_pytest_rank`` runs a test body inside a rank,
-  ``_pytest_report`` turns an outcome into a pytest report
-* ``_check``    ``python -m harness check``
+* ``_errors``   the public errors and ``RankFailure``; ``_checks`` argument checks
+* ``_stacks``   faulthandler dumps turned into readable stacks; ``_coverage`` coverage in ranks
+* ``plugin``    pytest options and hooks; ``_pytest_marker`` the marker and settings,
+  ``_pytest_session`` runs marked tests on worlds, ``_pytest_rank`` runs a test body inside
+  a rank, ``_pytest_report`` turns a failure into a pytest report
+* ``_check``    ``python -m harness check``; ``_collectives`` the checks it runs inside ranks
 """
 
 from __future__ import annotations

@@ -5,14 +5,10 @@ harness always does, runs each collective once per mode (blocking, and ``async_o
 with ``Work.wait()``), checks every rank's result exactly against what it must be, and
 prints one table row per collective with the slowest rank's latency.
 
-Two halves:
-
-* the rank side, :func:`check_collectives`, runs inside each rank and uses nothing but the
-  standard library, torch and :mod:`fhelium.distributed`, so it tests torch.distributed and
-  not the harness;
-* the controller side, :func:`main`, starts the :class:`~harness.World`, merges the ranks'
-  rows (:func:`merge_rows`), prints them (:func:`format_table`) and picks the exit code
-  (:func:`exit_code`).
+This module is the controller side: :func:`main` starts the :class:`~harness.World`, sends
+it :func:`harness._collectives.check_collectives` (the rank side), merges the ranks' rows
+(:func:`merge_rows`), prints them (:func:`format_table`) and picks the exit code
+(:func:`exit_code`).
 
 A collective the backend does not implement is reported as ``unsupported`` and is not a
 problem; a wrong result or any other exception is. Measured on torch 2.13 with Gloo on CPU,
@@ -23,66 +19,28 @@ included), so a plain run prints no ``unsupported`` rows there.
 from __future__ import annotations
 
 import argparse
-import re
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 import torch
-import torch.distributed as dist
 
-from fhelium.distributed import local_device
 from harness import _server
+from harness._collectives import (
+    DEFAULT_REPEATS,
+    FAIL,
+    NOT_APPLICABLE,
+    OK,
+    UNSUPPORTED,
+    Row,
+    check_collectives,
+    rank_device,
+)
 from harness._errors import DistributedError
 from harness._world import World
 
-__all__ = [
-    "Row",
-    "check_collectives",
-    "exit_code",
-    "format_table",
-    "main",
-    "merge_rows",
-    "summary",
-]
-
-DEFAULT_REPEATS = 5
-"""Timed repetitions per collective after one warm-up; the median is reported."""
-
-_CHUNK = 16
-"""Elements per rank-sized piece of a tensor: small, so latency dominates the timing."""
-
-OK = "ok"
-FAIL = "FAIL"
-UNSUPPORTED = "unsupported"
-NOT_APPLICABLE = "n/a"
-
-# Worst first: when ranks disagree, the merged row shows the worst rank's status.
 _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
-
-# How backends word "I do not implement this" (c10d's default Backend methods say
-# "Backend gloo does not support alltoall"; Python-level stubs raise NotImplementedError).
-_UNSUPPORTED_PATTERN = re.compile(
-    r"does not support|not supported|not implemented|unsupported", re.IGNORECASE
-)
-
-
-class Row(NamedTuple):
-    """One line of the report.
-
-    Attributes:
-        name: The collective, with ``" (async)"`` appended for its ``async_op=True`` form
-            (``"isend/irecv (async)"`` for the non-blocking form of ``"send/recv"``).
-        status: ``"ok"``, ``"FAIL: <why>"``, ``"unsupported: <why>"`` or ``"n/a: <why>"``.
-        latency_ms: Median latency in milliseconds, or None when it did not run.
-    """
-
-    name: str
-    status: str
-    latency_ms: float | None
+"""How bad each kind of status is: the merged row shows the worst."""
 
 
 def kind(status: str) -> str:
@@ -99,443 +57,15 @@ def kind(status: str) -> str:
     return head if head in _SEVERITY else FAIL
 
 
-# --------------------------------------------------------------------------- rank side
-
-
-class _Mismatch(Exception):
-    """A collective returned, but with the wrong result on this rank."""
-
-
-@dataclass(frozen=True)
-class _Ctx:
-    """What every check needs to know about the rank it runs on."""
-
-    rank: int
-    world_size: int
-    device: torch.device
-    backend: str
-
-    def piece(self, scale: float) -> torch.Tensor:
-        """``scale * [1, 2, ..., _CHUNK]``: integer-valued floats, so sums are exact."""
-        return torch.arange(1, _CHUNK + 1, dtype=torch.float32, device=self.device) * scale
-
-    def empty(self, pieces: int = 1) -> torch.Tensor:
-        # NaN, not zeros: a collective that silently writes nothing cannot look correct.
-        return torch.full((pieces * _CHUNK,), float("nan"), device=self.device)
-
-    def sync(self) -> None:
-        """Wait for the device, so a timing covers the work and not just its launch."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-@dataclass
-class _Trial:
-    """One execution of a collective: launch it, then read what it produced.
-
-    Attributes:
-        run: Launches the collective; returns None, a Work, or a list of Works.
-        result: Reads the outcome on this rank after ``run`` (and any ``wait``) finished.
-        expected: What ``result`` must equal exactly.
-    """
-
-    run: Callable[[], Any]
-    result: Callable[[], Any]
-    expected: Any
-
-
-@dataclass(frozen=True)
-class _Check:
-    """A collective kind.
-
-    Attributes:
-        name: The row name (the torch.distributed function called).
-        setup: Builds a fresh ``_Trial`` (inputs are consumed in place by most collectives).
-        modes: The ``async_op`` values it is checked with.
-        min_ranks: Fewest ranks it means anything with (point-to-point needs a peer).
-        async_name: Row name of the ``async_op=True`` form when that form calls other
-            functions (``isend``/``irecv``); default ``"<name> (async)"``.
-    """
-
-    name: str
-    setup: Callable[[_Ctx, bool], _Trial]
-    modes: tuple[bool, ...] = (False, True)
-    min_ranks: int = 1
-    async_name: str | None = None
-
-
-def _root(c: _Ctx) -> int:
-    # The last rank, not 0: a backend that ignores src/dst and uses rank 0 gets caught.
-    return c.world_size - 1
-
-
-def _all_reduce(c: _Ctx, async_op: bool) -> _Trial:
-    t = c.piece(c.rank + 1)
-    expected = c.piece(c.world_size * (c.world_size + 1) / 2)
-    return _Trial(lambda: dist.all_reduce(t, async_op=async_op), lambda: t, expected)
-
-
-def _broadcast(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    t = c.piece(100 + root) if c.rank == root else c.empty()
-    return _Trial(
-        lambda: dist.broadcast(t, src=root, async_op=async_op), lambda: t, c.piece(100 + root)
-    )
-
-
-def _all_gather(c: _Ctx, async_op: bool) -> _Trial:
-    out = [c.empty() for _ in range(c.world_size)]
-    mine = c.piece(c.rank + 1)
-    expected = [c.piece(i + 1) for i in range(c.world_size)]
-    return _Trial(lambda: dist.all_gather(out, mine, async_op=async_op), lambda: out, expected)
-
-
-# torch 2.13 renamed the single-tensor forms and deprecates the old names with a
-# FutureWarning that every rank would print; call the current name where it exists
-# (torch >= 2.4 is supported) and name the row after what was really called.
-_ALL_GATHER_TENSOR = (
-    "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-)
-_REDUCE_SCATTER_TENSOR = (
-    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor"
-)
-
-
-def _all_gather_tensor(c: _Ctx, async_op: bool) -> _Trial:
-    out = c.empty(c.world_size)
-    mine = c.piece(c.rank + 1)
-    expected = torch.cat([c.piece(i + 1) for i in range(c.world_size)])
-    fn = getattr(dist, _ALL_GATHER_TENSOR)
-    return _Trial(lambda: fn(out, mine, async_op=async_op), lambda: out, expected)
-
-
-def _reduce_scatter(c: _Ctx, async_op: bool) -> _Trial:
-    # Rank r contributes (r + 1) * (j + 1) to piece j; piece j is the sum over r of that.
-    inputs = [c.piece((c.rank + 1) * (j + 1)) for j in range(c.world_size)]
-    out = c.empty()
-    expected = c.piece((c.rank + 1) * c.world_size * (c.world_size + 1) / 2)
-    return _Trial(
-        lambda: dist.reduce_scatter(out, inputs, async_op=async_op), lambda: out, expected
-    )
-
-
-def _reduce_scatter_tensor(c: _Ctx, async_op: bool) -> _Trial:
-    inputs = torch.cat([c.piece((c.rank + 1) * (j + 1)) for j in range(c.world_size)])
-    out = c.empty()
-    expected = c.piece((c.rank + 1) * c.world_size * (c.world_size + 1) / 2)
-    fn = getattr(dist, _REDUCE_SCATTER_TENSOR)
-    return _Trial(lambda: fn(out, inputs, async_op=async_op), lambda: out, expected)
-
-
-def _all_to_all(c: _Ctx, async_op: bool) -> _Trial:
-    # The piece rank r sends to rank j is labelled r * n + j, so every piece is distinct.
-    n = c.world_size
-    inputs = [c.piece(c.rank * n + j + 1) for j in range(n)]
-    out = [c.empty() for _ in range(n)]
-    expected = [c.piece(i * n + c.rank + 1) for i in range(n)]
-    return _Trial(lambda: dist.all_to_all(out, inputs, async_op=async_op), lambda: out, expected)
-
-
-def _all_to_all_single(c: _Ctx, async_op: bool) -> _Trial:
-    n = c.world_size
-    inputs = torch.cat([c.piece(c.rank * n + j + 1) for j in range(n)])
-    out = c.empty(n)
-    expected = torch.cat([c.piece(i * n + c.rank + 1) for i in range(n)])
-    return _Trial(
-        lambda: dist.all_to_all_single(out, inputs, async_op=async_op), lambda: out, expected
-    )
-
-
-def _gather(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    is_root = c.rank == root
-    out = [c.empty() for _ in range(c.world_size)] if is_root else None
-    expected = [c.piece(i + 1) for i in range(c.world_size)] if is_root else None
-    mine = c.piece(c.rank + 1)
-    return _Trial(
-        lambda: dist.gather(mine, out, dst=root, async_op=async_op), lambda: out, expected
-    )
-
-
-def _scatter(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    inputs = [c.piece(i + 1) for i in range(c.world_size)] if c.rank == root else None
-    out = c.empty()
-    return _Trial(
-        lambda: dist.scatter(out, inputs, src=root, async_op=async_op),
-        lambda: out,
-        c.piece(c.rank + 1),
-    )
-
-
-def _send_recv(c: _Ctx, async_op: bool) -> _Trial:
-    # A ring: send to the next rank, receive from the previous one.
-    nxt, prev = (c.rank + 1) % c.world_size, (c.rank - 1) % c.world_size
-    mine = c.piece(c.rank + 1)
-    out = c.empty()
-
-    def blocking() -> None:
-        # Even ranks send first and odd ranks receive first, so no rank waits on a peer
-        # that is itself waiting (this also holds for odd world sizes: see the ring).
-        if c.rank % 2 == 0:
-            dist.send(mine, dst=nxt)
-            dist.recv(out, src=prev)
-        else:
-            dist.recv(out, src=prev)
-            dist.send(mine, dst=nxt)
-
-    def nonblocking() -> list[dist.Work | None]:
-        return [dist.isend(mine, dst=nxt), dist.irecv(out, src=prev)]
-
-    return _Trial(nonblocking if async_op else blocking, lambda: out, c.piece(prev + 1))
-
-
-def _batch_isend_irecv(c: _Ctx, async_op: bool) -> _Trial:
-    nxt, prev = (c.rank + 1) % c.world_size, (c.rank - 1) % c.world_size
-    mine = c.piece(c.rank + 1)
-    out = c.empty()
-    ops = [dist.P2POp(dist.isend, mine, nxt), dist.P2POp(dist.irecv, out, prev)]
-    return _Trial(lambda: dist.batch_isend_irecv(ops), lambda: out, c.piece(prev + 1))
-
-
-def _barrier(c: _Ctx, async_op: bool) -> _Trial:
-    return _Trial(lambda: dist.barrier(async_op=async_op), lambda: None, None)
-
-
-def _payload(rank: int) -> dict[str, Any]:
-    # Not a tensor: object collectives pickle it, so use types pickle treats differently.
-    return {"rank": rank, "text": f"from rank {rank}", "values": (rank, rank * 2.5, None)}
-
-
-def _broadcast_object_list(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    objects: list[Any] = [_payload(root), "second"] if c.rank == root else [None, None]
-    return _Trial(
-        lambda: dist.broadcast_object_list(objects, src=root),
-        lambda: objects,
-        [_payload(root), "second"],
-    )
-
-
-def _all_gather_object(c: _Ctx, async_op: bool) -> _Trial:
-    out: list[Any] = [None] * c.world_size
-    return _Trial(
-        lambda: dist.all_gather_object(out, _payload(c.rank)),
-        lambda: out,
-        [_payload(i) for i in range(c.world_size)],
-    )
-
-
-def _gather_object(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    out: list[Any] | None = [None] * c.world_size if c.rank == root else None
-    expected = [_payload(i) for i in range(c.world_size)] if c.rank == root else None
-    return _Trial(
-        lambda: dist.gather_object(_payload(c.rank), out, dst=root), lambda: out, expected
-    )
-
-
-def _scatter_object_list(c: _Ctx, async_op: bool) -> _Trial:
-    root = _root(c)
-    inputs = [_payload(i) for i in range(c.world_size)] if c.rank == root else None
-    out: list[Any] = [None]
-    return _Trial(
-        lambda: dist.scatter_object_list(out, inputs, src=root), lambda: out, [_payload(c.rank)]
-    )
-
-
-_SYNC_ONLY = (False,)
-
-CHECKS: tuple[_Check, ...] = (
-    _Check("all_reduce", _all_reduce),
-    _Check("broadcast", _broadcast),
-    _Check("all_gather", _all_gather),
-    _Check(_ALL_GATHER_TENSOR, _all_gather_tensor),
-    _Check("reduce_scatter", _reduce_scatter),
-    _Check(_REDUCE_SCATTER_TENSOR, _reduce_scatter_tensor),
-    _Check("all_to_all", _all_to_all),
-    _Check("all_to_all_single", _all_to_all_single),
-    _Check("gather", _gather),
-    _Check("scatter", _scatter),
-    _Check("send/recv", _send_recv, min_ranks=2, async_name="isend/irecv (async)"),
-    # batch_isend_irecv has no blocking form: it always returns Work handles.
-    _Check("batch_isend_irecv", _batch_isend_irecv, modes=(True,), min_ranks=2),
-    _Check("barrier", _barrier),
-    # The object collectives have no async_op parameter.
-    _Check("broadcast_object_list", _broadcast_object_list, modes=_SYNC_ONLY),
-    _Check("all_gather_object", _all_gather_object, modes=_SYNC_ONLY),
-    _Check("gather_object", _gather_object, modes=_SYNC_ONLY),
-    _Check("scatter_object_list", _scatter_object_list, modes=_SYNC_ONLY),
-)
-"""Every collective kind, in report order."""
-
-
-def row_names() -> list[str]:
-    """The names of the rows :func:`check_collectives` returns, in order.
-
-    Returns:
-        One name per (collective, mode), e.g. ``"all_reduce"``, ``"all_reduce (async)"``.
-    """
-    return [_row_name(check, mode) for check in CHECKS for mode in check.modes]
-
-
-def _row_name(check: _Check, async_op: bool) -> str:
-    if async_op and False in check.modes:
-        return check.async_name or f"{check.name} (async)"
-    return check.name
-
-
-def check_collectives(
-    repeats: int = DEFAULT_REPEATS, corrupt: tuple[str, int] | None = None
-) -> list[Row]:
-    """Run every collective kind on this rank of the default process group (rank side).
-
-    Every rank of the group must call this, with the same arguments, at the same time. Each
-    collective runs once as a warm-up and then ``repeats`` times; every run's result is
-    compared exactly with what it must be on this rank.
-
-    Args:
-        repeats: Timed repetitions after the warm-up (>= 1); the median is reported.
-        corrupt: For testing the checker itself: ``(row name, rank)`` makes that rank alter
-            that collective's result before it is verified, which must turn into a FAIL.
-
-    Returns:
-        One ``Row`` per collective and mode, in the order of :func:`row_names`.
-
-    Raises:
-        RuntimeError: If no default process group is initialized.
-        ValueError: If ``repeats`` is smaller than 1.
-    """
-    if not dist.is_initialized():
-        raise RuntimeError("check_collectives needs an initialized default process group")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    ctx = _Ctx(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        device=local_device(),
-        backend=str(dist.get_backend()),
-    )
-    rows = []
-    for check in CHECKS:
-        for async_op in check.modes:
-            name = _row_name(check, async_op)
-            damage = corrupt is not None and corrupt == (name, ctx.rank)
-            rows.append(_measure(ctx, check, async_op, name, repeats, damage))
-    return rows
-
-
-def _measure(c: _Ctx, check: _Check, async_op: bool, name: str, repeats: int, damage: bool) -> Row:
-    """Warm up, time and verify one collective in one mode on this rank."""
-    if c.world_size < check.min_ranks:
-        return Row(name, f"{NOT_APPLICABLE}: needs >= {check.min_ranks} ranks", None)
-    times: list[float] = []
-    problem: str | None = None
-    for attempt in range(repeats + 1):
-        try:
-            trial = check.setup(c, async_op)
-            c.sync()
-            start = time.perf_counter()
-            handle = trial.run()
-            if async_op:
-                _wait(handle)
-            c.sync()
-            elapsed = time.perf_counter() - start
-        except _Mismatch as exc:
-            return Row(name, f"{FAIL}: {exc}", None)
-        except Exception as exc:
-            # The collective (or its Work) raised. An unimplemented collective raises on
-            # every rank, so stopping here keeps the ranks in step; if only this rank
-            # raised, its peers may block in the next collective, and the controller's
-            # timeout then reports every rank's stack instead of a table.
-            return Row(name, _classify(exc, c.backend), None)
-        if attempt:
-            times.append(elapsed)
-        # Verify every repetition, but keep running after a mismatch: the peers do not know
-        # this rank failed and are already in the next repetition's collective.
-        if problem is None:
-            got = trial.result()
-            if damage:
-                got = _damaged(got)
-            problem = _compare(got, trial.expected)
-    latency = statistics.median(times) * 1000.0
-    if problem is not None:
-        return Row(name, f"{FAIL}: {problem}", latency)
-    return Row(name, OK, latency)
-
-
-def _wait(handle: Any) -> None:
-    """Wait on what an ``async_op=True`` call returned; it must be Work handles."""
-    works = handle if isinstance(handle, list) else [handle]
-    if not works or not all(callable(getattr(work, "wait", None)) for work in works):
-        raise _Mismatch(f"async_op=True returned {handle!r}, not a Work handle")
-    for work in works:
-        work.wait()
-
-
-def _classify(exc: Exception, backend: str) -> str:
-    """Turn an exception from a collective into a status: unsupported, or a failure."""
-    first_line = (str(exc).strip().splitlines() or [""])[0]
-    if isinstance(exc, NotImplementedError) or _UNSUPPORTED_PATTERN.search(first_line):
-        return f"{UNSUPPORTED}: {backend} does not implement it"
-    return f"{FAIL}: {type(exc).__name__}: {_shorten(first_line)}"
-
-
-def _compare(got: Any, expected: Any, where: str = "result") -> str | None:
-    """Why ``got`` is not exactly ``expected``, or None if it is."""
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(got, torch.Tensor):
-            return f"{where}: expected a tensor, got {type(got).__name__}"
-        if got.shape != expected.shape or got.dtype != expected.dtype:
-            return (
-                f"{where}: expected {tuple(expected.shape)} {expected.dtype}, "
-                f"got {tuple(got.shape)} {got.dtype}"
-            )
-        if not torch.equal(got.cpu(), expected.cpu()):
-            return f"{where}: expected {_values(expected)}, got {_values(got)}"
-        return None
-    if isinstance(expected, list) and any(isinstance(e, torch.Tensor) for e in expected):
-        if not isinstance(got, list) or len(got) != len(expected):
-            return f"{where}: expected a list of {len(expected)} tensors, got {_shorten(repr(got))}"
-        for index, (g, e) in enumerate(zip(got, expected, strict=True)):
-            problem = _compare(g, e, f"{where}[{index}]")
-            if problem is not None:
-                return problem
-        return None
-    if got != expected:
-        return f"{where}: expected {_shorten(repr(expected))}, got {_shorten(repr(got))}"
-    return None
-
-
-def _values(t: torch.Tensor) -> str:
-    # The first few values say which rank's data arrived (pieces are scaled by a label).
-    values = t.detach().cpu().flatten().tolist()
-    shown = ", ".join(f"{v:g}" for v in values[:4])
-    return f"[{shown}{', ...' if len(values) > 4 else ''}]"
-
-
-def _damaged(got: Any) -> Any:
-    """A wrong version of a result (only for :func:`check_collectives`'s ``corrupt``)."""
-    if isinstance(got, torch.Tensor):
-        return got + 1
-    if isinstance(got, list) and got:
-        return [_damaged(got[0]), *got[1:]]
-    return ("damaged", got)
-
-
-def _shorten(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _rank_device() -> str:
-    """This rank's device, as the header shows it (rank side)."""
-    device = local_device()
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    return str(device)
-
-
-# --------------------------------------------------------------------------- controller
+__all__ = [
+    "Row",
+    "check_collectives",
+    "exit_code",
+    "format_table",
+    "main",
+    "merge_rows",
+    "summary",
+]
 
 
 def merge_rows(per_rank: Sequence[Sequence[Row]]) -> list[Row]:
@@ -767,7 +297,7 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     # --timeout bounds the whole check once the world is up, across both runs.
     deadline = time.monotonic() + timeout
     try:
-        devices = world.run(_rank_device, timeout=timeout)
+        devices = world.run(rank_device, timeout=timeout)
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices(devices)} | start method "

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import harness
-from harness import _check
+from harness import _check, _collectives
 from harness._check import Row, check_collectives, exit_code, merge_rows, summary
 
 # Start-up (torch import, world start) dominates; the check itself takes well under a second.
@@ -67,7 +67,7 @@ def _table(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 def test_row_names_cover_every_kind() -> None:
-    names = _check.row_names()
+    names = _collectives.row_names()
     assert set(BASE_NAMES) <= set(names)
     assert any(n.startswith("all_gather_") and n not in BASE_NAMES for n in names)
     assert any(n.startswith("reduce_scatter_") and n not in BASE_NAMES for n in names)
@@ -105,7 +105,7 @@ def test_cli_check_passes(world_size: int) -> None:
     assert "start method " in header
     assert re.match(r"^collective\s+\| result\s+\|\s+latency$", lines[1])
     rows = _table(result.stdout)
-    assert list(rows) == _check.row_names()
+    assert list(rows) == _collectives.row_names()
     for name in BASE_NAMES:
         status, latency = rows[name]
         assert status == "ok" or status.startswith(("unsupported", "n/a")), (name, status)
@@ -169,7 +169,7 @@ def test_rank_function_rows_on_two_ranks() -> None:
     results = harness.run(check_collectives, world_size=2, kwargs={"repeats": 1}, timeout=60)
     assert len(results) == 2
     for rows in results:
-        assert [row.name for row in rows] == _check.row_names()
+        assert [row.name for row in rows] == _collectives.row_names()
         for row in rows:
             assert isinstance(row, Row)
             assert row.status == "ok" or row.status.startswith("unsupported"), row
@@ -238,9 +238,9 @@ def test_merge_disagreeing_or_missing_ranks_fail() -> None:
 
 def test_unimplemented_collective_is_unsupported_not_failed() -> None:
     exc = RuntimeError("Backend gloo does not support alltoall")
-    assert _check._classify(exc, "gloo") == "unsupported: gloo does not implement it"
-    assert _check._classify(NotImplementedError(), "ucc").startswith("unsupported")
-    other = _check._classify(RuntimeError("Connection reset by peer"), "gloo")
+    assert _collectives._classify(exc, "gloo") == "unsupported: gloo does not implement it"
+    assert _collectives._classify(NotImplementedError(), "ucc").startswith("unsupported")
+    other = _collectives._classify(RuntimeError("Connection reset by peer"), "gloo")
     assert other == "FAIL: RuntimeError: Connection reset by peer"
 
 
