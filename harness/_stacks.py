@@ -18,8 +18,11 @@ _THREAD = re.compile(
 )
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
 
-_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__))
 _MULTIPROCESSING_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "multiprocessing"
+
+# The rank loop's files, matched by name rather than by this module's directory: a rank may
+# run another copy of the package than the controller (a source checkout beside an install).
+_RANK_LOOP = (f"harness{os.sep}_rank.py", f"harness{os.sep}_pytest_rank.py")
 
 
 def format_dump(dump: str, *, main_thread: int | None = None, hidden: tuple[int, ...] = ()) -> str:
@@ -67,6 +70,6 @@ def _user_frames(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str
     # keep everything from the first frame of user code on. A thread that is all harness
     # (the rank waiting for work) keeps its frames, so the reader still sees where it waits.
     for index, (path, _, _) in enumerate(frames):
-        if not path.startswith((_HARNESS_DIR, _MULTIPROCESSING_DIR, "<")):
+        if not (path.startswith((_MULTIPROCESSING_DIR, "<")) or path.endswith(_RANK_LOOP)):
             return frames[index:] if index else frames
     return frames
