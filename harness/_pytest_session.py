@@ -47,12 +47,18 @@ class DistSession:
 
     def world(self, world_size: int, backend: str = "auto") -> World:
         """The session's World of this size and backend (started on first use)."""
-        resolved = _world.resolve_backend(backend)
+        resolved = self.resolve_backend(backend)
         key = (check_world_size(world_size), resolved)
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = World(world_size, backend=resolved)
         return world
+
+    def resolve_backend(self, backend: object) -> str:
+        """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
+        if isinstance(backend, str) and backend.lower() == "auto":
+            backend = self.backend_option
+        return _world.resolve_backend(backend)
 
     def close(self) -> None:
         """Close every World (before pytest-cov saves its data: their coverage is merged),
@@ -117,10 +123,7 @@ class DistSession:
             params = getattr(item, "callspec", None)
             params = params.params if params is not None else {}
             world_size = check_world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
-            backend = params.get(BACKEND_PARAM, spec.backend)
-            if isinstance(backend, str) and backend.lower() == "auto":
-                backend = self.backend_option
-            backend = _world.resolve_backend(backend)
+            backend = self.resolve_backend(params.get(BACKEND_PARAM, spec.backend))
             timeout = check_timeout(spec.timeout)
         except (TypeError, ValueError) as exc:
             problem = str(exc)

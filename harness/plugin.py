@@ -210,6 +210,7 @@ def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
     """``dist_world(world_size, backend="auto")``: a World shared for the session.
 
     The same World is returned for the same size and backend; it is closed when the
-    session ends. Use it from ordinary (unmarked) tests that drive ranks themselves.
+    session ends. ``"auto"`` follows ``--dist-backend`` as the marker does. Use it from
+    ordinary (unmarked) tests that drive ranks themselves.
     """
     return _session(request.config).world

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 
 import pytest
+import torch
 from plugin_testutil import alive, assert_no_internal_frames
 
 
@@ -168,3 +169,21 @@ def test_dist_world_is_shared_for_the_session_and_closed_at_its_end(
     for world in worlds:
         assert world.closed  # type: ignore[attr-defined]
         assert not [pid for pid in world.pids if alive(pid)]  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_dist_world_auto_follows_the_dist_backend_option(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_auto_is_nccl(dist_world):
+            with pytest.raises(RuntimeError, match="needs 2 CUDA devices, found 0"):
+                dist_world(2)
+
+        def test_explicit_backend_is_kept(dist_world):
+            assert dist_world(2, "gloo").backend == "gloo"
+        """
+    )
+    result = pytester.runpytest("--dist-backend", "nccl")
+    result.assert_outcomes(passed=2)
