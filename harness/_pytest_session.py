@@ -8,6 +8,7 @@ torchrun) it runs bodies in-process instead and makes every rank agree on the ou
 
 from __future__ import annotations
 
+import builtins
 import pickle
 import sys
 from datetime import timedelta
@@ -109,6 +110,7 @@ class DistSession:
         _pytest_report.add_output_sections(item, outcome.outputs)
         if outcome.error is not None:
             _raise_xfail_if_all_xfailed(outcome.error)
+            _raise_xfail_if_raises_matches(item, outcome.error)
             raise outcome.error
         if outcome.skip is not None:
             # Any skip (pytest.skip or unittest.SkipTest) is pytest's skip here, located at the
@@ -237,6 +239,26 @@ def _check_picklable(value: Any, what: str) -> None:
             f"does not pickle ({type(exc).__name__}: {exc})",
             pytrace=False,
         )
+
+
+def _raise_xfail_if_raises_matches(item: pytest.Function, error: DistributedError) -> None:
+    # pytest matches xfail(raises=...) against the exception the call raised, here a
+    # RankError; what the user means is the exception of the rank that failed first.
+    from _pytest.skipping import xfailed_key
+
+    xfailed = item.stash.get(xfailed_key, None)
+    root = next(iter(error.failures.values()), None)
+    if xfailed is None or xfailed.raises is None or root is None:
+        return
+    raises = xfailed.raises if isinstance(xfailed.raises, tuple) else (xfailed.raises,)
+    builtin = getattr(builtins, root.exc_type, None)
+    for expected in raises:
+        if not isinstance(expected, type):
+            continue  # a pytest.RaisesExc matcher needs the exception object itself
+        if root.exc_type == expected.__qualname__ or (
+            isinstance(builtin, type) and issubclass(builtin, expected)
+        ):
+            pytest.xfail(xfailed.reason or f"rank {root.rank} raised {root.exc_type}")
 
 
 def _raise_xfail_if_all_xfailed(error: DistributedError) -> None:

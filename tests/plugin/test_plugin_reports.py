@@ -175,6 +175,43 @@ def test_skip_on_some_ranks_fails_naming_them(pytester: pytest.Pytester) -> None
     assert "only rank 1 skips" in text
 
 
+def test_xfail_raises_is_matched_against_the_root_cause(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        class MyError(Exception):
+            pass
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.xfail(raises=ValueError, reason="rank 1 raises ValueError")
+        def test_same_type(rank):
+            if rank == 1:
+                raise ValueError("expected")
+            dist.barrier()
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.xfail(raises=LookupError)
+        def test_builtin_base_class(rank):
+            raise KeyError(rank)
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.xfail(raises=MyError)
+        def test_own_type(rank):
+            raise MyError(rank)
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.xfail(raises=TypeError)
+        def test_other_type_fails(rank):
+            raise ValueError("not the expected kind")
+        """
+    )
+    result = pytester.runpytest("-rxXf")
+    result.assert_outcomes(xfailed=3, failed=1)
+    result.stdout.fnmatch_lines(["*RankError: rank * raised ValueError: not the expected kind*"])
+
+
 def test_xfail_applies_to_the_test_as_a_whole(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
