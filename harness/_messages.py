@@ -120,6 +120,3 @@ class Skipped:
 
 RankMessage = Ready | Done | Failed | Skipped
 """Everything a rank sends."""
-
-ControllerMessage = Call
-"""Everything a controller sends."""

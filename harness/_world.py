@@ -535,14 +535,7 @@ def _interpret(
             )
         )
 
-    stacks = {
-        rank: _stacks.format_dump(
-            dumps.get(rank, ""),
-            main_thread=by_rank[rank].main_thread,
-            hidden=(by_rank[rank].watchdog_thread,),
-        )
-        for rank in range(n)
-    }
+    stacks = {rank: _readable_stacks(by_rank[rank], dumps.get(rank, "")) for rank in range(n)}
     failures = {
         rank: RankFailure(rank, "WorldTimeout", f"still running after {timeout:g} s", stacks[rank])
         for rank in silent
@@ -575,12 +568,14 @@ def _values(done: dict[int, Done]) -> Outcome:
 def _crash_failure(rank: int, died: _Died, proc: RankProcess, workdir: str) -> RankFailure:
     how = describe_exitcode(died.exitcode)
     dump = _spawn.read_text(rank_file(workdir, rank, "crash"))
-    text = ""
-    if dump.strip():
-        text = _stacks.format_dump(
-            dump, main_thread=proc.main_thread, hidden=(proc.watchdog_thread,)
-        )
-    return RankFailure(rank, "RankCrash", f"the process {how}", text)
+    return RankFailure(rank, "RankCrash", f"the process {how}", _readable_stacks(proc, dump))
+
+
+def _readable_stacks(proc: RankProcess, dump: str) -> str:
+    """A rank's faulthandler dump as traceback-style text ('' when there is none)."""
+    if not dump.strip():
+        return ""
+    return _stacks.format_dump(dump, main_thread=proc.main_thread, hidden=(proc.watchdog_thread,))
 
 
 def _start_failures(
@@ -594,7 +589,7 @@ def _start_failures(
         elif isinstance(reply, _Died):
             failures[proc.rank] = _crash_failure(proc.rank, reply, proc, workdir)
         elif reply is None:
-            stack = _stacks.format_dump(dumps.get(proc.rank, "")) if proc.rank in dumps else ""
+            stack = _readable_stacks(proc, dumps.get(proc.rank, ""))
             failures[proc.rank] = RankFailure(
                 proc.rank,
                 "WorldTimeout",
