@@ -1,20 +1,18 @@
 """Run code on N real ranks of a torch.distributed world and report what happened there.
 
-``harness.run`` and ``harness.World`` work without pytest; the pytest plugin
-(:mod:`harness.plugin`, registered through the ``pytest11`` entry point) is a thin layer over
-them. Where things live:
+Public: ``harness.run``, ``harness.World``, the errors below, ``python -m harness check``
+and the pytest plugin (its ``distributed`` marker, fixtures and options). Everything else is
+internal, laid out by which side of a world it runs on:
 
-* ``_world``    the controller: ``World``, ``run``, supervision of a call, errors built here
-* ``_spawn``    the process manager: rendezvous, starting and stopping ranks
-* ``_server``   the forkserver ranks are forked from
-* ``_rank``     the loop that runs inside each rank
-* ``_messages`` the named messages controller and ranks exchange
-* ``_errors``   the public errors and ``RankFailure``; ``_checks`` argument checks
-* ``_stacks``   faulthandler dumps turned into readable stacks; ``_coverage`` coverage in ranks
-* ``plugin``    pytest options and hooks; ``_pytest_marker`` the marker and settings,
-  ``_pytest_session`` runs marked tests on worlds, ``_pytest_rank`` runs a test body inside
-  a rank, ``_pytest_report`` turns a failure into a pytest report
-* ``_check``    ``python -m harness check``; ``_collectives`` the checks it runs inside ranks
+* ``harness.controller``  the calling process: worlds, spawning, supervision, outcomes
+* ``harness.rank``        inside each rank process: the rank loop, test bodies, checks
+* ``harness.protocol``    what both sides agree on: messages, rank files, failures
+* ``harness.plugin``      the pytest plugin, a thin layer over the controller
+* ``harness.cli``         ``python -m harness``
+* ``harness.errors``, ``harness.validate``, ``harness.compat``: shared by all of them (the
+  public errors; the one validator of user values; every private API of another project)
+
+Which side may import which is a contract checked by import-linter (``pyproject.toml``).
 """
 
 from __future__ import annotations
@@ -22,21 +20,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness._errors import DistributedError, RankCrash, RankError, RankFailure, WorldTimeout
+from harness.errors import DistributedError, RankCrash, RankError, RankFailure, WorldTimeout
 
 if TYPE_CHECKING:
-    from harness._world import World, run
+    from harness.controller.world import World, run
 
 
 def __getattr__(name: str) -> Any:
     # World and run need torch; importing them on first use keeps `import harness` (and the
     # pytest plugin, loaded into every pytest run of the environment) free of it.
     if name in ("World", "run"):
-        from harness import _server
+        from harness.controller import forkserver
 
         # The forkserver imports torch while we do: the first world comes up sooner.
-        _server.warm_up()
-        return getattr(importlib.import_module("harness._world"), name)
+        forkserver.warm_up()
+        return getattr(importlib.import_module("harness.controller.world"), name)
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 

@@ -7,5 +7,5 @@ classes from modules no longer in ``sys.modules`` and could not pickle them to t
 Importing them here, before any test runs, keeps one copy for the whole session.
 """
 
-import harness._pytest_session
-import harness._world  # noqa: F401
+import harness.controller.world
+import harness.plugin.session  # noqa: F401

@@ -36,6 +36,15 @@ def local_device() -> torch.device:
     return torch.device("cpu")
 
 
+def default_backend() -> str:
+    """The backend ``init`` uses when none is given: NCCL when CUDA is available, else Gloo.
+
+    Not part of the public API; the harness resolves its ``"auto"`` backend with it, so
+    that the two can never disagree.
+    """
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
 def init(
     *,
     backend: str | None = None,
@@ -133,7 +142,7 @@ def init(
             "give at most one of them"
         )
     if backend is None:
-        backend = "nccl" if cuda else "gloo"
+        backend = default_backend()
     if init_method is None and store is None and world_size == 1:
         # A direct world-size-one launch needs no rendezvous with anyone: a private
         # in-memory store keeps it free of ports, files and environment variables.

@@ -15,8 +15,10 @@ import pytest
 import torch
 
 import harness
-from harness import _check, _collectives
-from harness._check import Row, check_collectives, exit_code, merge_rows, summary
+from harness import cli
+from harness.cli import exit_code, merge_rows, summary
+from harness.rank import collectives
+from harness.rank.collectives import Row, check_collectives
 
 # Start-up (torch import, world start) dominates; the check itself takes well under a second.
 CLI_TIMEOUT_S = 60
@@ -67,7 +69,7 @@ def _table(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 def test_row_names_cover_every_kind() -> None:
-    names = _collectives.row_names()
+    names = collectives.row_names()
     assert set(BASE_NAMES) <= set(names)
     assert any(n.startswith("all_gather_") and n not in BASE_NAMES for n in names)
     assert any(n.startswith("reduce_scatter_") and n not in BASE_NAMES for n in names)
@@ -105,7 +107,7 @@ def test_cli_check_passes(world_size: int) -> None:
     assert "start method " in header
     assert re.match(r"^collective\s+\| result\s+\|\s+latency$", lines[1])
     rows = _table(result.stdout)
-    assert list(rows) == _collectives.row_names()
+    assert list(rows) == collectives.row_names()
     for name in BASE_NAMES:
         status, latency = rows[name]
         assert status == "ok" or status.startswith(("unsupported", "n/a")), (name, status)
@@ -120,16 +122,16 @@ def test_cli_check_passes(world_size: int) -> None:
 
 def test_cli_rejects_world_size_zero(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        _check.main(["check", "--world-size", "0"])
+        cli.main(["check", "--world-size", "0"])
     assert exit_info.value.code != 0
     err = capsys.readouterr().err
     assert "--world-size" in err
-    assert "invalid world size 0" in err
+    assert "world size must be >= 1, got 0" in err
 
 
 def test_cli_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        _check.main([])
+        cli.main([])
     assert exit_info.value.code == 2
     assert "COMMAND" in capsys.readouterr().err
 
@@ -137,7 +139,7 @@ def test_cli_needs_a_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
 def test_cli_nccl_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     if torch.cuda.is_available():
         pytest.skip("CUDA is present: NCCL may well start here")
-    assert _check.main(["check", "--backend", "nccl"]) == 2
+    assert cli.main(["check", "--backend", "nccl"]) == 2
     captured = capsys.readouterr()
     assert "CUDA" in captured.err
     assert len(captured.err.strip().splitlines()) == 1
@@ -145,7 +147,7 @@ def test_cli_nccl_without_cuda_exits_2(capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_cli_timeout_reports_rank_stacks_and_exits_1(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _check.main(["check", "--timeout", "0.001"]) == 1
+    assert cli.main(["check", "--timeout", "0.001"]) == 1
     err = capsys.readouterr().err
     assert "did not finish within" in err
     assert "rank 0" in err
@@ -157,7 +159,7 @@ def test_cli_ctrl_c_exits_130_without_traceback(capsys: pytest.CaptureFixture[st
     timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
     timer.start()
     try:
-        code = _check.main(["check", "--repeats", "100000", "--timeout", "60"])
+        code = cli.main(["check", "--repeats", "100000", "--timeout", "60"])
     finally:
         timer.cancel()
     captured = capsys.readouterr()
@@ -169,7 +171,7 @@ def test_rank_function_rows_on_two_ranks() -> None:
     results = harness.run(check_collectives, world_size=2, kwargs={"repeats": 1}, timeout=60)
     assert len(results) == 2
     for rows in results:
-        assert [row.name for row in rows] == _collectives.row_names()
+        assert [row.name for row in rows] == collectives.row_names()
         for row in rows:
             assert isinstance(row, Row)
             assert row.status == "ok" or row.status.startswith("unsupported"), row
@@ -238,14 +240,14 @@ def test_merge_disagreeing_or_missing_ranks_fail() -> None:
 
 def test_unimplemented_collective_is_unsupported_not_failed() -> None:
     exc = RuntimeError("Backend gloo does not support alltoall")
-    assert _collectives._classify(exc, "gloo") == "unsupported: gloo does not implement it"
-    assert _collectives._classify(NotImplementedError(), "ucc").startswith("unsupported")
-    other = _collectives._classify(RuntimeError("Connection reset by peer"), "gloo")
+    assert collectives._classify(exc, "gloo") == "unsupported: gloo does not implement it"
+    assert collectives._classify(NotImplementedError(), "ucc").startswith("unsupported")
+    other = collectives._classify(RuntimeError("Connection reset by peer"), "gloo")
     assert other == "FAIL: RuntimeError: Connection reset by peer"
 
 
 def test_table_is_fixed_width() -> None:
-    table = _check.format_table(
+    table = cli.format_table(
         [Row("all_reduce", "ok", 0.1234), Row("send/recv", "n/a: needs >= 2 ranks", None)]
     ).splitlines()
     assert table[0].startswith("collective | result")
@@ -257,6 +259,6 @@ def test_table_is_fixed_width() -> None:
 def test_main_guard_keeps_children_from_rerunning_the_check() -> None:
     # forkserver/spawn children import the main module as __mp_main__: no check may start
     # (without the guard, main() would parse pytest's argv and exit).
-    path = Path(_check.__file__).with_name("__main__.py")
+    path = Path(cli.__file__).with_name("__main__.py")
     namespace = runpy.run_path(str(path), run_name="__mp_main__")
-    assert namespace["main"] is _check.main
+    assert namespace["main"] is cli.main

@@ -20,6 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from harness import compat
+
 TORCHRUN_VARS = (
     "RANK",
     "WORLD_SIZE",
@@ -107,7 +109,7 @@ def env_and_cwd() -> tuple[str | None, str | None, str | None, str]:
 
 def group_count() -> int:
     """Number of live process groups (the default group counts as one)."""
-    return len(dist.distributed_c10d._world.pg_map)
+    return len(compat.live_process_groups())
 
 
 def make_subgroups() -> int:

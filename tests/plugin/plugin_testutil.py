@@ -102,12 +102,10 @@ def reports(result: pytest.RunResult, when: str = "call") -> dict[str, pytest.Te
 
 
 INTERNAL_FILES = (
-    "_pytest_rank.py",
-    "_pytest_session.py",
-    "_pytest_report.py",
-    "harness/_rank.py",
-    "harness/_world.py",
-    "harness/plugin.py",
+    "harness/rank/",
+    "harness/controller/",
+    "harness/plugin/",
+    "harness/protocol/",
     "_pytest/python.py",
     "/pluggy/",
 )

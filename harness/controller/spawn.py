@@ -1,7 +1,7 @@
 """Where ranks are spawned and stopped: the process manager of the controller.
 
-* Start method: ranks fork from the warm forkserver of :mod:`harness._server` (``spawn``
-  where that is unavailable). Never ``fork`` the controller itself: it may have touched
+* Start method: ranks fork from the warm forkserver of :mod:`harness.controller.forkserver`
+  (``spawn`` where that is unavailable). Never ``fork`` the controller itself: it may have touched
   CUDA or hold live process groups.
 * Rendezvous: a ``FileStore`` in the world's private (0700) directory, and Gloo/NCCL pinned
   to the loopback interface, so nothing listens on a reachable address and concurrent runs
@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from harness import _rank
-from harness._messages import RankSetup, rank_file
-from harness._server import context
+from harness.controller.forkserver import context
+from harness.protocol.messages import STACKS_SIGNAL, RankSetup
+from harness.protocol.rank_files import RankFiles
+from harness.rank import loop
 
 # How long ranks get to save coverage and exit after their lifeline closes before SIGKILL.
 STOP_GRACE_S = 5.0
@@ -85,10 +86,11 @@ class RankProcess:
     process: Any  # multiprocessing.Process of the chosen context
     conn: Connection
     lifeline: Connection | None
-    workdir: str
+    files: RankFiles
+    # Told by the rank's Ready message; used to make its stack dumps readable.
     main_thread: int = 0
     watchdog_thread: int = 0
-    exitcode: int | None = None  # set once the process is reaped
+    code_dir: str = loop.CODE_DIR
     reaped: bool = False
 
     def alive(self) -> bool:
@@ -117,7 +119,7 @@ def start_ranks(
             ours, theirs = ctx.Pipe()
             life_read, life_write = ctx.Pipe(duplex=False)
             process = ctx.Process(  # type: ignore[attr-defined]
-                target=_rank.main,
+                target=loop.main,
                 args=(setup, theirs, life_read),
                 name=f"harness-rank{rank}",
             )
@@ -127,7 +129,9 @@ def start_ranks(
                 # The child has its copies; keeping ours would hide its death from us.
                 theirs.close()
                 life_read.close()
-            ranks.append(RankProcess(rank, process.pid, process, ours, life_write, workdir))
+            ranks.append(
+                RankProcess(rank, process.pid, process, ours, life_write, RankFiles(workdir, rank))
+            )
     except BaseException:
         stop_ranks(ranks, grace_s=STOP_GRACE_NO_COVERAGE_S)
         raise
@@ -160,7 +164,6 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
                 proc.process.kill()
     for proc in ranks:
         proc.process.join()
-        proc.exitcode = proc.process.exitcode
         proc.reaped = True
         proc.conn.close()
         proc.process.close()
@@ -168,33 +171,23 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
 
 def dump_stacks(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
     """Ask every live rank for a dump of all its threads; return the raw dumps by rank."""
-    paths = {}
+    pending = {}
     for proc in ranks:
         if proc.alive():
-            paths[proc.rank] = rank_file(proc.workdir, proc.rank, "stacks")
+            pending[proc.rank] = proc.files
             try:
-                os.kill(proc.pid, _rank.STACKS_SIGNAL)
+                os.kill(proc.pid, STACKS_SIGNAL)
             except ProcessLookupError:
                 pass
     dumps: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
-    pending = dict(paths)
     while pending and time.monotonic() < deadline:
         time.sleep(0.02)
-        for rank, path in list(pending.items()):
-            text = read_text(path)
+        for rank, files in list(pending.items()):
+            text = files.stack_dump()
             # faulthandler writes a dump in one go from the signal handler; a dump that has
             # stopped growing for one poll interval is complete.
             if text and text == dumps.get(rank):
                 del pending[rank]
             dumps[rank] = text
     return dumps
-
-
-def read_text(path: str) -> str:
-    """A rank file's text ('' when it does not exist)."""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    except OSError:
-        return ""

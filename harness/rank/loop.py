@@ -1,15 +1,13 @@
-"""The rank loop: this module runs INSIDE each rank process, never in the controller.
+"""A rank's life: this module runs INSIDE each rank process, never in the controller.
 
-A rank is started by :mod:`harness._spawn` with :func:`main` as its target. It sets up its
-safety nets, initializes the default process group through ``fhelium.distributed.init``,
-answers ``Ready`` and then serves ``Call`` messages until its pipe or lifeline closes (see
-:mod:`harness._messages` for the protocol).
+A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target. It
+sets up its safety nets, initializes the default process group through
+``fhelium.distributed.init``, answers ``Ready`` and then serves ``Call`` messages until its
+pipe or lifeline closes (see :mod:`harness.protocol.messages` for the protocol). Each message
+is handled in one place: ``Call`` in :func:`_call`; the lifeline in :func:`_watch`.
 
-What it may import: the standard library, ``torch``, ``fhelium.distributed`` and the
-harness modules that are safe on both sides (``_messages``, ``_errors``, ``_coverage``).
-It is preloaded into the forkserver, so it must not touch CUDA at import time, and it must
-not import the controller's modules (``_world``, ``_spawn``): a rank never spawns ranks
-through the controller's machinery.
+What it may import: see :mod:`harness.rank` (stdlib, torch, fhelium.distributed, the
+protocol, ``harness.compat``; never the controller).
 """
 
 from __future__ import annotations
@@ -22,27 +20,34 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import unittest
 from multiprocessing.connection import Connection
-from types import TracebackType
 from typing import Any, NoReturn, TextIO
 
 import torch
 import torch.distributed as dist
 
 import fhelium.distributed
-from harness import _coverage
-from harness._errors import RankFailure
-from harness._messages import Call, Done, Failed, RankMessage, RankSetup, Ready, Skipped, rank_file
+from harness import compat
+from harness.protocol.failures import RankFailure
+from harness.protocol.messages import (
+    STACKS_SIGNAL,
+    Call,
+    Done,
+    Failed,
+    RankMessage,
+    RankSetup,
+    Ready,
+    Skipped,
+)
+from harness.protocol.rank_files import RankFiles, store_path
+from harness.rank import coverage
 
-# The signal on which a rank dumps every thread's stack (taken by the controller at a timeout).
-STACKS_SIGNAL = signal.SIGUSR1
+CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""The rank side's directory: its frames (the rank loop, the test-body runner) are left out
+of the tracebacks and stack dumps a user reads."""
 
 _PR_SET_PDEATHSIG = 1
-
-# Frames from this package (the rank loop, the pytest test runner) are left out of tracebacks.
-_HARNESS_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 # Variables a controller running under torchrun inherits that would point a rank's own
 # env:// rendezvous at the launcher's agent instead of at this world.
@@ -69,11 +74,12 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
     global _dump_files
+    files = RankFiles(setup.workdir, setup.rank)
     try:
-        _dump_files = _install_dumps(setup)
+        _dump_files = _install_dumps(files)
     except OSError:
         os._exit(1)  # our directory is gone: the controller gave up on this world
-    cov = _coverage.start(setup.coverage, setup.workdir, setup.rank)
+    cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
     watchdog = threading.Thread(
         target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True
     )
@@ -85,22 +91,22 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         torch.set_num_threads(int(threads))
 
     try:
-        store = dist.FileStore(f"{setup.workdir}/store", setup.world_size)  # type: ignore[attr-defined]
+        store = dist.FileStore(store_path(setup.workdir), setup.world_size)  # type: ignore[attr-defined]
         fhelium.distributed.init(
             backend=setup.backend, store=store, world_size=setup.world_size, rank=setup.rank
         )
     except BaseException as exc:
         conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
         _exit(cov, 1)
-    _baseline_groups.update(_live_groups())
-    conn.send(Ready(os.getpid(), threading.main_thread().ident or 0, watchdog.ident or 0))
+    _baseline_groups.update(compat.live_process_groups())
+    conn.send(Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR))
 
     while True:
         try:
             call = conn.recv()
         except (EOFError, OSError):
             _exit(cov, 0)
-        reply = _call(call, setup)
+        reply = _call(call, setup, files)
         conn.send(reply)
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
@@ -108,7 +114,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
             _exit(cov, 1)
 
 
-def _call(call: Call, setup: RankSetup) -> RankMessage:
+def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     """Run one call; whatever happens, answer with exactly one message."""
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
@@ -116,7 +122,7 @@ def _call(call: Call, setup: RankSetup) -> RankMessage:
     _destroy_groups_except(_baseline_groups)
     env = dict(os.environ)
     cwd = os.getcwd()
-    capture = _Capture(setup) if call.capture else None
+    capture = files.capture() if call.capture else None
     try:
         if call.env is not None:
             _set_environ(call.env, setup.env)
@@ -176,51 +182,19 @@ def _restore(env: dict[str, str], cwd: str) -> None:
 def _destroy_groups_except(keep: set[Any]) -> None:
     if not dist.is_initialized():
         return
-    for group in _live_groups() - keep:
+    for group in compat.live_process_groups() - keep:
         try:
             dist.destroy_process_group(group)
         except Exception:
             pass
 
 
-def _live_groups() -> set[Any]:
-    try:
-        return set(dist.distributed_c10d._world.pg_map)
-    except Exception:
-        return set()
-
-
-class _Capture:
-    """Point file descriptors 1 and 2 at the rank's capture files for one call."""
-
-    def __init__(self, setup: RankSetup) -> None:
-        self._paths = (
-            rank_file(setup.workdir, setup.rank, "out"),
-            rank_file(setup.workdir, setup.rank, "err"),
-        )
-        self._saved: list[int] = []
-
-    def start(self) -> None:
-        _flush()
-        for fd, path in zip((1, 2), self._paths, strict=True):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            self._saved.append(os.dup(fd))
-            os.dup2(target, fd)
-            os.close(target)
-
-    def stop(self) -> None:
-        _flush()
-        for fd, saved in zip((1, 2), self._saved, strict=True):
-            os.dup2(saved, fd)
-            os.close(saved)
-        self._saved.clear()
-
-
 def _skip_kind(exc: BaseException) -> str | None:
     if isinstance(exc, unittest.SkipTest):
         return "unittest"
-    outcomes = sys.modules.get("_pytest.outcomes")
-    if outcomes is not None and isinstance(exc, outcomes.Skipped):
+    # pytest is only imported where a test imported it: then its skip is what was raised.
+    pytest = sys.modules.get("pytest")
+    if pytest is not None and isinstance(exc, pytest.skip.Exception):
         return "pytest"
     return None
 
@@ -230,28 +204,12 @@ def _skip_reason(exc: BaseException) -> str:
 
 
 def _failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
-    """Describe an exception as text (it may not pickle), without the harness's own frames."""
-    tb: TracebackType | None = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_HARNESS_DIR):
-        tb = tb.tb_next
-    try:
-        message = str(exc)
-    except Exception:
-        message = f"<unprintable {type(exc).__qualname__} object>"
-    try:
-        text = "".join(traceback.format_exception(type(exc), exc, tb))
-    except Exception:
-        text = f"{type(exc).__qualname__}: {message}\n"
-    if context:
-        message = f"{context}: {type(exc).__qualname__}: {message}"
-        text = f"{text}\n{context}\n"
-    return RankFailure(rank, type(exc).__qualname__, message, text)
+    return RankFailure.from_exception(exc, rank, hidden_dir=CODE_DIR, context=context)
 
 
-def _install_dumps(setup: RankSetup) -> list[TextIO]:
+def _install_dumps(files: RankFiles) -> list[TextIO]:
     """Arrange for stack dumps on a fatal error and on ``STACKS_SIGNAL``; keep the files open."""
-    crash = open(rank_file(setup.workdir, setup.rank, "crash"), "w")  # noqa: SIM115
-    stacks = open(rank_file(setup.workdir, setup.rank, "stacks"), "w")  # noqa: SIM115
+    crash, stacks = files.open_dumps()
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     return [crash, stacks]
@@ -293,5 +251,5 @@ def _exit(cov: Any, code: int) -> NoReturn:
     """Leave the process at once: no atexit handlers, no destructors that could hang."""
     _exiting.acquire()  # a second caller waits here until the first one's os._exit
     _flush()
-    _coverage.save(cov)
+    coverage.save(cov)
     os._exit(code)

@@ -1,39 +1,40 @@
-"""pytest plugin: options, the ``distributed`` marker, fixtures and hooks.
+"""The pytest plugin: options, the ``distributed`` marker, fixtures and hooks.
 
-Registered through the ``pytest11`` entry point, so a project that installs fhelium only
-has to mark its tests::
+Registered through the ``pytest11`` entry point (``harness = "harness.plugin"``), so a
+project that installs fhelium only has to mark its tests::
 
     @pytest.mark.distributed(world_size=2)
     def test_all_reduce(rank, world_size):
         ...
 
-This module only translates between pytest and the harness: running a test on its ranks
-is :mod:`harness._pytest_session`, the body runs in :mod:`harness._pytest_rank`, and
-failures become reports in :mod:`harness._pytest_report`.
+This module only translates between pytest and the harness core, which works without
+pytest (:mod:`harness.controller`). The rest of the plugin:
+
+* :mod:`~harness.plugin.marker`    the marker and the plugin's settings (no torch)
+* :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
+* :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
+* :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
+
+A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness import _pytest_report
-from harness._pytest_marker import (
-    DEFAULT_TIMEOUT_S,
-    MARKER,
-    launcher_world,
-    parametrize,
-    timeout_setting,
-)
-from harness._pytest_rank import RankValue
+from harness.plugin import report
+from harness.plugin.launcher import launcher_world
+from harness.plugin.marker import DEFAULT_TIMEOUT_S, MARKER, parametrize, timeout_setting
+from harness.protocol.messages import RankValue
+from harness.validate import BACKEND_CHOICES
 
 if TYPE_CHECKING:
-    from harness._pytest_session import DistSession
-    from harness._world import World
+    from harness.controller.world import World
+    from harness.plugin.session import DistSession
 
 # Nothing here imports torch: the session (and with it torch) is created on first use.
 _SESSION = pytest.StashKey["DistSession"]()
@@ -42,7 +43,7 @@ _SESSION = pytest.StashKey["DistSession"]()
 def _session(config: pytest.Config) -> DistSession:
     session = config.stash.get(_SESSION, None)
     if session is None:
-        from harness._pytest_session import DistSession
+        from harness.plugin.session import DistSession
 
         session = config.stash[_SESSION] = DistSession(config)
     return session
@@ -52,7 +53,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "distributed tests (fhelium harness)")
     group.addoption(
         "--dist-backend",
-        choices=("auto", "gloo", "nccl"),
+        choices=BACKEND_CHOICES,
         default=None,
         help="backend for distributed tests that ask for 'auto' (default: auto, i.e. NCCL "
         "when CUDA is available, else Gloo)",
@@ -86,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "backends parametrize the test)",
     )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
-    config.pluginmanager.register(_pytest_report, "harness-report")
+    config.pluginmanager.register(report, "harness-report")
 
 
 def _warm_up(config: pytest.Config) -> None:
@@ -95,9 +96,9 @@ def _warm_up(config: pytest.Config) -> None:
     xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
     if config.option.collectonly or xdist_controller or launcher_world() is not None:
         return
-    from harness import _server
+    from harness.controller import forkserver
 
-    _server.warm_up()
+    forkserver.warm_up()
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -158,19 +159,9 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
 
 def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
     if launcher_world() is not None:
-        session = _session(request.config)
-        import torch.distributed as dist
-
-        import fhelium.distributed
-
-        session.launcher_group()
-        if name == "local_device":
-            return fhelium.distributed.local_device()
-        if name == "rank":
-            return dist.get_rank()
-        if name == "world_size":
-            return dist.get_world_size()
-        return int(os.environ.get("LOCAL_RANK", "0"))
+        launcher = _session(request.config).launcher
+        assert launcher is not None
+        return launcher.fixture(name)
     if request.node.get_closest_marker(MARKER) is None:
         # An error of this test at setup, shown as its message alone (no plugin frames).
         pytest.fail(

@@ -1,57 +1,31 @@
-"""The errors a run can end with, and the per-rank failure record they carry."""
+"""The public errors a run can end with (``harness.DistributedError`` and its subclasses).
+
+They are raised in the controller, carry every failing rank's :class:`RankFailure`, and read
+as :func:`harness.protocol.failures.sections` lays failures out. Importing this module costs
+no torch import (the pytest plugin needs them in every pytest run).
+"""
 
 from __future__ import annotations
 
-import signal
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = [
-    "DistributedError",
-    "RankCrash",
-    "RankError",
-    "RankFailure",
-    "WorldTimeout",
-    "describe_exitcode",
-]
+from harness.protocol.failures import RankFailure, sections
 
-
-@dataclass(frozen=True)
-class RankFailure:
-    """What went wrong on one rank.
-
-    Attributes:
-        rank: The global rank.
-        exc_type: The exception's class name (``"ValueError"``), or ``"RankCrash"`` /
-            ``"WorldTimeout"`` for a rank that died or did not finish.
-        message: The exception's message (``str(exc)``), or what happened to the process.
-        traceback: The rank's formatted traceback, with source lines and without harness
-            frames; for a crash, the fatal-error dump if Python wrote one; for a timeout,
-            the rank's stacks at the deadline.
-    """
-
-    rank: int
-    exc_type: str
-    message: str
-    traceback: str
-
-    def render(self) -> str:
-        """The traceback, or ``exc_type: message`` when there is none."""
-        text = self.traceback.rstrip("\n")
-        return text if text else f"{self.exc_type}: {self.message}"
+__all__ = ["DistributedError", "RankCrash", "RankError", "RankFailure", "WorldTimeout"]
 
 
 class DistributedError(Exception):
     """A run on the ranks of a world did not succeed.
 
     Attributes:
+        summary: The one-line account of what happened (``str()`` adds the tracebacks).
         failures: The failing ranks, root cause first (``dict`` order): the rank that failed
             first in time leads, ranks that failed after it follow.
     """
 
-    # Whether the first failure is the root cause (failures ordered in time) or the failures
-    # are simply listed by rank (a timeout, a world that did not start).
-    _root_cause_first = False
+    root_cause_first = False
+    """Whether the first failure is the root cause (failures ordered in time), as opposed to
+    failures simply listed by rank (a timeout, a world that did not start)."""
 
     def __init__(self, message: str, failures: dict[int, RankFailure] | None = None) -> None:
         super().__init__(message)
@@ -60,11 +34,8 @@ class DistributedError(Exception):
 
     def __str__(self) -> str:
         parts = [self.summary]
-        for index, failure in enumerate(self.failures.values()):
-            first = index == 0 and len(self.failures) > 1 and self._root_cause_first
-            note = " (root cause)" if first else ""
-            parts.append(f"\n---------- rank {failure.rank}{note} ----------")
-            parts.append(failure.render())
+        for heading, text in sections(self.failures, root_cause_first=self.root_cause_first):
+            parts += [f"\n---------- {heading} ----------", text]
         return "\n".join(parts)
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -79,7 +50,7 @@ class RankError(DistributedError):
     connection in a collective) are listed after it. The other ranks were torn down at once.
     """
 
-    _root_cause_first = True
+    root_cause_first = True
 
 
 class WorldTimeout(DistributedError):
@@ -108,7 +79,7 @@ class RankCrash(DistributedError):
             it: a negative signal number for a signal (``-11`` for SIGSEGV).
     """
 
-    _root_cause_first = True
+    root_cause_first = True
 
     def __init__(
         self,
@@ -118,16 +89,3 @@ class RankCrash(DistributedError):
     ) -> None:
         super().__init__(message, failures)
         self.exitcodes: dict[int, int] = dict(exitcodes or {})
-
-
-def describe_exitcode(code: int | None) -> str:
-    """Say how a process ended, from its :mod:`multiprocessing` exit code."""
-    if code is None:
-        return "closed its connection without exiting"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"was killed by {name} (exit code {code})"
-    return f"exited with code {code}"

@@ -24,6 +24,8 @@ import warnings
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
 
+from harness import compat
+
 _context: BaseContext | None = None
 
 before_stop: list[Callable[[], None]] = []
@@ -68,9 +70,9 @@ def warm_up() -> None:
 def _preload() -> list[str]:
     # Everything a rank imports before it can run a call; pytest only when we run under it
     # (without it each rank of an isolated test would import pytest, ~0.5 s).
-    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness._rank"]
-    if "_pytest" in sys.modules:
-        modules += ["pytest", "_pytest.assertion.rewrite", "harness._pytest_rank"]
+    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness.rank.loop"]
+    if "pytest" in sys.modules:
+        modules += ["pytest", compat.ASSERT_REWRITER_MODULE, "harness.rank.pytest_body"]
     if "coverage" in sys.modules:
         modules.append("coverage")
     return modules
@@ -88,12 +90,11 @@ def _stop() -> None:
             hook()
         except Exception:
             pass
-    server = multiprocessing.forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
+    pid = compat.forkserver_pid()
     if pid is None or multiprocessing.active_children():
         return
     try:
         os.kill(pid, signal.SIGKILL)
-        server._stop()  # type: ignore[attr-defined]
+        compat.forget_forkserver()
     except Exception:
         pass

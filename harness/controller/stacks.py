@@ -20,23 +20,28 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*
 
 _MULTIPROCESSING_DIR = os.path.dirname(os.path.abspath(os.__file__)) + os.sep + "multiprocessing"
 
-# The rank loop's files, matched by name rather than by this module's directory: a rank may
-# run another copy of the package than the controller (a source checkout beside an install).
-_RANK_LOOP = (f"harness{os.sep}_rank.py", f"harness{os.sep}_pytest_rank.py")
 
-
-def format_dump(dump: str, *, main_thread: int | None = None, hidden: tuple[int, ...] = ()) -> str:
+def format_dump(
+    dump: str,
+    *,
+    code_dir: str,
+    main_thread: int | None = None,
+    hidden: tuple[int, ...] = (),
+) -> str:
     """Rewrite a faulthandler dump as traceback-style text with source lines.
 
     Args:
         dump: What :mod:`faulthandler` wrote.
+        code_dir: Directory of the rank-side harness code in the dumped process (as its
+            ``Ready`` message said): outermost frames there are the harness's, not the user's.
         main_thread: Ident of the rank's main thread: it is listed first and labelled.
         hidden: Idents of harness threads to leave out.
 
     Returns:
         One block per thread, ``(most recent call last)``, each frame followed by its source
-        line. The harness's own outermost frames (the rank loop) are dropped. Lines of the
-        dump that are not part of a stack (``Fatal Python error: ...``) are kept at the top.
+        line. The harness's own outermost frames (multiprocessing's bootstrap, the rank loop)
+        are dropped. Lines of the dump that are not part of a stack (``Fatal Python error:
+        ...``) are kept at the top.
     """
     preamble: list[str] = []
     threads: list[tuple[int, list[tuple[str, int, str]]]] = []
@@ -56,7 +61,7 @@ def format_dump(dump: str, *, main_thread: int | None = None, hidden: tuple[int,
     for ident, frames in threads:
         label = " (main thread)" if ident == main_thread else ""
         lines = [f"Thread {ident:#x}{label} (most recent call last):"]
-        for path, lineno, name in _user_frames(frames[::-1]):
+        for path, lineno, name in _user_frames(frames[::-1], code_dir):
             lines.append(f'  File "{path}", line {lineno}, in {name}')
             source = linecache.getline(path, lineno).strip()
             if source:
@@ -65,11 +70,12 @@ def format_dump(dump: str, *, main_thread: int | None = None, hidden: tuple[int,
     return "\n\n".join(blocks) + "\n" if blocks else dump
 
 
-def _user_frames(frames: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+def _user_frames(frames: list[tuple[str, int, str]], code_dir: str) -> list[tuple[str, int, str]]:
     # Drop the outermost frames that belong to multiprocessing's bootstrap or the rank loop;
     # keep everything from the first frame of user code on. A thread that is all harness
     # (the rank waiting for work) keeps its frames, so the reader still sees where it waits.
+    harness = (_MULTIPROCESSING_DIR, "<", code_dir)
     for index, (path, _, _) in enumerate(frames):
-        if not (path.startswith((_MULTIPROCESSING_DIR, "<")) or path.endswith(_RANK_LOOP)):
+        if not path.startswith(harness):
             return frames[index:] if index else frames
     return frames

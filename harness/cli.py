@@ -1,4 +1,5 @@
-"""``python -m harness check``: run every collective kind on a fresh world and report.
+"""The command line, ``python -m harness check``: run every collective kind on a fresh world
+and report.
 
 It is what a user runs first on a new machine or CI runner: it starts a world the way the
 harness always does, runs each collective once per mode (blocking, and ``async_op=True``
@@ -6,7 +7,7 @@ with ``Work.wait()``), checks every rank's result exactly against what it must b
 prints one table row per collective with the slowest rank's latency.
 
 This module is the controller side: :func:`main` starts the :class:`~harness.World`, sends
-it :func:`harness._collectives.check_collectives` (the rank side), merges the ranks' rows
+it :func:`harness.rank.collectives.check_collectives` (the rank side), merges the ranks' rows
 (:func:`merge_rows`), prints them (:func:`format_table`) and picks the exit code
 (:func:`exit_code`).
 
@@ -21,12 +22,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from harness import _server
-from harness._collectives import (
+from harness import validate
+from harness.controller import forkserver
+from harness.controller.world import World
+from harness.errors import DistributedError
+from harness.protocol.failures import ranks_phrase
+from harness.rank.collectives import (
     DEFAULT_REPEATS,
     FAIL,
     NOT_APPLICABLE,
@@ -36,8 +41,6 @@ from harness._collectives import (
     check_collectives,
     rank_device,
 )
-from harness._errors import DistributedError
-from harness._world import World
 
 _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 """How bad each kind of status is: the merged row shows the worst."""
@@ -102,7 +105,7 @@ def _merge_one(name: str, reports: list[tuple[int, Row | None]]) -> Row:
     latency = max(latencies) if latencies else None
     missing = [rank for rank, row in reports if row is None]
     if missing:
-        return Row(name, f"{FAIL}: not reported by {_ranks(missing)}", latency)
+        return Row(name, f"{FAIL}: not reported by {ranks_phrase(missing)}", latency)
     present = [(rank, row) for rank, row in reports if row is not None]
     worst = max(_SEVERITY[kind(row.status)] for _, row in present)
     culprits = [rank for rank, row in present if _SEVERITY[kind(row.status)] == worst]
@@ -111,21 +114,17 @@ def _merge_one(name: str, reports: list[tuple[int, Row | None]]) -> Row:
     if kind(status) == FAIL:
         detail = status.split(":", 1)[1].strip() if ":" in status else status
         others = culprits[1:]
-        also = f" (also failed on {_ranks(others)})" if others else ""
+        also = f" (also failed on {ranks_phrase(others)})" if others else ""
         return Row(name, f"{FAIL}: rank {first}: {detail}{also}", latency)
     if len(culprits) != len(present):
         fine = [rank for rank in range(len(reports)) if rank not in culprits]
         return Row(
             name,
-            f"{FAIL}: ranks disagree: {_ranks(fine)} {dict(present)[fine[0]].status}, "
+            f"{FAIL}: ranks disagree: {ranks_phrase(fine)} {dict(present)[fine[0]].status}, "
             f"rank {first} {status}",
             latency,
         )
     return Row(name, status, latency)
-
-
-def _ranks(ranks: Sequence[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def exit_code(rows: Sequence[Row]) -> int:
@@ -188,31 +187,6 @@ def format_table(rows: Sequence[Row]) -> str:
     return "\n".join([line(header), rule, *(line(cell) for cell in cells)])
 
 
-def _positive_int(what: str) -> Callable[[str], int]:
-    """An argparse type for an int >= 1 whose error names ``what`` and the rejected value."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid {what} {text!r}: not an integer") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"invalid {what} {value}: must be >= 1")
-        return value
-
-    return parse
-
-
-def _timeout_arg(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: not a number") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"invalid timeout {text!r}: must be > 0 seconds")
-    return value
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m harness",
@@ -231,27 +205,27 @@ def _parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--world-size",
-        type=_positive_int("world size"),
+        type=validate.argparse_type(validate.positive_int, "world size"),
         default=2,
         metavar="N",
         help="number of ranks (default: 2)",
     )
     check.add_argument(
         "--backend",
-        choices=("auto", "gloo", "nccl"),
+        choices=validate.BACKEND_CHOICES,
         default="auto",
         help="process-group backend; auto means NCCL with CUDA, else Gloo (default: auto)",
     )
     check.add_argument(
         "--timeout",
-        type=_timeout_arg,
+        type=validate.argparse_type(validate.seconds, "timeout"),
         default=120.0,
         metavar="SECONDS",
         help="bound on the whole check once the world is up (default: 120)",
     )
     check.add_argument(
         "--repeats",
-        type=_positive_int("repeat count"),
+        type=validate.argparse_type(validate.positive_int, "repeat count"),
         default=DEFAULT_REPEATS,
         metavar="K",
         help=f"timed repetitions per collective after a warm-up (default: {DEFAULT_REPEATS})",
@@ -301,7 +275,7 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices(devices)} | start method "
-            f"{_server.context().get_start_method()}",
+            f"{forkserver.context().get_start_method()}",
             # Shown while the check runs, also when stdout is a pipe (CI logs).
             flush=True,
         )

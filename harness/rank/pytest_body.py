@@ -1,14 +1,14 @@
-"""Where a test body runs: this module's ``run_test`` executes INSIDE each rank.
+"""Where a pytest test body runs: this module's ``run_test`` executes INSIDE each rank.
 
-The controller (:mod:`harness.plugin`) sends a reference to the test function (module name,
-file, class and function name), never the function object, and the fixture values it set
-up. Here the module is imported the way pytest imported it in the controller (with its
-``sys.path``, and with pytest's assertion rewriting when the controller's copy was
-rewritten), the class (if any) is instantiated, the rank-side fixtures are filled in, and
-the body is called.
+The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
+(:class:`~harness.protocol.messages.TestRef`), never the function object, and the fixture
+values it set up. Here the module is imported the way pytest imported it in the controller
+(with its ``sys.path``, and with pytest's assertion rewriting when the controller's copy was
+rewritten), the class (if any) is instantiated, the rank-side fixtures
+(:class:`~harness.protocol.messages.RankValue`) are filled in, and the body is called.
 
-What it may import: the standard library, ``torch``, ``fhelium.distributed`` and pytest's
-assertion rewriter. The controller imports it only for ``TestRef`` and ``RankValue``.
+What it may import: see :mod:`harness.rank`; pytest's assertion rewriter through
+:mod:`harness.compat`.
 """
 
 from __future__ import annotations
@@ -19,48 +19,11 @@ import importlib.abc
 import importlib.util
 import os
 import sys
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-RANK_FIXTURES = ("rank", "world_size", "local_rank", "local_device")
-"""Fixtures whose value only a rank knows; the controller sends ``RankValue`` placeholders."""
-
-
-@dataclass(frozen=True)
-class RankValue:
-    """Placeholder for a rank-side fixture, replaced by its value inside each rank."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return f"<{self.name}: filled in inside each rank>"
-
-
-@dataclass(frozen=True)
-class TestRef:
-    """How to find a test function inside a rank.
-
-    Attributes:
-        module: The module's name in the controller's ``sys.modules``.
-        path: The module's file.
-        cls: Qualified name of the test class, or None for a plain function.
-        function: The function's name in its module or class.
-        sys_path: The controller's ``sys.path`` when the test ran.
-        rewrite: Whether pytest rewrote the module's asserts in the controller.
-        instance_state: The controller's test-class instance ``__dict__`` (what xunit-style
-            ``setup_method`` put there), copied onto the rank's instance.
-    """
-
-    __test__ = False  # not a test class, whatever pytest's collection patterns say
-
-    module: str
-    path: str
-    cls: str | None
-    function: str
-    sys_path: tuple[str, ...]
-    rewrite: bool
-    instance_state: dict[str, Any] | None = None
+from harness import compat
+from harness.protocol.messages import RankValue, TestRef
 
 
 def run_test(ref: TestRef, kwargs: dict[str, Any]) -> None:
@@ -78,17 +41,23 @@ def run_test(ref: TestRef, kwargs: dict[str, Any]) -> None:
 
 
 def _fill(value: Any) -> Any:
-    if not isinstance(value, RankValue):
-        return value
+    return rank_value(value.name) if isinstance(value, RankValue) else value
+
+
+def rank_value(name: str) -> Any:
+    """The value of one of the rank-side fixtures (``RANK_FIXTURES``) in this process.
+
+    Also used in-process under an external launcher, where pytest itself runs in a rank.
+    """
     import torch.distributed as dist
 
     import fhelium.distributed
 
-    if value.name == "rank":
+    if name == "rank":
         return dist.get_rank()
-    if value.name == "world_size":
+    if name == "world_size":
         return dist.get_world_size()
-    if value.name == "local_rank":
+    if name == "local_rank":
         return int(os.environ.get("LOCAL_RANK", "0"))
     return fhelium.distributed.local_device()
 
@@ -135,11 +104,9 @@ class _RewritingLoader(importlib.abc.Loader):
         self._path = path
 
     def exec_module(self, module: ModuleType) -> None:
-        from _pytest.assertion.rewrite import rewrite_asserts
-
         with open(self._path, "rb") as handle:
             source = handle.read()
         tree = ast.parse(source, filename=self._path)
-        rewrite_asserts(tree, source, self._path)
+        compat.rewrite_asserts(tree, source, self._path)
         code = compile(tree, self._path, "exec", dont_inherit=True)
         exec(code, module.__dict__)

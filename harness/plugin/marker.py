@@ -6,13 +6,12 @@ what it needs before a distributed test actually runs lives here, free of torch.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from harness._checks import check_timeout
+from harness import validate
 
 MARKER = "distributed"
 WORLD_SIZE_PARAM = "_harness_world_size"
@@ -76,28 +75,15 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
             metafunc.parametrize(name, list(values), ids=[make_id(v) for v in values])
 
 
-def launcher_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        except ValueError:
-            return None
-    return None
-
-
 def timeout_setting(config: pytest.Config) -> float:
     """``--dist-timeout``, else ini ``dist_timeout``, else the default; a bad value is a
     usage error naming it (not a failure of every distributed test, or an internal error)."""
     option = config.getoption("dist_timeout")
-    raw: Any = option
-    if raw is None:
-        raw = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
+    if option is not None:
+        value, where = option, "--dist-timeout"
+    else:
+        value, where = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S, "ini option dist_timeout"
     try:
-        timeout = check_timeout(float(raw))
-    except (TypeError, ValueError):
-        timeout = None
-    if timeout is None:
-        source = "--dist-timeout" if option is not None else "ini option dist_timeout"
-        raise pytest.UsageError(f"{source} must be a positive number of seconds, got {raw!r}")
-    return timeout
+        return validate.seconds(value, where, text=True)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None

@@ -1,0 +1,223 @@
+"""Every private API of torch, pytest, CPython and coverage that the harness relies on.
+
+Nothing else in the harness touches a private name of another project. Each function below
+wraps one such use and says which public API is missing; :data:`PRIVATE_APIS` lists them with
+a probe each, and ``tests/test_compat.py`` runs every probe, so an upgrade that removes one
+fails that test by name instead of breaking a rank in a way that is hard to trace.
+
+Imports of torch, pytest and coverage happen inside the functions: this module is imported
+by the plugin (which must load without torch), by ranks (which may run without pytest) and by
+the controller.
+"""
+
+from __future__ import annotations
+
+import multiprocessing.forkserver
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, NoReturn
+
+__all__ = [
+    "ASSERT_REWRITER_MODULE",
+    "PRIVATE_APIS",
+    "asserts_rewritten",
+    "coverage_config_file",
+    "forget_forkserver",
+    "forkserver_pid",
+    "live_process_groups",
+    "rewrite_asserts",
+    "skip_at_test",
+    "test_argnames",
+    "xfail_raises",
+]
+
+
+# -- torch -----------------------------------------------------------------------------------
+
+
+def live_process_groups() -> set[Any]:
+    """Every process group alive in this process, the default group included.
+
+    torch has no public way to list process groups (only ``get_process_group_ranks`` of a
+    group one already holds); ``distributed_c10d._world.pg_map`` is the registry that
+    ``new_group`` adds to and ``destroy_process_group`` removes from.
+    """
+    from torch.distributed import distributed_c10d
+
+    return set(distributed_c10d._world.pg_map)
+
+
+# -- CPython ---------------------------------------------------------------------------------
+
+
+def forkserver_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver, or None when none runs.
+
+    ``multiprocessing.forkserver`` documents no way to reach the server process; its pid is
+    ``_forkserver._forkserver_pid``.
+    """
+    server = multiprocessing.forkserver._forkserver
+    pid = getattr(server, "_forkserver_pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def forget_forkserver() -> None:
+    """Close this process's side of the forkserver and forget it (after it was killed).
+
+    There is no public way to stop a forkserver; ``_forkserver._stop()`` closes our socket
+    and reaps the server so that multiprocessing does not try to use it again.
+    """
+    multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+# -- coverage --------------------------------------------------------------------------------
+
+
+def coverage_config_file(cov: Any) -> str | bool:
+    """The configuration file a ``coverage.Coverage`` read, or False when it read none.
+
+    ``Coverage.get_option`` reads every setting but not which file they came from; ranks
+    read the same file so that settings we do not copy (plugins, ``[paths]``) still apply.
+    """
+    path = cov.config.config_file
+    return path if isinstance(path, str) and path else False
+
+
+# -- pytest ----------------------------------------------------------------------------------
+
+
+def skip_at_test(reason: str) -> NoReturn:
+    """Raise pytest's skip so that the report points at the test, not at the harness.
+
+    ``pytest.skip()`` raised from a hook is reported at the hook's line; pytest's own
+    ``skipif`` marks use the private ``_use_item_location=True`` to place it at the test
+    item, and there is no public equivalent.
+    """
+    import pytest
+
+    raise pytest.skip.Exception(reason, _use_item_location=True)
+
+
+def test_argnames(item: Any) -> tuple[str, ...]:
+    """The names of the arguments a test function takes (not the fixtures pulled in only by
+    other fixtures or ``autouse``).
+
+    pytest's own ``pytest_pyfunc_call`` reads ``item._fixtureinfo.argnames``; the public
+    ``item.fixturenames`` also holds fixtures the function does not take.
+    """
+    return tuple(item._fixtureinfo.argnames)
+
+
+def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
+    """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None.
+
+    pytest evaluates xfail conditions once and keeps the result in
+    ``item.stash[_pytest.skipping.xfailed_key]``; reading the mark ourselves would mean
+    evaluating its conditions a second time. None also when the mark has no ``raises``.
+    """
+    from _pytest.skipping import xfailed_key
+
+    xfailed = item.stash.get(xfailed_key, None)
+    if xfailed is None or xfailed.raises is None:
+        return None
+    raises = xfailed.raises if isinstance(xfailed.raises, tuple) else (xfailed.raises,)
+    return tuple(raises), str(xfailed.reason or "")
+
+
+ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
+"""The module :func:`rewrite_asserts` imports (the forkserver preloads it under pytest)."""
+
+
+def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
+    """Apply pytest's assertion rewriting to a parsed module, in place.
+
+    A rank imports a test module itself; to explain a failing ``assert`` as pytest does, it
+    needs pytest's rewriter, which pytest only exposes through its import hook.
+    """
+    import importlib
+
+    importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
+
+
+def asserts_rewritten(module: ModuleType) -> bool:
+    """Whether pytest rewrote the asserts of an imported module.
+
+    The rewriter adds ``@py_builtins`` to the module's globals; pytest has no public flag.
+    """
+    return hasattr(module, "@py_builtins")
+
+
+# -- the inventory ---------------------------------------------------------------------------
+
+
+def _probe_pg_map() -> object:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world.pg_map
+
+
+def _probe_forkserver() -> object:
+    server: Any = multiprocessing.forkserver._forkserver
+    return (server._forkserver_pid if hasattr(server, "_forkserver_pid") else None, server._stop)
+
+
+def _probe_coverage_config() -> object:
+    import coverage
+
+    return coverage.Coverage(config_file=False).config.config_file
+
+
+def _probe_use_item_location() -> object:
+    import pytest
+
+    return pytest.skip.Exception("probe", _use_item_location=True)
+
+
+def _probe_xfailed_key() -> object:
+    from _pytest.skipping import xfailed_key
+
+    return xfailed_key
+
+
+def _probe_rewrite() -> object:
+    import ast
+
+    tree = ast.parse("assert 1")
+    rewrite_asserts(tree, b"assert 1", "<probe>")
+    return tree
+
+
+def _probe_fixtureinfo() -> object:
+    from _pytest.fixtures import FuncFixtureInfo
+
+    return FuncFixtureInfo.__dataclass_fields__["argnames"]
+
+
+def _probe_py_builtins() -> object:
+    import ast
+
+    tree = ast.parse("assert 1")
+    rewrite_asserts(tree, b"assert 1", "<probe>")
+    names = {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    if "@py_builtins" not in names:
+        raise AttributeError("pytest's rewriter no longer binds '@py_builtins'")
+    return names
+
+
+PRIVATE_APIS: dict[str, Callable[[], object]] = {
+    "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
+    "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
+    "coverage.Coverage.config.config_file": _probe_coverage_config,
+    "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
+    "_pytest.skipping.xfailed_key": _probe_xfailed_key,
+    "_pytest.fixtures.FuncFixtureInfo.argnames (item._fixtureinfo)": _probe_fixtureinfo,
+    "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
+    "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
+}
+"""Each private API above, named as a reader would look it up, with a probe that raises
+(AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

@@ -1,0 +1,17 @@
+"""The controller side: runs in the process that calls ``harness.run`` / ``harness.World``
+(pytest's process, under the plugin). It never runs inside a rank.
+
+* :mod:`~harness.controller.world`       ``World`` and ``run``: a world's life and its calls
+* :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
+* :mod:`~harness.controller.outcome`     what the ranks' answers amount to (pure logic)
+* :mod:`~harness.controller.spawn`       the process manager: where a rank is spawned and stopped
+* :mod:`~harness.controller.forkserver`  the warm server ranks are forked from
+* :mod:`~harness.controller.stacks`      faulthandler dumps made readable
+* :mod:`~harness.controller.backends`    which backend, and whether it can run here
+* :mod:`~harness.controller.pickling`    sending a call by pickle, naming what does not pickle
+* :mod:`~harness.controller.coverage`    the ranks' coverage settings, and merging their data
+
+It may import the protocol (:mod:`harness.protocol`), the shared modules (``errors``,
+``validate``, ``compat``) and the rank side's entry points (a rank's process target), never
+the pytest plugin: the core works without pytest.
+"""

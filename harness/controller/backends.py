@@ -1,0 +1,44 @@
+"""Which backend a world uses, and whether it can run on this machine."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from fhelium.distributed._state import default_backend
+from harness import validate
+
+
+def resolve_backend(backend: object) -> str:
+    """Turn ``"auto"`` into what ``fhelium.distributed.init`` would pick (NCCL when CUDA is
+    available, else Gloo); check a named backend.
+
+    Args:
+        backend: One of :data:`harness.validate.BACKEND_CHOICES`, in any case.
+
+    Returns:
+        ``"gloo"`` or ``"nccl"``.
+
+    Raises:
+        ValueError: For any other value, naming it and the valid ones.
+    """
+    name = validate.backend(backend)
+    return default_backend() if name == "auto" else name
+
+
+def unavailable_reason(backend: str, world_size: int) -> str | None:
+    """Why a world of this (resolved) backend and size cannot run here, or None if it can.
+
+    Returns:
+        ``"needs 2 CUDA devices, found 0"``, ``"backend 'nccl' is not available in this
+        build of torch 2.13.0"``, or None.
+    """
+    if backend == "nccl":
+        found = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if found < world_size:
+            return f"needs {world_size} CUDA devices, found {found}"
+    check = getattr(dist, "is_backend_available", None)
+    available = check(backend) if check else getattr(dist, f"is_{backend}_available", bool)()
+    if not dist.is_available() or not available:
+        return f"backend {backend!r} is not available in this build of torch {torch.__version__}"
+    return None

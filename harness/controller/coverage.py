@@ -1,0 +1,88 @@
+"""Measure coverage inside ranks when the controller is measured, with no user configuration.
+
+Ranks are started by forkserver or spawn, and coverage.py follows neither by itself (and
+pytest-cov 7 no longer patches subprocesses). So when ``coverage.Coverage.current()`` is
+active in the controller, each rank starts its own ``Coverage`` with the controller's
+settings (:mod:`harness.rank.coverage`), writes its data into the world's private directory
+when it ends (also when it is torn down after a failure), and the controller merges those
+files into its own live data before pytest-cov (or ``coverage run``) saves and combines it.
+No ``.coverage.*`` file is ever written next to the user's data file.
+
+This is the controller's half: :func:`settings` for the ranks, :func:`merge` afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from harness import compat
+from harness.protocol.rank_files import coverage_data_files
+
+_COPIED = (
+    "run:branch",
+    "run:source",
+    "run:source_pkgs",
+    "run:source_dirs",
+    "run:include",
+    "run:omit",
+    "run:cover_pylib",
+    "run:timid",
+    "run:context",
+)
+"""The controller's ``[run]`` options a rank's Coverage is given, over its config file (they
+may come from the command line or pytest-cov's options rather than a file)."""
+
+
+def _current() -> Any | None:
+    # Nothing can be measuring us unless coverage was imported (checked first: this runs on
+    # every world stop, and a failed import is not cached).
+    coverage = sys.modules.get("coverage")
+    if coverage is None:
+        return None
+    return coverage.Coverage.current()
+
+
+def settings() -> dict[str, Any] | None:
+    """What a rank's Coverage needs, or None when nothing measures us.
+
+    Returns:
+        ``{"config_file": path or False, "options": {"run:branch": True, ...}}``; options
+        this version of coverage does not know are left out.
+    """
+    cov = _current()
+    if cov is None:
+        return None
+    options: dict[str, Any] = {}
+    for name in _COPIED:
+        try:
+            options[name] = cov.get_option(name)
+        except Exception:
+            continue  # an option older versions of coverage do not have
+    return {"config_file": compat.coverage_config_file(cov), "options": options}
+
+
+def merge(workdir: str) -> None:
+    """Merge the ranks' data files into the live data, then delete them."""
+    paths = coverage_data_files(workdir)
+    if not paths:
+        return
+    cov = _current()
+    if cov is not None:
+        from coverage import CoverageData
+
+        live = cov.get_data()
+        for path in paths:
+            data = CoverageData(basename=path)
+            try:
+                data.read()
+                live.update(data)
+            except Exception:
+                # A rank killed while saving leaves a partial file; what it lost is lost.
+                pass
+    for path in paths:
+        try:
+            os.remove(path)
+        except OSError:
+            pass

@@ -1,0 +1,228 @@
+"""Where what came back from the ranks is turned into an outcome: pure logic, no processes.
+
+:func:`classify` takes what the supervisor saw of each rank (a message, a death, or nothing
+before it stopped waiting) and decides what the call, or the start of a world, amounts to:
+return values, a skip, or one of the harness errors with its failures in the right order.
+It reads no files and touches no process, so every case is unit-tested on plain data
+(``tests/harness/test_harness_outcome.py``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import unittest
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from harness import compat
+from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
+from harness.protocol.failures import RankFailure, ranks_phrase
+from harness.protocol.messages import Done, Failed, RankMessage, Ready, Skipped
+
+
+@dataclass(frozen=True)
+class Died:
+    """A rank process ended without answering (what the supervisor saw, not a message).
+
+    Attributes:
+        exitcode: As :mod:`multiprocessing` reports it (negative: killed by that signal).
+        at: When it died, on the monotonic clock, as well as the supervisor could tell.
+        dump: Its readable crash dump ('' when Python wrote none).
+    """
+
+    exitcode: int | None
+    at: float
+    dump: str = ""
+
+
+Reply = RankMessage | Died
+"""What the supervisor saw of one rank."""
+
+
+@dataclass
+class Outcome:
+    """Everything one call produced, before it is turned into a return value or an error.
+
+    Attributes:
+        values: The return values by rank, when the call succeeded.
+        error: The error, when it did not.
+        skip: The skip, when every rank skipped.
+        outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
+        reusable: False when the world must be rebuilt before the next call although the
+            call succeeded (it destroyed the default process group).
+    """
+
+    values: list[Any] | None = None
+    error: DistributedError | None = None
+    skip: Skipped | None = None
+    outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
+    reusable: bool = True
+
+    def result(self) -> list[Any]:
+        """The return values by rank; raises the error or the skip instead."""
+        if self.error is not None:
+            raise self.error
+        if self.skip is not None:
+            raise_skip(self.skip)
+        return list(self.values or [])
+
+
+def raise_skip(skip: Skipped) -> NoReturn:
+    """Raise the same kind of skip the ranks raised, pointing at the caller, not at us."""
+    if skip.kind == "pytest":
+        compat.skip_at_test(skip.reason)
+    raise unittest.SkipTest(skip.reason)
+
+
+def classify(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    *,
+    timeout: float | None,
+    stacks: Mapping[int, str] | None = None,
+    starting: str | None = None,
+) -> Outcome:
+    """Decide what a call (or the start of a world) amounts to.
+
+    Args:
+        replies: What was seen of each rank, by rank; a rank that is missing had not answered
+            when the supervisor stopped waiting (the deadline passed, or it was torn down
+            after a peer failed).
+        world_size: The number of ranks.
+        timeout: The bound the supervisor waited under, for the message (None: none).
+        stacks: The readable stacks of the ranks that had not answered.
+        starting: For the start of a world, how to name it (``"a world of 2 ranks
+            (gloo)"``); None for a call.
+
+    Returns:
+        For a call: the values when every rank returned; the skip when every rank skipped;
+        otherwise the error. ``RankError`` / ``RankCrash`` (whichever the first failure in
+        time was) list that failure first, then later failures, then skips, and name the
+        ranks torn down; a skip on some ranks only is a ``RankError``; ranks that did not
+        answer with no failure at all are a ``WorldTimeout`` with every rank's stacks.
+        For a start: no error when every rank is ``Ready``, else a ``DistributedError``
+        listing the ranks that did not come up, by rank.
+    """
+    stacks = stacks or {}
+    if starting is not None:
+        return _start(replies, world_size, timeout, stacks, starting)
+    done = {r: m for r, m in replies.items() if isinstance(m, Done)}
+    skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
+    if len(done) == world_size:
+        return _values(done)
+    if len(skipped) == world_size:
+        return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
+    silent = [rank for rank in range(world_size) if rank not in replies]
+    events = sorted(
+        ((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died))),
+    )
+    if events:
+        return Outcome(error=_failure_error(replies, events, skipped, silent))
+    if skipped:
+        return Outcome(error=_partial_skip(skipped, world_size))
+    bound = f" within {timeout:g} s" if timeout is not None else ""
+    failures = {
+        rank: RankFailure.still_running(
+            rank,
+            f"still running after {timeout:g} s" if timeout else "still running",
+            stacks.get(rank, ""),
+        )
+        for rank in silent
+    }
+    return Outcome(
+        error=WorldTimeout(
+            f"the run did not finish{bound}: {ranks_phrase(silent)} still running "
+            "(their stacks at the deadline follow; the ranks were then killed)",
+            failures,
+            {rank: stacks.get(rank, "") for rank in range(world_size)},
+        )
+    )
+
+
+def _failure_of(rank: int, reply: Reply) -> RankFailure:
+    """The failure a ``Failed`` or ``Died`` reply stands for."""
+    if isinstance(reply, Failed):
+        return reply.failure
+    assert isinstance(reply, Died)
+    return RankFailure.crash(rank, reply.exitcode, reply.dump)
+
+
+def _failure_error(
+    replies: Mapping[int, Reply],
+    events: list[tuple[float, int]],
+    skipped: dict[int, Skipped],
+    silent: list[int],
+) -> DistributedError:
+    failures = {rank: _failure_of(rank, replies[rank]) for _, rank in events}
+    exitcodes = {
+        rank: reply.exitcode if reply.exitcode is not None else 0
+        for rank, reply in replies.items()
+        if isinstance(reply, Died)
+    }
+    for rank, skip in skipped.items():
+        failures[rank] = RankFailure.skipped(rank, skip.reason)
+    root = next(iter(failures.values()))
+    summary = f"rank {root.rank} {root.what_happened()}"
+    later = [rank for rank in failures if rank != root.rank]
+    if later:
+        summary += f"; then {ranks_phrase(later)} failed"
+    if silent:
+        summary += f"; {ranks_phrase(silent)} torn down"
+    if isinstance(replies[root.rank], Died):
+        return RankCrash(summary, failures, exitcodes)
+    return RankError(summary, failures)
+
+
+def _partial_skip(skipped: dict[int, Skipped], world_size: int) -> RankError:
+    reasons = "; ".join(f"rank {r}: {m.reason}" for r, m in sorted(skipped.items()))
+    others = [rank for rank in range(world_size) if rank not in skipped]
+    failures = {
+        rank: RankFailure.skipped(rank, skip.reason)
+        for rank, skip in sorted(skipped.items(), key=lambda item: item[1].at)
+    }
+    return RankError(
+        f"{ranks_phrase(list(skipped))} skipped but {ranks_phrase(others)} did not; a "
+        f"distributed run must skip on every rank or on none ({reasons})",
+        failures,
+    )
+
+
+def _values(done: dict[int, Done]) -> Outcome:
+    values = []
+    for rank in sorted(done):
+        try:
+            values.append(pickle.loads(done[rank].value))
+        except Exception as exc:
+            message = (
+                f"could not unpickle the return value of rank {rank}: {type(exc).__name__}: {exc}"
+            )
+            failure = RankFailure(rank, type(exc).__name__, message, message + "\n")
+            return Outcome(error=RankError(message, {rank: failure}))
+    # A call that destroyed the default group leaves its result valid but the world unfit.
+    return Outcome(values=values, reusable=all(reply.reusable for reply in done.values()))
+
+
+def _start(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    timeout: float | None,
+    stacks: Mapping[int, str],
+    world: str,
+) -> Outcome:
+    if all(isinstance(replies.get(rank), Ready) for rank in range(world_size)):
+        return Outcome(values=[])
+    bound = f" after {timeout:g} s" if timeout is not None else ""
+    failures: dict[int, RankFailure] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, (Failed, Died)):
+            failures[rank] = _failure_of(rank, reply)
+        elif reply is None:
+            failures[rank] = RankFailure.still_running(
+                rank, f"not up{bound} (or torn down after a peer failed)", stacks.get(rank, "")
+            )
+    names = ", ".join(f"rank {rank}" for rank in failures)
+    return Outcome(
+        error=DistributedError(f"{world} did not start: {names} did not come up", failures)
+    )

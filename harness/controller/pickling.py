@@ -1,0 +1,51 @@
+"""Sending a call to the ranks by pickle, and saying exactly what did not pickle."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from harness.errors import DistributedError
+
+
+def pickle_call(
+    fn: Callable[..., Any], args: Iterable[Any], kwargs: Mapping[str, Any] | None, n: int
+) -> bytes:
+    """The payload of a ``Call``: ``(fn, args, kwargs)`` pickled once for all ``n`` ranks.
+
+    Raises:
+        DistributedError: Something does not pickle; the message names the first culprit
+            (``fn``, ``args[1]``, ``kwargs['x']``) and shows its repr.
+    """
+    args = tuple(args)
+    kwargs = dict(kwargs or {})
+    try:
+        return pickle.dumps((fn, args, kwargs))
+    except Exception as exc:
+        parts: list[tuple[str, Any]] = [("fn", fn)]
+        parts += [(f"args[{i}]", arg) for i, arg in enumerate(args)]
+        parts += [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
+        name, obj = next(((name, obj) for name, obj in parts if not picklable(obj)), ("call", fn))
+        raise DistributedError(
+            f"could not pickle {name} ({short_repr(obj)}) to send it to ranks 0..{n - 1}: "
+            f"{type(exc).__name__}: {exc}. Functions must be defined at module level."
+        ) from exc
+
+
+def picklable(obj: Any) -> bool:
+    """Whether ``obj`` pickles."""
+    try:
+        pickle.dumps(obj)
+    except Exception:
+        return False
+    return True
+
+
+def short_repr(obj: Any) -> str:
+    """``repr(obj)`` cut to 80 characters, and never an exception."""
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__qualname__} object>"
+    return text if len(text) <= 80 else text[:77] + "..."

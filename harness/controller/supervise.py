@@ -1,0 +1,116 @@
+"""Supervision of a call: wait for each rank's answer or death, and read what it left.
+
+:func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
+exception and a death are all seen the moment they happen. Once a rank fails, the others
+get a short grace period to report (a peer blocked in a collective with a rank that exited
+fails within milliseconds); those still silent after it are left to the caller to tear down,
+so an error reaches the user in about a second, never after a process-group timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from harness.controller import spawn, stacks
+from harness.controller.outcome import Died, Reply
+from harness.controller.spawn import RankProcess
+from harness.protocol.messages import Done, Ready, Skipped
+
+FAILURE_GRACE_S = 0.5
+"""After the first failure, how long the other ranks get to report before they are torn down."""
+
+DEATH_SEEN_LATE_S = FAILURE_GRACE_S
+"""How much earlier than we see it a rank may have died without a crash dump: a death seen
+within this time after another rank's failure counts as that failure's cause."""
+
+SKIP_GRACE_S = 2.0
+"""After the first skip, how long the other ranks get to finish (a skip is usually unanimous)."""
+
+
+def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, Reply], bool]:
+    """Wait for one reply (or death) per rank.
+
+    Args:
+        ranks: The ranks to wait for.
+        deadline: ``time.monotonic()`` value to stop at; None waits without bound.
+
+    Returns:
+        The replies by rank, and whether the deadline passed. After the first reply that
+        is not a success, the others get a grace period; those still silent after it are
+        missing from the result (the caller tears them down).
+    """
+    replies: dict[int, Reply] = {}
+    pending = {proc.rank: proc for proc in ranks}
+    grace_end: float | None = None
+    while pending:
+        limits = [t for t in (deadline, grace_end) if t is not None]
+        now = time.monotonic()
+        if limits and now >= min(limits):
+            return replies, grace_end is None or (deadline is not None and now >= deadline)
+        handles: dict[Any, RankProcess] = {}
+        for proc in pending.values():
+            handles[proc.conn] = proc
+            handles[proc.process.sentinel] = proc
+        for handle in wait(list(handles), min(limits) - now if limits else None):
+            proc = handles[handle]
+            if proc.rank not in pending:
+                continue
+            reply = _receive(proc)
+            replies[proc.rank] = reply
+            del pending[proc.rank]
+            if isinstance(reply, Ready):
+                proc.main_thread, proc.watchdog_thread = reply.main_thread, reply.watchdog_thread
+                proc.code_dir = reply.code_dir
+            elif not isinstance(reply, Done):
+                grace = SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S
+                end = time.monotonic() + grace
+                grace_end = end if grace_end is None else min(grace_end, end)
+    return replies, False
+
+
+def stacks_now(ranks: list[RankProcess]) -> dict[int, str]:
+    """Every rank's readable stacks, taken now ('' for a rank that is gone)."""
+    dumps = spawn.dump_stacks(ranks)
+    return {proc.rank: readable(proc, dumps.get(proc.rank, "")) for proc in ranks}
+
+
+def readable(proc: RankProcess, dump: str) -> str:
+    """A rank's faulthandler dump as traceback-style text ('' when there is none)."""
+    if not dump.strip():
+        return ""
+    return stacks.format_dump(
+        dump, code_dir=proc.code_dir, main_thread=proc.main_thread, hidden=(proc.watchdog_thread,)
+    )
+
+
+def _receive(proc: RankProcess) -> Reply:
+    try:
+        if proc.conn.poll():
+            message: Reply = proc.conn.recv()
+            return message
+    except (EOFError, OSError):
+        pass
+    # Nothing to read: the process ended (or closed its pipe, and is about to). Its death is
+    # seen now; joining then waits for the forkserver's report, which may lag behind peers
+    # that already failed because of this death.
+    seen = time.monotonic()
+    proc.process.join(1.0)
+    dump = readable(proc, proc.files.crash_dump())
+    return Died(proc.process.exitcode, _death_time(proc, seen), dump)
+
+
+def _death_time(proc: RankProcess, seen: float) -> float:
+    """When a rank died, on the monotonic clock, as well as we can tell.
+
+    Peers blocked in a collective with a rank fail the moment its sockets close, which is
+    also when we can first see its death, so they often report a (consequential) failure
+    stamped before the death is seen. A fatal signal makes faulthandler write the crash file
+    just before the process dies: its age dates the death. Otherwise (``os._exit``, an
+    external SIGKILL) the death is dated ``DEATH_SEEN_LATE_S`` before it was seen.
+    """
+    age = proc.files.crash_dump_age()
+    if age is None:
+        return seen - DEATH_SEEN_LATE_S
+    return min(seen, seen - age)

@@ -1,0 +1,291 @@
+"""The controller's entry points: ``World`` owns N ranks across calls, ``run`` is one call.
+
+A World's life: it starts a generation of ranks (:mod:`harness.controller.spawn`), waits
+for them to come up, then serves calls. For each call it sends a ``Call`` to every rank,
+waits for the answers (:mod:`harness.controller.supervise`) and has them classified
+(:mod:`harness.controller.outcome`). After a failure it stops that generation and starts a
+fresh one before the next call.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness import validate
+from harness.controller import coverage, forkserver, spawn, supervise
+from harness.controller.backends import resolve_backend, unavailable_reason
+from harness.controller.outcome import Outcome, classify
+from harness.controller.pickling import pickle_call
+from harness.controller.spawn import RankProcess
+from harness.protocol.messages import Call
+
+START_TIMEOUT_S = 60.0
+"""Bound on starting (or rebuilding) a world, separate from a run's timeout."""
+
+
+@dataclass
+class _State:
+    """What a World must release; kept apart from it so a finalizer can hold it."""
+
+    root: str
+    ranks: list[RankProcess] = field(default_factory=list)
+    workdir: str | None = None
+
+
+def _release(state: _State) -> None:
+    try:
+        _stop(state)
+    finally:
+        shutil.rmtree(state.root, ignore_errors=True)
+
+
+_open_worlds: weakref.WeakSet[World] = weakref.WeakSet()
+
+
+def _close_open_worlds() -> None:
+    for world in list(_open_worlds):
+        world.close()
+
+
+# At exit, worlds are closed (their ranks save coverage) before the forkserver is stopped.
+forkserver.before_stop.append(_close_open_worlds)
+
+
+def _stop(state: _State) -> None:
+    """Stop the ranks of the current generation and fold their coverage into ours."""
+    if state.ranks:
+        grace = spawn.STOP_GRACE_S if coverage.settings() else spawn.STOP_GRACE_NO_COVERAGE_S
+        spawn.stop_ranks(state.ranks, grace_s=grace)
+    if state.workdir is not None:
+        coverage.merge(state.workdir)
+
+
+class World:
+    """A set of ranks kept alive between runs, with their default process group.
+
+    Starting ranks costs far more than using them, so a World starts ``world_size`` ranks
+    once and serves any number of ``run`` calls with them. Between calls each rank restores
+    ``os.environ`` and its working directory and destroys the process groups a call left
+    behind. After a failure, timeout or crash the World rebuilds itself (fresh processes,
+    fresh rendezvous) before the next run, so one bad call never poisons the next.
+
+    Not thread-safe: use one World from one thread at a time.
+
+    Args:
+        world_size: Number of ranks (>= 1).
+        backend: ``"auto"`` (NCCL when CUDA is available, Gloo otherwise), ``"gloo"`` or
+            ``"nccl"``.
+        timeout: Default bound in seconds for each ``run``; None means no bound.
+
+    Raises:
+        TypeError, ValueError: For an invalid ``world_size``, ``backend`` or ``timeout``.
+        RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
+            fewer CUDA devices than ranks).
+        DistributedError: If a rank does not come up within 60 s or fails to initialize.
+    """
+
+    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float | None = None):
+        self.world_size: int = validate.positive_int(world_size, "world_size")
+        self.backend: str = resolve_backend(backend)
+        self.timeout: float | None = _timeout(timeout)
+        reason = unavailable_reason(self.backend, self.world_size)
+        if reason:
+            raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
+        self._state = _State(tempfile.mkdtemp(prefix="harness-"))
+        self._finalizer = weakref.finalize(self, _release, self._state)
+        _open_worlds.add(self)
+        self._generation = 0
+        self._broken = False
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the ranks, by rank (after a failed run: of the ranks torn down,
+        until the next run rebuilds the world)."""
+        return [proc.pid for proc in self._state.ranks]
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` has run."""
+        return not self._finalizer.alive
+
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *,
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """Run ``fn(*args, **kwargs)`` once on every rank; return the results by rank.
+
+        Args:
+            fn: A picklable (module-level) callable.
+            args: Positional arguments, pickled and sent to every rank.
+            kwargs: Keyword arguments, pickled and sent to every rank.
+            timeout: Bound in seconds for this run; None uses the World's timeout.
+
+        Returns:
+            ``[result of rank 0, result of rank 1, ...]``.
+
+        Raises:
+            RankError: Code raised on one or more ranks (root cause first).
+            WorldTimeout: The run did not finish in time; carries every rank's stack.
+            RankCrash: A rank process died during the run.
+            DistributedError: ``fn``, an argument or a return value could not be pickled,
+                or the world could not be rebuilt after an earlier failure.
+            unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
+        """
+        return self.call(fn, args, kwargs, timeout=timeout).result()
+
+    def call(
+        self,
+        fn: Callable[..., Any],
+        args: Iterable[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        capture: bool = False,
+    ) -> Outcome:
+        """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
+        raising: the entry point of tools built on the World (the pytest plugin).
+
+        Args:
+            fn, args, kwargs, timeout: As :meth:`run`.
+            capture: Collect each rank's stdout and stderr into ``Outcome.outputs``.
+
+        Returns:
+            The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
+
+        Raises:
+            RuntimeError: The World is closed.
+            ValueError: ``timeout`` is invalid.
+            DistributedError: The call does not pickle, or the world could not be rebuilt.
+        """
+        if self.closed:
+            raise RuntimeError("this World is closed; create a new one")
+        timeout = _timeout(timeout) if timeout is not None else self.timeout
+        payload = pickle_call(fn, args, kwargs, self.world_size)
+        if self._broken:
+            self._rebuild()
+        ranks = self._state.ranks
+        environ = dict(os.environ)
+        try:
+            call = Call(payload, capture, None if environ == self._environ else environ)
+            for proc in ranks:
+                try:
+                    proc.conn.send(call)
+                except OSError:
+                    pass  # died while idle; its sentinel reports it
+            deadline = time.monotonic() + timeout if timeout is not None else None
+            replies, timed_out = supervise.gather(ranks, deadline)
+            stacks = supervise.stacks_now(ranks) if timed_out else {}
+            outcome = classify(replies, self.world_size, timeout=timeout, stacks=stacks)
+        except BaseException:
+            # KeyboardInterrupt or a bug of ours: never leave ranks mid-call behind.
+            self._broken = True
+            _stop(self._state)
+            raise
+        if outcome.error is not None or not outcome.reusable:
+            self._broken = True
+            _stop(self._state)
+        if capture:
+            outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
+        return outcome
+
+    def close(self) -> None:
+        """Stop the ranks and remove the World's files. Idempotent; also runs on ``__exit__``,
+        on garbage collection and at interpreter exit."""
+        self._finalizer()
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else ("broken" if self._broken else "ready")
+        return f"<harness.World world_size={self.world_size} backend={self.backend!r} {state}>"
+
+    def _start(self) -> None:
+        self._generation += 1
+        workdir = os.path.join(self._state.root, f"g{self._generation}")
+        os.mkdir(workdir, 0o700)
+        self._state.workdir = workdir
+        self._environ = dict(os.environ)  # what the ranks inherit; calls send only changes
+        self._state.ranks = spawn.start_ranks(
+            self.world_size, self.backend, workdir, coverage.settings()
+        )
+        ranks = self._state.ranks
+        replies, timed_out = supervise.gather(ranks, time.monotonic() + START_TIMEOUT_S)
+        stacks = supervise.stacks_now(ranks) if timed_out else {}
+        outcome = classify(
+            replies,
+            self.world_size,
+            timeout=START_TIMEOUT_S,
+            stacks=stacks,
+            starting=f"a world of {self.world_size} ranks ({self.backend})",
+        )
+        self._broken = outcome.error is not None
+        if outcome.error is not None:
+            _stop(self._state)
+            raise outcome.error
+
+    def _rebuild(self) -> None:
+        _stop(self._state)
+        if self._state.workdir is not None:
+            shutil.rmtree(self._state.workdir, ignore_errors=True)
+        self._start()
+
+
+def run(
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    backend: str = "auto",
+    timeout: float | None = None,
+) -> list[Any]:
+    """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks.
+
+    Each rank has the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) and a default process
+    group from ``fhelium.distributed.init``. The ranks are stopped before this returns.
+
+    A script that calls this at import time needs the ``if __name__ == "__main__":`` guard,
+    as with multiprocessing's spawn and forkserver start methods.
+
+    Args:
+        fn: A picklable (module-level) callable.
+        world_size: Number of ranks (>= 1).
+        args: Positional arguments for ``fn``.
+        kwargs: Keyword arguments for ``fn``.
+        backend: ``"auto"`` (NCCL when CUDA is available, else Gloo), ``"gloo"`` or ``"nccl"``.
+        timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
+
+    Returns:
+        The return values, index = rank.
+
+    Raises:
+        RankError, WorldTimeout, RankCrash, DistributedError: As ``World.run``.
+        TypeError, ValueError, RuntimeError: As ``World``.
+    """
+    with World(world_size, backend=backend) as world:
+        return world.run(fn, args=args, kwargs=kwargs, timeout=timeout)
+
+
+def _timeout(value: float | None) -> float | None:
+    return None if value is None else validate.seconds(value, "timeout", optional=True)

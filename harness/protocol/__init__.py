@@ -1,0 +1,12 @@
+"""What the controller and its ranks agree on: shared by both sides, imports only the stdlib.
+
+* :mod:`~harness.protocol.messages`    the named messages that cross a rank's pipe, and what a
+  rank is told when it starts
+* :mod:`~harness.protocol.rank_files`  the files a rank writes in its world's directory (captured
+  output, stack dumps, crash dumps): their paths, and how each is written and read
+* :mod:`~harness.protocol.failures`    how a failure on a rank is described (built from an
+  exception, or from how a process ended) and rendered for a reader
+
+Nothing here imports torch, pytest or any other part of the harness (an import-linter contract
+in ``pyproject.toml`` enforces it), so both sides can rely on it and it can be read on its own.
+"""

@@ -1,0 +1,146 @@
+"""How a failure on a rank is described and rendered: the one place both sides use for it.
+
+A rank turns an exception into a :class:`RankFailure` (text only: the exception itself may not
+pickle) with :meth:`RankFailure.from_exception`; the controller makes one for a rank that died
+with :meth:`RankFailure.crash` or that did not finish with :meth:`RankFailure.still_running`.
+:func:`sections` is how a set of failures reads, root cause first: both ``str()`` of a harness
+error and the pytest report are built from it.
+"""
+
+from __future__ import annotations
+
+import signal
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import TracebackType
+
+__all__ = ["RankFailure", "describe_exitcode", "ranks_phrase", "sections"]
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """What went wrong on one rank.
+
+    Attributes:
+        rank: The global rank.
+        exc_type: The exception's class name (``"ValueError"``), or ``"RankCrash"`` /
+            ``"WorldTimeout"`` for a rank that died or did not finish.
+        message: The exception's message (``str(exc)``), or what happened to the process.
+        traceback: The rank's formatted traceback, with source lines and without harness
+            frames; for a crash, the fatal-error dump if Python wrote one; for a timeout,
+            the rank's stacks at the deadline.
+    """
+
+    rank: int
+    exc_type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def from_exception(
+        cls,
+        exc: BaseException,
+        rank: int,
+        *,
+        hidden_dir: str,
+        context: str | None = None,
+    ) -> RankFailure:
+        """Describe an exception raised on ``rank`` as text.
+
+        Args:
+            exc: The exception.
+            rank: The rank it was raised on.
+            hidden_dir: Leading traceback frames from files under this directory (the rank
+                loop, the test-body runner) are left out: the reader's code comes first.
+            context: A sentence that says what was being done (``"could not unpickle the
+                call sent to rank 1"``); it prefixes the message and ends the traceback.
+
+        Returns:
+            The failure, whatever ``exc`` does when it is printed.
+        """
+        tb: TracebackType | None = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename.startswith(hidden_dir):
+            tb = tb.tb_next
+        try:
+            message = str(exc)
+        except Exception:
+            message = f"<unprintable {type(exc).__qualname__} object>"
+        try:
+            text = "".join(traceback.format_exception(type(exc), exc, tb))
+        except Exception:
+            text = f"{type(exc).__qualname__}: {message}\n"
+        if context:
+            message = f"{context}: {type(exc).__qualname__}: {message}"
+            text = f"{text}\n{context}\n"
+        return cls(rank, type(exc).__qualname__, message, text)
+
+    @classmethod
+    def crash(cls, rank: int, exitcode: int | None, dump: str) -> RankFailure:
+        """A rank whose process ended without answering; ``dump`` is its readable crash
+        dump ('' when Python wrote none)."""
+        return cls(rank, "RankCrash", f"the process {describe_exitcode(exitcode)}", dump)
+
+    @classmethod
+    def still_running(cls, rank: int, what: str, stacks: str) -> RankFailure:
+        """A rank that had not answered when the controller stopped waiting."""
+        return cls(rank, "WorldTimeout", what, stacks)
+
+    @classmethod
+    def skipped(cls, rank: int, reason: str) -> RankFailure:
+        """A rank that skipped while others did not."""
+        return cls(rank, "Skipped", reason, f"Skipped: {reason}\n")
+
+    def render(self) -> str:
+        """The traceback, or ``exc_type: message`` when there is none."""
+        text = self.traceback.rstrip("\n")
+        return text if text else f"{self.exc_type}: {self.message}"
+
+    def what_happened(self) -> str:
+        """One phrase for a summary line: ``raised ValueError: boom`` or ``was killed by
+        SIGKILL (exit code -9)``."""
+        if self.exc_type == "RankCrash":
+            return self.message.replace("the process ", "", 1)
+        return f"raised {self.exc_type}: {self.message}"
+
+
+def sections(
+    failures: Mapping[int, RankFailure], *, root_cause_first: bool
+) -> list[tuple[str, str]]:
+    """How a set of failures reads: one ``(heading, text)`` per failing rank, in order.
+
+    Args:
+        failures: The failures in the order to show them (root cause first, when known).
+        root_cause_first: Whether the first failure is the root cause (failures ordered in
+            time) rather than one of several listed by rank; it is then headed so.
+
+    Returns:
+        ``[("rank 1 (root cause)", traceback), ("rank 0", traceback), ...]``.
+    """
+    marked = root_cause_first and len(failures) > 1
+    return [
+        (
+            f"rank {failure.rank}" + (" (root cause)" if index == 0 and marked else ""),
+            failure.render(),
+        )
+        for index, failure in enumerate(failures.values())
+    ]
+
+
+def describe_exitcode(code: int | None) -> str:
+    """Say how a process ended, from its :mod:`multiprocessing` exit code."""
+    if code is None:
+        return "closed its connection without exiting"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"was killed by {name} (exit code {code})"
+    return f"exited with code {code}"
+
+
+def ranks_phrase(ranks: Iterable[int]) -> str:
+    """``"rank 2"`` or ``"ranks 0, 1, 3"`` (sorted)."""
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))

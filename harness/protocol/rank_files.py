@@ -1,0 +1,153 @@
+"""The files of a world generation's private directory: one layout, written by the ranks and
+read by the controller, both through this module.
+
+::
+
+    <workdir>/store                 the FileStore the ranks rendezvous through
+    <workdir>/rank<N>.out, .err     rank N's stdout / stderr during a captured call
+    <workdir>/rank<N>.stacks        rank N's stacks, dumped on request (a timeout)
+    <workdir>/rank<N>.crash         rank N's stacks, dumped by Python on a fatal signal
+    <workdir>/.coverage.rank<N>.*   rank N's coverage data, merged by the controller
+
+Files are used rather than pipes because they survive the process: the controller reads a
+rank's output and its last stacks after the rank was killed or crashed.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+__all__ = ["RankFiles", "coverage_data_file", "coverage_data_files", "store_path"]
+
+
+def store_path(workdir: str) -> str:
+    """The rendezvous ``FileStore`` of a world generation."""
+    return os.path.join(workdir, "store")
+
+
+def coverage_data_file(workdir: str) -> str:
+    """The data file base name a rank's ``coverage.Coverage`` writes to (with a suffix)."""
+    return os.path.join(workdir, ".coverage")
+
+
+def coverage_data_files(workdir: str) -> list[str]:
+    """The coverage data files the ranks of a world generation have written."""
+    return glob.glob(coverage_data_file(workdir) + ".*")
+
+
+@dataclass(frozen=True)
+class RankFiles:
+    """The files of one rank.
+
+    Attributes:
+        workdir: The world generation's private directory.
+        rank: The rank.
+    """
+
+    workdir: str
+    rank: int
+
+    def path(self, kind: str) -> str:
+        """Path of the rank's ``out``, ``err``, ``stacks`` or ``crash`` file."""
+        return os.path.join(self.workdir, f"rank{self.rank}.{kind}")
+
+    # -- written inside the rank ---------------------------------------------------------
+
+    def open_dumps(self) -> tuple[TextIO, TextIO]:
+        """Create and open the ``crash`` and ``stacks`` files for :mod:`faulthandler`.
+
+        Returns:
+            ``(crash, stacks)``, open for writing; they must stay open while the rank lives
+            (faulthandler writes to them from a signal handler).
+
+        Raises:
+            OSError: The directory is gone (the controller gave up on this world).
+        """
+        crash = open(self.path("crash"), "w")  # noqa: SIM115
+        try:
+            stacks = open(self.path("stacks"), "w")  # noqa: SIM115
+        except BaseException:
+            crash.close()
+            raise
+        return crash, stacks
+
+    def capture(self) -> OutputCapture:
+        """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files (see
+        :class:`OutputCapture`)."""
+        return OutputCapture(self.path("out"), self.path("err"))
+
+    # -- read by the controller ----------------------------------------------------------
+
+    def output(self) -> tuple[str, str]:
+        """``(stdout, stderr)`` captured during the last call ('' where none)."""
+        return _read(self.path("out")), _read(self.path("err"))
+
+    def stack_dump(self) -> str:
+        """The last stack dump taken on request ('' when none)."""
+        return _read(self.path("stacks"))
+
+    def crash_dump(self) -> str:
+        """What Python wrote on a fatal signal ('' when nothing)."""
+        return _read(self.path("crash"))
+
+    def crash_dump_age(self) -> float | None:
+        """Seconds since the crash dump was written, or None when there is none.
+
+        faulthandler writes it just before the process dies, so this dates a death by
+        signal better than the moment the controller notices it.
+        """
+        try:
+            info = os.stat(self.path("crash"))
+        except OSError:
+            return None
+        if info.st_size == 0:
+            return None
+        return max(0.0, (time.time_ns() - info.st_mtime_ns) / 1e9)
+
+
+class OutputCapture:
+    """Point file descriptors 1 and 2 at two files, from ``start`` until ``stop``.
+
+    File descriptors rather than ``sys.stdout``: output of C++ code, subprocesses and
+    ``os.write`` is captured too, and what was written before a crash is on disk.
+    """
+
+    def __init__(self, out: str, err: str) -> None:
+        self._paths = (out, err)
+        self._saved: list[int] = []
+
+    def start(self) -> None:
+        _flush()
+        for fd, path in zip((1, 2), self._paths, strict=True):
+            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._saved.append(os.dup(fd))
+            os.dup2(target, fd)
+            os.close(target)
+
+    def stop(self) -> None:
+        _flush()
+        for fd, saved in zip((1, 2), self._saved, strict=True):
+            os.dup2(saved, fd)
+            os.close(saved)
+        self._saved.clear()
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""

@@ -1,0 +1,14 @@
+"""The rank side: everything here runs INSIDE a rank process, never in the controller.
+
+* :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
+* :mod:`~harness.rank.pytest_body`  where a pytest test body runs
+* :mod:`~harness.rank.collectives`  the collective checks of ``python -m harness check``
+* :mod:`~harness.rank.coverage`     coverage measured inside the rank
+
+What it may import: the standard library, ``torch``, ``fhelium.distributed``, the protocol
+(:mod:`harness.protocol`) and ``harness.compat``; pytest only when the rank runs a pytest
+test. Never the controller (``harness.controller``), the plugin or the command line: a rank
+never spawns ranks through the controller's machinery. An import-linter contract in
+``pyproject.toml`` enforces this. The modules are preloaded into the forkserver, so none may
+touch CUDA at import time.
+"""

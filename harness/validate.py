@@ -1,0 +1,117 @@
+"""One validator for every value a user hands the harness, named by where it came from.
+
+``World(...)``, ``harness.run(...)``, the ``distributed`` marker, ``--dist-timeout``, ini
+``dist_timeout`` and ``python -m harness check`` all check their values here, so they accept
+the same things and say the same thing about a bad one: where the value came from (the
+``where`` argument, as in pytest-timeout's ``_validate_timeout(value, where)``), the value,
+and what would be valid. Callers turn the ``TypeError``/``ValueError`` into their own kind of
+error (``pytest.UsageError``, an argparse error, a failed test) without rewording it.
+
+No torch, no pytest: the plugin checks its settings before anything heavy is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TypeVar
+
+__all__ = ["BACKEND_CHOICES", "argparse_type", "backend", "positive_int", "seconds"]
+
+BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
+"""Every backend name the harness accepts, wherever it is named (``World``, the marker,
+``--dist-backend``, ``python -m harness check --backend``): ``"auto"`` and the backends
+torch.distributed knows. Whether one can run here is a separate question, answered by
+:func:`harness.controller.backends.unavailable_reason` (a backend torch was built without is
+a skip in pytest, not a usage error)."""
+
+_T = TypeVar("_T")
+
+
+def positive_int(value: object, where: str, *, text: bool = False) -> int:
+    """Check an integer that must be at least 1 (a world size, a repeat count).
+
+    Args:
+        value: The value.
+        where: What it is, for the message (``"world_size"``, ``"--world-size"``).
+        text: Whether ``value`` is text to be parsed (a command-line argument).
+
+    Returns:
+        The value as an int.
+
+    Raises:
+        TypeError: It is not an int (``True`` and ``2.0`` are not).
+        ValueError: It is smaller than 1, or is text that is not an integer.
+    """
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{where} must be an int >= 1, not {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{where} must be an int >= 1, not {value!r}")
+    if value < 1:
+        raise ValueError(f"{where} must be >= 1, got {value}")
+    return value
+
+
+def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
+    """Check a positive, finite duration in seconds.
+
+    Args:
+        value: The value.
+        where: What it is, for the message (``"timeout"``, ``"ini option dist_timeout"``).
+        optional: Whether None is allowed; the caller handles it before calling, this only
+            changes the message (``"... or None"``).
+        text: Whether ``value`` is text to be parsed (an ini value, a command-line argument).
+
+    Returns:
+        The value as a float.
+
+    Raises:
+        ValueError: It is not a number, or not positive and finite.
+    """
+    number = value
+    if text and isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+    if (
+        not isinstance(number, (int, float))
+        or isinstance(number, bool)
+        or not math.isfinite(number)
+        or number <= 0
+    ):
+        also = " or None" if optional else ""
+        raise ValueError(f"{where} must be a positive number of seconds{also}, got {value!r}")
+    return float(number)
+
+
+def backend(value: object, where: str = "backend") -> str:
+    """Check a backend name (any case) against :data:`BACKEND_CHOICES`.
+
+    Returns:
+        The name in lower case.
+
+    Raises:
+        ValueError: It is not one of the choices.
+    """
+    if not isinstance(value, str) or value.lower() not in BACKEND_CHOICES:
+        valid = ", ".join(map(repr, BACKEND_CHOICES))
+        raise ValueError(f"unknown {where} {value!r}; valid: {valid}")
+    return value.lower()
+
+
+def argparse_type(check: Callable[..., _T], where: str) -> Callable[[str], _T]:
+    """Turn a validator into an argparse ``type=`` whose error is the validator's message."""
+
+    def parse(text: str) -> _T:
+        try:
+            return check(text, where, text=True)
+        except (TypeError, ValueError) as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = where
+    return parse
