@@ -125,7 +125,7 @@ def classify(
     failures = {
         rank: RankFailure.still_running(
             rank,
-            f"still running after {timeout:g} s" if timeout else "still running",
+            f"still running after {timeout:g} s" if timeout is not None else "still running",
             stacks.get(rank, ""),
         )
         for rank in silent
