@@ -22,7 +22,14 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-__all__ = ["RankFiles", "coverage_data_file", "coverage_data_files", "store_path"]
+__all__ = [
+    "OutputCapture",
+    "RankFiles",
+    "coverage_data_file",
+    "coverage_data_files",
+    "flush_std_streams",
+    "store_path",
+]
 
 
 def store_path(workdir: str) -> str:
@@ -122,7 +129,7 @@ class OutputCapture:
         self._saved: list[int] = []
 
     def start(self) -> None:
-        _flush()
+        flush_std_streams()
         for fd, path in zip((1, 2), self._paths, strict=True):
             target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             self._saved.append(os.dup(fd))
@@ -130,14 +137,16 @@ class OutputCapture:
             os.close(target)
 
     def stop(self) -> None:
-        _flush()
+        flush_std_streams()
         for fd, saved in zip((1, 2), self._saved, strict=True):
             os.dup2(saved, fd)
             os.close(saved)
         self._saved.clear()
 
 
-def _flush() -> None:
+def flush_std_streams() -> None:
+    """Flush Python's stdout and stderr buffers (before their file descriptors change hands,
+    or before the process ends with ``os._exit``), ignoring streams that cannot be flushed."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

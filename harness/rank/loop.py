@@ -40,7 +40,7 @@ from harness.protocol.messages import (
     Ready,
     Skipped,
 )
-from harness.protocol.rank_files import RankFiles, store_path
+from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
 from harness.rank import coverage
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -239,17 +239,9 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:
-            pass
-
-
 def _exit(cov: Any, code: int) -> NoReturn:
     """Leave the process at once: no atexit handlers, no destructors that could hang."""
     _exiting.acquire()  # a second caller waits here until the first one's os._exit
-    _flush()
+    flush_std_streams()
     coverage.save(cov)
     os._exit(code)
