@@ -10,6 +10,7 @@ fresh one before the next call.
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -180,12 +181,12 @@ class World:
         if self._broken:
             self._rebuild()
         ranks = self._state.ranks
-        environ = dict(os.environ)
         try:
-            call = Call(payload, capture, None if environ == self._environ else environ)
+            # One pickle for every rank: pickling the message once per rank costs more.
+            message = pickle.dumps(Call(payload, capture, _environ_changes(self._environ)))
             for proc in ranks:
                 try:
-                    proc.conn.send(call)
+                    proc.conn.send_bytes(message)
                 except OSError:
                     pass  # died while idle; its sentinel reports it
             deadline = time.monotonic() + timeout if timeout is not None else None
@@ -285,6 +286,14 @@ def run(
     """
     with World(world_size, backend=backend) as world:
         return world.run(fn, args=args, kwargs=kwargs, timeout=timeout)
+
+
+def _environ_changes(started: dict[str, str]) -> dict[str, str | None] | None:
+    """How ``os.environ`` differs from ``started``: new values, None for removed variables."""
+    now = os.environ
+    changes: dict[str, str | None] = {k: v for k, v in now.items() if started.get(k) != v}
+    changes.update((k, None) for k in started.keys() - now.keys())
+    return changes or None
 
 
 def _timeout(value: float | None) -> float | None:

@@ -46,6 +46,9 @@ class DistSession:
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
         )
         self._worlds: dict[tuple[int, str], World] = {}
+        # Answers that cannot change during a session, asked for every test otherwise.
+        self._resolved: dict[object, str] = {}
+        self._unavailable: dict[tuple[int, str], str | None] = {}
 
     # -- worlds -------------------------------------------------------------------------
 
@@ -62,7 +65,11 @@ class DistSession:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
         if isinstance(backend, str) and backend.lower() == "auto":
             backend = self.backend_option
-        return resolve_backend(backend)
+        if not isinstance(backend, str):
+            return resolve_backend(backend)  # raises, naming the value
+        if backend not in self._resolved:
+            self._resolved[backend] = resolve_backend(backend)
+        return self._resolved[backend]
 
     def close(self) -> None:
         """Close every World (before pytest-cov saves its data: their coverage is merged),
@@ -83,7 +90,10 @@ class DistSession:
         if self.launcher is not None:
             self.launcher.run_item(item, world_size, backend)
             return
-        reason = unavailable_reason(backend, world_size)
+        key = (world_size, backend)
+        if key not in self._unavailable:
+            self._unavailable[key] = unavailable_reason(backend, world_size)
+        reason = self._unavailable[key]
         if reason:
             compat.skip_at_test(reason)
         ref, kwargs = _describe(item)

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import unittest
+from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn, TextIO
 
@@ -84,7 +85,10 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True
     )
     watchdog.start()
-    _set_environ(setup.inherited, setup.env)
+    wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
+    wanted.update(setup.env)
+    _update_environ(dict.fromkeys(os.environ.keys() - wanted.keys()))
+    _update_environ(wanted)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdecimal() and int(threads) > 0:
         # torch read the variable when the forkserver imported it, maybe with another value.
@@ -125,7 +129,9 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     capture = files.capture() if call.capture else None
     try:
         if call.env is not None:
-            _set_environ(call.env, setup.env)
+            # The rank's own torchrun variables win over the controller's.
+            protected = setup.env.keys() | set(_LAUNCHER_ONLY)
+            _update_environ({k: v for k, v in call.env.items() if k not in protected})
         if capture:
             capture.start()
         try:
@@ -162,19 +168,21 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
         _restore(env, cwd)
 
 
-def _set_environ(inherited: dict[str, str], own: dict[str, str]) -> None:
-    wanted = {k: v for k, v in inherited.items() if k not in _LAUNCHER_ONLY}
-    wanted.update(own)
-    if os.environ != wanted:
-        os.environ.clear()
-        os.environ.update(wanted)
+def _update_environ(changes: Mapping[str, str | None]) -> None:
+    """Set (or, for None, unset) these variables; touching only them is what keeps it cheap."""
+    for key, value in changes.items():
+        if value is None:
+            os.environ.pop(key, None)
+        elif os.environ.get(key) != value:
+            os.environ[key] = value
 
 
 def _restore(env: dict[str, str], cwd: str) -> None:
     """Undo what a call changed in this process that would leak into the next call."""
-    if os.environ != env:
-        os.environ.clear()
-        os.environ.update(env)
+    now = dict(os.environ)
+    if now != env:
+        _update_environ(dict.fromkeys(now.keys() - env.keys()))
+        _update_environ({k: v for k, v in env.items() if now.get(k) != v})
     if os.getcwd() != cwd:
         os.chdir(cwd)
 

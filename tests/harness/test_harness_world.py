@@ -42,6 +42,20 @@ def test_ranks_see_the_controllers_environment_of_each_call(
     assert world2.run(fns.read_env, args=(name,)) == [(None, "0"), (None, "1")]
 
 
+def test_a_variable_removed_in_the_controller_is_gone_for_the_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Calls carry only how the environment changed since the ranks started: a removal too.
+    name = "HARNESS_TEST_REMOVED_VAR"
+    monkeypatch.setenv(name, "at start")
+    with harness.World(2, backend=BACKEND) as world:
+        assert world.run(fns.read_env, args=(name,)) == [("at start", "0"), ("at start", "1")]
+        monkeypatch.delenv(name)
+        assert world.run(fns.read_env, args=(name,)) == [(None, "0"), (None, "1")]
+        monkeypatch.setenv(name, "back")
+        assert world.run(fns.read_env, args=(name,)) == [("back", "0"), ("back", "1")]
+
+
 def test_groups_left_behind_are_destroyed_between_runs(world2: harness.World) -> None:
     pids = world2.run(fns.getpid)
     assert world2.run(fns.group_count) == [1, 1]
