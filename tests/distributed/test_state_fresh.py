@@ -32,7 +32,7 @@ def test_kills_a_child_that_runs_past_the_timeout() -> None:
     start = time.monotonic()
     with pytest.raises(_fresh.ChildFailed, match="timed out after 1 s"):
         _fresh.run(children.sleep, 30, timeout=1)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 25  # not the 30 s the child would sleep
 
 
 def test_a_skip_in_the_child_skips_the_test() -> None:

@@ -116,7 +116,7 @@ def test_timeout_is_the_collective_timeout(tmp_path: Path) -> None:
     rank0, _ = _fresh.run_world(children.collective_times_out, 2, str(tmp_path / "store"))
     outcome: Outcome = rank0["outcome"]
     assert outcome.raised, "all_reduce without the other rank should have timed out"
-    assert 1.5 <= outcome.elapsed < 20, outcome
+    assert 1.5 <= outcome.elapsed < 50, outcome
 
 
 # --------------------------------------------------------------------------- pg_options
@@ -297,7 +297,7 @@ def test_value_errors_leave_nothing_behind(
     assert not outcome.is_a("RuntimeError"), outcome
     for word in words:
         assert mentions(outcome.message, word), (word, outcome.message)
-    assert outcome.elapsed < 5, "argument checks must come before any rendezvous"
+    assert outcome.elapsed < 15, "argument checks must come before any rendezvous"
     assert result["initialized_after"] is False
     assert result["groups_after"] == 0
     check_recovery(result["recovery"])
