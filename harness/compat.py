@@ -21,6 +21,7 @@ __all__ = [
     "ASSERT_REWRITER_MODULE",
     "PRIVATE_APIS",
     "asserts_rewritten",
+    "bootstrapping",
     "coverage_config_file",
     "forget_forkserver",
     "forkserver_pid",
@@ -68,6 +69,16 @@ def forget_forkserver() -> None:
     and reaps the server so that multiprocessing does not try to use it again.
     """
     multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+def bootstrapping() -> bool:
+    """Whether this process is a multiprocessing child still importing its parent's main
+    module (spawn and forkserver re-run it, as ``__mp_main__``, before the child's target).
+
+    multiprocessing checks this through the private ``current_process()._inheriting`` and
+    then raises a long generic error; the harness checks first to say what to do instead.
+    """
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
 # -- coverage --------------------------------------------------------------------------------
@@ -161,6 +172,17 @@ def _probe_forkserver() -> object:
     return (server._forkserver_pid if hasattr(server, "_forkserver_pid") else None, server._stop)
 
 
+def _probe_inheriting() -> object:
+    import inspect
+    import multiprocessing.spawn
+
+    spawn: Any = multiprocessing.spawn
+    source = inspect.getsource(spawn._check_not_importing_main)
+    if "_inheriting" not in source:
+        raise AttributeError("multiprocessing no longer flags bootstrapping with '_inheriting'")
+    return source
+
+
 def _probe_coverage_config() -> object:
     import coverage
 
@@ -212,6 +234,7 @@ def _probe_py_builtins() -> object:
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
+    "multiprocessing.current_process()._inheriting": _probe_inheriting,
     "coverage.Coverage.config.config_file": _probe_coverage_config,
     "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
     "_pytest.skipping.xfailed_key": _probe_xfailed_key,

@@ -21,21 +21,27 @@ class DistributedError(Exception):
         summary: The one-line account of what happened (``str()`` adds the tracebacks).
         failures: The failing ranks, root cause first (``dict`` order): the rank that failed
             first in time leads, ranks that failed after it follow.
+        hint: What to do about it, when the harness knows ('' otherwise); shown last.
     """
 
     root_cause_first = False
     """Whether the first failure is the root cause (failures ordered in time), as opposed to
     failures simply listed by rank (a timeout, a world that did not start)."""
 
-    def __init__(self, message: str, failures: dict[int, RankFailure] | None = None) -> None:
+    def __init__(
+        self, message: str, failures: dict[int, RankFailure] | None = None, hint: str = ""
+    ) -> None:
         super().__init__(message)
         self.summary = message
         self.failures: dict[int, RankFailure] = dict(failures or {})
+        self.hint = hint
 
     def __str__(self) -> str:
         parts = [self.summary]
         for heading, text in sections(self.failures, root_cause_first=self.root_cause_first):
             parts += [f"\n---------- {heading} ----------", text]
+        if self.hint:
+            parts += ["", self.hint]
         return "\n".join(parts)
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -63,8 +63,13 @@ def context() -> BaseContext:
 
 
 def warm_up() -> None:
-    """Start the forkserver now; returns at once, while the server imports torch."""
-    context()
+    """Start the forkserver now; returns at once, while the server imports torch.
+
+    Does nothing in a process that is still bootstrapping (a rank re-importing a main module
+    that imports ``harness.World`` at the top): only starting a world there is an error.
+    """
+    if not compat.bootstrapping():
+        context()
 
 
 def _preload() -> list[str]:

@@ -17,7 +17,12 @@ from typing import Any, NoReturn
 
 from harness import compat
 from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
-from harness.protocol.failures import RankFailure, ranks_phrase
+from harness.protocol.failures import (
+    EXIT_MAIN_REIMPORTED,
+    MAIN_GUARD_HINT,
+    RankFailure,
+    ranks_phrase,
+)
 from harness.protocol.messages import Done, Failed, RankMessage, Ready, Skipped
 
 
@@ -223,6 +228,14 @@ def _start(
                 rank, f"not up{bound} (or torn down after a peer failed)", stacks.get(rank, "")
             )
     names = ", ".join(f"rank {rank}" for rank in failures)
+    reimported = any(
+        isinstance(reply, Died) and reply.exitcode == EXIT_MAIN_REIMPORTED
+        for reply in replies.values()
+    )
     return Outcome(
-        error=DistributedError(f"{world} did not start: {names} did not come up", failures)
+        error=DistributedError(
+            f"{world} did not start: {names} did not come up",
+            failures,
+            hint=MAIN_GUARD_HINT if reimported else "",
+        )
     )

@@ -19,12 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness import validate
+from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.outcome import Outcome, classify
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
+from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import Call
 
 START_TIMEOUT_S = 60.0
@@ -93,6 +94,10 @@ class World:
     """
 
     def __init__(self, world_size: int, *, backend: str = "auto", timeout: float | None = None):
+        if compat.bootstrapping():
+            # A rank re-importing a main module that starts a world at import time: end this
+            # process quietly; the controller says what to do (MAIN_GUARD_HINT).
+            os._exit(EXIT_MAIN_REIMPORTED)
         self.world_size: int = validate.positive_int(world_size, "world_size")
         self.backend: str = resolve_backend(backend)
         self.timeout: float | None = _timeout(timeout)

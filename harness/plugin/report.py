@@ -60,14 +60,16 @@ class DistributedFailureRepr:
         )
 
     def toterminal(self, tw: _Writer) -> None:
+        error = self.error
         tw.line(self._headline, red=True, bold=True)
-        for heading, text in sections(
-            self.error.failures, root_cause_first=self.error.root_cause_first
-        ):
+        for heading, text in sections(error.failures, root_cause_first=error.root_cause_first):
             tw.sep("-", heading)
             lines = text.splitlines()
             for number, line in enumerate(lines):
                 tw.line(line, red=number == len(lines) - 1)
+        if error.hint:
+            tw.line()
+            tw.line(error.hint, bold=True)
 
     def __str__(self) -> str:
         # What pytest-xdist sends back from a worker, and what --tb=native falls back to.

@@ -15,7 +15,25 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["RankFailure", "describe_exitcode", "ranks_phrase", "sections"]
+__all__ = [
+    "EXIT_MAIN_REIMPORTED",
+    "MAIN_GUARD_HINT",
+    "RankFailure",
+    "describe_exitcode",
+    "ranks_phrase",
+    "sections",
+]
+
+EXIT_MAIN_REIMPORTED = 86
+"""The exit code of a rank that, while it started, re-imported the main module and found it
+starting a world at import time (a script without ``if __name__ == "__main__":``)."""
+
+MAIN_GUARD_HINT = (
+    "Each rank imports the main module as it starts (as with multiprocessing's spawn and "
+    "forkserver start methods), and the main module starts a world when it is imported: "
+    'put the code that calls the harness under `if __name__ == "__main__":`.'
+)
+"""What to do about ``EXIT_MAIN_REIMPORTED``, shown last."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +149,11 @@ def describe_exitcode(code: int | None) -> str:
     """Say how a process ended, from its :mod:`multiprocessing` exit code."""
     if code is None:
         return "closed its connection without exiting"
+    if code == EXIT_MAIN_REIMPORTED:
+        return (
+            f"exited with code {code}: it re-imported the main module, which starts a world "
+            "at import time"
+        )
     if code < 0:
         try:
             name = signal.Signals(-code).name

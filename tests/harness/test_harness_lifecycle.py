@@ -217,3 +217,50 @@ def test_world_that_cannot_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "nonexistent0" in error.failures[0].message
     _assert_no_leftovers([], before)
     assert [path.name for path in tmp_path.iterdir() if path.name.startswith("harness-")] == []
+
+
+def _run_script(path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    # A script file, not `python -c`: ranks re-import a main module only when it has a file.
+    path.write_text(textwrap.dedent(code))
+    return subprocess.run(
+        [sys.executable, str(path)],
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def test_a_script_without_the_main_guard_is_told_to_add_it(tmp_path: Path) -> None:
+    result = _run_script(
+        tmp_path / "no_guard.py",
+        """
+        import harness, harness_rankfns as fns
+
+        print(harness.run(fns.rank_and_size, world_size=2, backend="gloo"))
+        """,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.rstrip().splitlines()
+    assert 'put the code that calls the harness under `if __name__ == "__main__":`' in lines[-1]
+    assert "did not start: rank 0, rank 1 did not come up" in result.stderr
+    assert "re-imported the main module" in result.stderr
+    # The ranks end quietly: one traceback (the script's), not multiprocessing's per rank.
+    assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr
+
+
+def test_a_guarded_script_may_import_world_and_run_at_the_top(tmp_path: Path) -> None:
+    result = _run_script(
+        tmp_path / "guarded.py",
+        """
+        from harness import World, run
+        import harness_rankfns as fns
+
+        if __name__ == "__main__":
+            print(run(fns.rank_and_size, world_size=2, backend="gloo"))
+            with World(2, backend="gloo") as world:
+                print(world.run(fns.rank_and_size))
+        """,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["[(0, 2), (1, 2)]"] * 2

@@ -15,7 +15,7 @@ import pytest
 
 from harness.controller.outcome import Died, Outcome, Reply, classify
 from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
-from harness.protocol.failures import RankFailure
+from harness.protocol.failures import EXIT_MAIN_REIMPORTED, MAIN_GUARD_HINT, RankFailure
 from harness.protocol.messages import Done, Failed, Ready, Skipped
 
 START = "a world of 3 ranks (gloo)"
@@ -368,4 +368,16 @@ def test_a_rank_that_died_during_start_is_a_crash_failure() -> None:
     )
     assert error.failures[2] == RankFailure(
         2, "WorldTimeout", "not up (or torn down after a peer failed)", ""
+    )
+    assert error.hint == ""
+
+
+def test_ranks_that_reimported_a_main_module_without_a_guard_get_the_hint_last() -> None:
+    replies: dict[int, Reply] = {r: Died(EXIT_MAIN_REIMPORTED, at=1.0) for r in range(3)}
+    error = error_of(classify(replies, 3, timeout=60.0, starting=START))
+    assert error.hint == MAIN_GUARD_HINT
+    assert str(error).endswith('under `if __name__ == "__main__":`.')
+    assert error.failures[0].message == (
+        "the process exited with code 86: it re-imported the main module, which starts a "
+        "world at import time"
     )
