@@ -177,11 +177,15 @@ def _check_picklable(value: Any, what: str) -> None:
     try:
         pickle.dumps(value)
     except Exception as exc:
-        pytest.fail(
-            f"{what} cannot be sent to the ranks: its value {short_repr(value)} "
-            f"does not pickle ({type(exc).__name__}: {exc})",
-            pytrace=False,
-        )
+        problem = f"{type(exc).__name__}: {exc}"
+    else:
+        return
+    # Raised outside the except: pytest would show the pickling error as a chained traceback.
+    pytest.fail(
+        f"{what} cannot be sent to the ranks: its value {short_repr(value)} does not pickle "
+        f"({problem})",
+        pytrace=False,
+    )
 
 
 def _raise_xfail_if_raises_matches(item: pytest.Function, error: DistributedError) -> None:

@@ -116,10 +116,12 @@ class RankFailure:
 
     def what_happened(self) -> str:
         """One phrase for a summary line: ``raised ValueError: boom`` or ``was killed by
-        SIGKILL (exit code -9)``."""
+        SIGKILL (exit code -9)``. Only the message's first line: the rest (pytest's ``+ where``
+        explanation of an assert, say) is in the traceback below it."""
         if self.exc_type == "RankCrash":
             return self.message.replace("the process ", "", 1)
-        return f"raised {self.exc_type}: {self.message}"
+        first = self.message.splitlines()[0] if self.message.strip() else ""
+        return f"raised {self.exc_type}" + (f": {first}" if first else "")
 
 
 def sections(

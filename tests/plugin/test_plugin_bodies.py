@@ -271,7 +271,11 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
             "attribute 'handle' of the test class instance cannot be sent to the ranks*",
         ]
     )
-    assert "fixture 'fine'" not in result.stdout.str()
+    text = result.stdout.str()
+    assert "fixture 'fine'" not in text
+    # One clear message each: no chained traceback of the pickling error before it.
+    assert "During handling of the above exception" not in text
+    assert "Traceback" not in text
 
 
 @pytest.mark.parametrize(

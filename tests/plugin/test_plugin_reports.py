@@ -350,3 +350,25 @@ def test_crash_names_the_signal_and_the_session_goes_on(pytester: pytest.Pyteste
     assert reps["test_exit"].longreprtext.startswith("RankCrash: rank 1 ")
     assert "exited with code 3" in reps["test_exit"].longreprtext.splitlines()[0]
     assert_no_internal_frames(text)
+
+
+def test_an_assert_is_explained_once(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def half(rank):
+            return rank / 2
+
+        @pytest.mark.distributed(world_size=2)
+        def test_assert(rank):
+            assert half(rank) == 0.0
+        """
+    )
+    result = pytester.runpytest("-rf")
+    result.assert_outcomes(failed=1)
+    text = result.stdout.str()
+    # The headline carries the assert's first line; pytest's explanation is in the traceback.
+    assert "RankError: rank 1 raised AssertionError: assert 0.5 == 0.0\n" in text
+    assert text.count("+  where 0.5 = half(1)") == 1, text
+    result.stdout.fnmatch_lines(["FAILED *::test_assert - RankError: rank 1 r*"])
