@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["BACKEND_CHOICES", "argparse_type", "backend", "positive_int", "seconds"]
+__all__ = ["BACKEND_CHOICES", "argparse_type", "backend", "one_of", "positive_int", "seconds"]
 
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
@@ -89,19 +89,23 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
     return float(number)
 
 
-def backend(value: object, where: str = "backend") -> str:
-    """Check a backend name (any case) against :data:`BACKEND_CHOICES`.
+def one_of(value: object, where: str, choices: tuple[str, ...]) -> str:
+    """Check a name (any case) against ``choices``.
 
     Returns:
         The name in lower case.
 
     Raises:
-        ValueError: It is not one of the choices.
+        ValueError: It is not one of the choices; the message lists them.
     """
-    if not isinstance(value, str) or value.lower() not in BACKEND_CHOICES:
-        valid = ", ".join(map(repr, BACKEND_CHOICES))
-        raise ValueError(f"unknown {where} {value!r}; valid: {valid}")
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ValueError(f"unknown {where} {value!r}; valid: {', '.join(map(repr, choices))}")
     return value.lower()
+
+
+def backend(value: object, where: str = "backend") -> str:
+    """Check a backend name (any case) against :data:`BACKEND_CHOICES`; see :func:`one_of`."""
+    return one_of(value, where, BACKEND_CHOICES)
 
 
 def argparse_type(check: Callable[..., _T], where: str) -> Callable[[str], _T]:

@@ -26,7 +26,7 @@ from harness.controller.outcome import Outcome, classify
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import Call
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -162,33 +162,39 @@ class World:
         kwargs: Mapping[str, Any] | None = None,
         *,
         timeout: float | None = None,
-        capture: bool = False,
+        output: str = OUTPUT_INHERIT,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
 
         Args:
             fn, args, kwargs, timeout: As :meth:`run`.
-            capture: Collect each rank's stdout and stderr into ``Outcome.outputs``.
+            output: Where the ranks' stdout and stderr go: ``"inherit"`` (as they are),
+                ``"capture"`` (collected into ``Outcome.outputs``) or ``"prefix"`` (each line
+                prefixed with ``[rank N]``).
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
 
         Raises:
             RuntimeError: The World is closed.
-            ValueError: ``timeout`` is invalid.
+            ValueError: ``timeout`` or ``output`` is invalid.
             DistributedError: The call does not pickle, or the world could not be rebuilt.
         """
         if self.closed:
             raise RuntimeError("this World is closed; create a new one")
         timeout = _timeout(timeout) if timeout is not None else self.timeout
+        if output not in OUTPUTS:
+            raise ValueError(
+                f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}"
+            )
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             self._rebuild()
         ranks = self._state.ranks
         try:
             # One pickle for every rank: pickling the message once per rank costs more.
-            message = pickle.dumps(Call(payload, capture, _environ_changes(self._environ)))
+            message = pickle.dumps(Call(payload, output, _environ_changes(self._environ)))
             for proc in ranks:
                 try:
                     proc.conn.send_bytes(message)
@@ -206,7 +212,7 @@ class World:
         if outcome.error is not None or not outcome.reusable:
             self._broken = True
             _stop(self._state)
-        if capture:
+        if output == OUTPUT_CAPTURE:
             outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
         return outcome
 

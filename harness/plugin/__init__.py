@@ -127,6 +127,17 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         _warm_up(item.config)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # The controller's own imports (torch, the harness core) happen here, once the selected
+    # tests are known, rather than inside the first distributed test: its duration, and a
+    # pytest-timeout limit, then cover the test instead of a second of imports (an import
+    # interrupted by pytest-timeout would leave torch half-initialised for the session).
+    if session.config.option.collectonly:
+        return
+    if any(item.get_closest_marker(MARKER) is not None for item in session.items):
+        _session(session.config)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     session = config.stash.get(_SESSION, None)
     if session is not None:

@@ -10,7 +10,6 @@ captured output is attached as report sections ``rank N stdout`` / ``rank N stde
 from __future__ import annotations
 
 import io
-from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -106,13 +105,17 @@ def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) 
             item.add_report_section("call", f"rank {rank} stderr", err)
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    report: pytest.TestReport = yield
+) -> pytest.TestReport | None:
+    # A plain implementation, not a wrapper: for every other test (and phase) this costs one
+    # attribute check, and pytest builds the report itself.
     excinfo = call.excinfo
-    if report.failed and excinfo is not None and isinstance(excinfo.value, DistributedError):
+    if excinfo is None or not isinstance(excinfo.value, DistributedError):
+        return None
+    report = pytest.TestReport.from_item_and_call(item, call)
+    if report.failed:
         longrepr: Any = DistributedFailureRepr(excinfo.value, item)
         report.longrepr = longrepr
     return report

@@ -29,7 +29,13 @@ from harness.plugin.marker import (
     parse_mark,
     timeout_setting,
 )
-from harness.protocol.messages import RANK_FIXTURES, RankValue, TestRef
+from harness.protocol.messages import (
+    OUTPUT_CAPTURE,
+    OUTPUT_PREFIX,
+    RANK_FIXTURES,
+    RankValue,
+    TestRef,
+)
 from harness.rank.pytest_body import run_test
 
 
@@ -97,13 +103,15 @@ class DistSession:
         if reason:
             compat.skip_at_test(reason)
         ref, kwargs = _describe(item)
-        capture = self.config.getoption("capture", "fd") != "no"
+        # Under -s the ranks share the terminal: each line says which rank wrote it.
+        captured = self.config.getoption("capture", "fd") != "no"
+        output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         if isolate:
             with World(world_size, backend=backend) as world:
-                outcome = world.call(run_test, (ref, kwargs), timeout=timeout, capture=capture)
+                outcome = world.call(run_test, (ref, kwargs), timeout=timeout, output=output)
         else:
             outcome = self.world(world_size, backend).call(
-                run_test, (ref, kwargs), timeout=timeout, capture=capture
+                run_test, (ref, kwargs), timeout=timeout, output=output
             )
         report.add_output_sections(item, outcome.outputs)
         if outcome.error is not None:

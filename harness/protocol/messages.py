@@ -68,12 +68,21 @@ class RankSetup:
     coverage: dict[str, Any] | None
 
 
+OUTPUT_INHERIT = "inherit"
+OUTPUT_CAPTURE = "capture"
+OUTPUT_PREFIX = "prefix"
+OUTPUTS = (OUTPUT_INHERIT, OUTPUT_CAPTURE, OUTPUT_PREFIX)
+"""Where a rank's output goes during a call (``Call.output``)."""
+
+
 @dataclass(frozen=True)
 class Call:
     """Run ``fn(*args, **kwargs)`` from the pickled ``payload`` (a ``(fn, args, kwargs)`` tuple).
 
-    ``capture`` redirects the rank's stdout/stderr file descriptors to its capture files for
-    the duration of the call (the controller reads them afterwards, even after a crash).
+    ``output`` says where the rank's stdout/stderr file descriptors go during the call:
+    ``OUTPUT_CAPTURE`` to its capture files (the controller reads them afterwards, even after a
+    crash), ``OUTPUT_PREFIX`` to its own streams with each line prefixed ``[rank N]``,
+    ``OUTPUT_INHERIT`` nowhere else.
     ``env`` is how the controller's ``os.environ`` now differs from the one the rank started
     with (a fixture's ``monkeypatch.setenv``, pytest's ``PYTEST_CURRENT_TEST``): each changed
     variable with its new value, None for one that was removed. The call sees the change,
@@ -82,7 +91,7 @@ class Call:
     """
 
     payload: bytes
-    capture: bool = False
+    output: str = "inherit"
     env: dict[str, str | None] | None = None
 
 

@@ -42,7 +42,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
-from harness.rank import coverage
+from harness.rank import coverage, output
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """The rank side's directory: its frames (the rank loop, the test-body runner) are left out
@@ -126,14 +126,14 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     _destroy_groups_except(_baseline_groups)
     env = dict(os.environ)
     cwd = os.getcwd()
-    capture = files.capture() if call.capture else None
+    redirection = output.redirect(call.output, files, setup.rank)
     try:
         if call.env is not None:
             # The rank's own torchrun variables win over the controller's.
             protected = setup.env.keys() | set(_LAUNCHER_ONLY)
             _update_environ({k: v for k, v in call.env.items() if k not in protected})
-        if capture:
-            capture.start()
+        if redirection:
+            redirection.start()
         try:
             fn, args, kwargs = pickle.loads(call.payload)
         except BaseException as exc:
@@ -163,8 +163,8 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             )
         return Done(blob, reusable=dist.is_initialized())
     finally:
-        if capture:
-            capture.stop()
+        if redirection:
+            redirection.stop()
         _restore(env, cwd)
 
 

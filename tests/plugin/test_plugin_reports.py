@@ -4,6 +4,7 @@ mode; and that a bad test never changes the outcome of the next one."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -372,3 +373,31 @@ def test_an_assert_is_explained_once(pytester: pytest.Pytester) -> None:
     assert "RankError: rank 1 raised AssertionError: assert 0.5 == 0.0\n" in text
     assert text.count("+  where 0.5 = half(1)") == 1, text
     result.stdout.fnmatch_lines(["FAILED *::test_assert - RankError: rank 1 r*"])
+
+
+def test_with_s_each_line_says_its_rank_and_stays_whole(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import sys
+        import pytest
+
+        @pytest.mark.distributed(world_size=2)
+        def test_hello(rank, world_size):
+            for i in range(50):
+                print(f"hello from rank {rank} of {world_size}", end="")
+                print(f" line {i}")
+            print(f"to stderr from rank {rank}", file=sys.stderr)
+            print(f"unterminated from rank {rank}", end="")
+        """
+    )
+    # A subprocess: its ranks write to its own stdout, where pytester can read them.
+    result = pytester.runpytest_subprocess("-s", "-q")
+    result.assert_outcomes(passed=1)
+    out = result.stdout.str()
+    found = re.findall(r"\[rank (\d)\] hello from rank (\d) of 2 line (\d+)\n", out)
+    for rank in "01":
+        # Every line whole, in order, under its own rank's prefix.
+        assert [int(i) for r, same, i in found if r == rank and same == rank] == list(range(50))
+        assert f"[rank {rank}] unterminated from rank {rank}\n" in out
+        assert f"[rank {rank}] to stderr from rank {rank}" in result.stderr.str()
+    assert len(found) == 100, out

@@ -187,3 +187,40 @@ def test_dist_world_auto_follows_the_dist_backend_option(pytester: pytest.Pytest
     )
     result = pytester.runpytest("--dist-backend", "nccl")
     result.assert_outcomes(passed=2)
+
+
+@pytest.mark.parametrize("select", ["all", "deselect"])
+def test_the_core_is_imported_after_collection_only_when_a_distributed_test_runs(
+    pytester: pytest.Pytester, select: str
+) -> None:
+    # Imported after collection, not inside the first distributed test (whose duration and
+    # pytest-timeout limit would include it); not at all when no distributed test runs.
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_runtest_setup(item):
+            loaded = "harness.controller.world" in sys.modules
+            print(f"core loaded at setup of {item.name}: {loaded}")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_plain():
+            pass
+
+        @pytest.mark.distributed(world_size=1)
+        def test_distributed(rank):
+            pass
+        """
+    )
+    args = ["-s", "-p", "no:randomly"] + (["-k", "plain"] if select == "deselect" else [])
+    result = pytester.runpytest_subprocess(*args)
+    if select == "all":
+        result.assert_outcomes(passed=2)
+        result.stdout.fnmatch_lines(["*core loaded at setup of test_plain: True*"])
+    else:
+        result.assert_outcomes(passed=1, deselected=1)
+        result.stdout.fnmatch_lines(["*core loaded at setup of test_plain: False*"])

@@ -1,0 +1,87 @@
+"""A rank's output during a call, as the controller asked for it: runs inside a rank.
+
+* ``capture``: file descriptors 1 and 2 go to the rank's capture files
+  (:meth:`harness.protocol.rank_files.RankFiles.capture`), read by the controller afterwards;
+* ``prefix``: they go through pipes whose lines reach the rank's own stdout and stderr whole,
+  each prefixed with ``[rank N] `` (pytest's ``-s``: several ranks share one terminal);
+* ``inherit``: untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
+from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams
+
+DRAIN_TIMEOUT_S = 2.0
+"""How long the end of a call waits for the last prefixed lines. A subprocess the call left
+running may hold the pipe open; its later output is then dropped rather than waited for."""
+
+
+class PrefixedOutput:
+    """Route file descriptors 1 and 2 through line-prefixing pipes from ``start`` to ``stop``.
+
+    Args:
+        rank: The rank, for the prefix.
+    """
+
+    def __init__(self, rank: int) -> None:
+        self._prefix = f"[rank {rank}] ".encode()
+        self._saved: list[int] = []
+        self._pumps: list[threading.Thread] = []
+
+    def start(self) -> None:
+        flush_std_streams()
+        for fd in (1, 2):
+            read_end, write_end = os.pipe()
+            saved = os.dup(fd)
+            os.dup2(write_end, fd)
+            os.close(write_end)
+            pump = threading.Thread(
+                target=self._pump, args=(read_end, saved), name=f"harness-output-{fd}", daemon=True
+            )
+            pump.start()
+            self._saved.append(saved)
+            self._pumps.append(pump)
+
+    def stop(self) -> None:
+        flush_std_streams()
+        for fd, saved in zip((1, 2), self._saved, strict=True):
+            os.dup2(saved, fd)  # closes our copy of the pipe's write end: the pump sees EOF
+        for pump in self._pumps:
+            pump.join(DRAIN_TIMEOUT_S)
+        for saved in self._saved:
+            os.close(saved)
+        self._saved.clear()
+        self._pumps.clear()
+
+    def _pump(self, read_end: int, out: int) -> None:
+        pending = b""
+        try:
+            while chunk := os.read(read_end, 65536):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    # One write per line: a line from another rank never lands inside it.
+                    _write_all(out, self._prefix + line + b"\n")
+            if pending:
+                _write_all(out, self._prefix + pending + b"\n")
+        except OSError:
+            pass  # our stdout went away; nothing left to do with the output
+        finally:
+            os.close(read_end)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def redirect(output: str, files: RankFiles, rank: int) -> OutputCapture | PrefixedOutput | None:
+    """The redirection a call asked for, not yet started; None for ``inherit``."""
+    if output == OUTPUT_CAPTURE:
+        return files.capture()
+    if output == OUTPUT_PREFIX:
+        return PrefixedOutput(rank)
+    return None
