@@ -163,6 +163,7 @@ class World:
         *,
         timeout: float | None = None,
         output: str = OUTPUT_INHERIT,
+        seed: int | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -172,6 +173,8 @@ class World:
             output: Where the ranks' stdout and stderr go: ``"inherit"`` (as they are),
                 ``"capture"`` (collected into ``Outcome.outputs``) or ``"prefix"`` (each line
                 prefixed with ``[rank N]``).
+            seed: Seed every random generator of each rank with this before the call (torch
+                CPU and CUDA, ``random``, numpy's); None leaves them as they are.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -194,7 +197,7 @@ class World:
         ranks = self._state.ranks
         try:
             # One pickle for every rank: pickling the message once per rank costs more.
-            message = pickle.dumps(Call(payload, output, _environ_changes(self._environ)))
+            message = pickle.dumps(Call(payload, output, _environ_changes(self._environ), seed))
             for proc in ranks:
                 try:
                     proc.conn.send_bytes(message)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import pickle
 import sys
+import zlib
 from typing import Any
 
 import pytest
@@ -106,12 +107,15 @@ class DistSession:
         # Under -s the ranks share the terminal: each line says which rank wrote it.
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
+        seed = self._seed(item)
         if isolate:
             with World(world_size, backend=backend) as world:
-                outcome = world.call(run_test, (ref, kwargs), timeout=timeout, output=output)
+                outcome = world.call(
+                    run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
+                )
         else:
             outcome = self.world(world_size, backend).call(
-                run_test, (ref, kwargs), timeout=timeout, output=output
+                run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
             )
         report.add_output_sections(item, outcome.outputs)
         if outcome.error is not None:
@@ -122,6 +126,15 @@ class DistSession:
             # Any skip (pytest.skip or unittest.SkipTest) is pytest's skip here, located at the
             # test: pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
             compat.skip_at_test(outcome.skip.reason)
+
+    def _seed(self, item: pytest.Function) -> int:
+        """The seed of a test's random generators on every rank: pytest-randomly's seed when
+        that plugin is active (it reseeds every test alike), else one from the node id, so a
+        test draws the same numbers alone, first, or after any others."""
+        randomly = self.config.getoption("randomly_seed", None)
+        if isinstance(randomly, int) and self.config.pluginmanager.hasplugin("randomly"):
+            return randomly
+        return zlib.crc32(item.nodeid.encode())
 
     def _resolve(self, item: pytest.Function, mark: pytest.Mark) -> tuple[int, str, float, bool]:
         problem = None

@@ -88,11 +88,15 @@ class Call:
     variable with its new value, None for one that was removed. The call sees the change,
     under the rank's own torchrun variables, and the rank's environment is restored afterwards.
     Only the change travels: setting a whole environment costs milliseconds per call.
+    ``seed``, when given, seeds every random generator of the rank before the call (torch
+    CPU and CUDA, ``random``, numpy's global one), so that it draws what a fresh process
+    seeded alike would.
     """
 
     payload: bytes
     output: str = "inherit"
     env: dict[str, str | None] | None = None
+    seed: int | None = None
 
 
 @dataclass(frozen=True)

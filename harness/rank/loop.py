@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import unittest
-from collections.abc import Mapping
+import warnings
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn, TextIO
 
@@ -42,7 +42,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
-from harness.rank import coverage, output
+from harness.rank import coverage, output, reset
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """The rank side's directory: its frames (the rank loop, the test-body runner) are left out
@@ -56,6 +56,9 @@ _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
 # The process groups that outlive every call: the default group made at start-up.
 _baseline_groups: set[Any] = set()
+
+# What every call starts from: the rank's state once it is up (see harness.rank.reset).
+_state: reset.ProcessState | None = None
 
 # Held by the thread that ends the process (main or watchdog), so the other cannot call
 # os._exit while coverage data is still being written.
@@ -87,8 +90,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     watchdog.start()
     wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
     wanted.update(setup.env)
-    _update_environ(dict.fromkeys(os.environ.keys() - wanted.keys()))
-    _update_environ(wanted)
+    reset.update_environ(wanted, exact=True)
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdecimal() and int(threads) > 0:
         # torch read the variable when the forkserver imported it, maybe with another value.
@@ -103,6 +105,8 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
         _exit(cov, 1)
     _baseline_groups.update(compat.live_process_groups())
+    global _state
+    _state = reset.ProcessState.capture()
     conn.send(Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR))
 
     while True:
@@ -120,18 +124,19 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
 
 def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     """Run one call; whatever happens, answer with exactly one message."""
+    assert _state is not None
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
     # connecting to a group that this rank would tear down under it.
     _destroy_groups_except(_baseline_groups)
-    env = dict(os.environ)
-    cwd = os.getcwd()
+    if call.seed is not None:
+        reset.seed_all(call.seed)
     redirection = output.redirect(call.output, files, setup.rank)
     try:
         if call.env is not None:
             # The rank's own torchrun variables win over the controller's.
             protected = setup.env.keys() | set(_LAUNCHER_ONLY)
-            _update_environ({k: v for k, v in call.env.items() if k not in protected})
+            reset.update_environ({k: v for k, v in call.env.items() if k not in protected})
         if redirection:
             redirection.start()
         try:
@@ -142,7 +147,8 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                 time.monotonic(),
             )
         try:
-            value = fn(*args, **kwargs)
+            with warnings.catch_warnings():  # the call's warning filters end with it
+                value = fn(*args, **kwargs)
         except BaseException as exc:
             at = time.monotonic()
             skip = _skip_kind(exc)
@@ -165,26 +171,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     finally:
         if redirection:
             redirection.stop()
-        _restore(env, cwd)
-
-
-def _update_environ(changes: Mapping[str, str | None]) -> None:
-    """Set (or, for None, unset) these variables; touching only them is what keeps it cheap."""
-    for key, value in changes.items():
-        if value is None:
-            os.environ.pop(key, None)
-        elif os.environ.get(key) != value:
-            os.environ[key] = value
-
-
-def _restore(env: dict[str, str], cwd: str) -> None:
-    """Undo what a call changed in this process that would leak into the next call."""
-    now = dict(os.environ)
-    if now != env:
-        _update_environ(dict.fromkeys(now.keys() - env.keys()))
-        _update_environ({k: v for k, v in env.items() if now.get(k) != v})
-    if os.getcwd() != cwd:
-        os.chdir(cwd)
+        _state.restore()
 
 
 def _destroy_groups_except(keep: set[Any]) -> None:

@@ -28,6 +28,10 @@ from harness.protocol.messages import RankValue, TestRef
 
 def run_test(ref: TestRef, kwargs: dict[str, Any]) -> None:
     """Call the referenced test with ``kwargs``, rank-side fixtures filled in."""
+    # The controller's sys.path, for the test module and whatever its body imports later
+    # (the rank puts its own sys.path back after every call).
+    missing = set(ref.sys_path).difference(sys.path)
+    sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
     module = _import(ref)
     owner: Any = module
     if ref.cls is not None:
@@ -66,7 +70,6 @@ def _import(ref: TestRef) -> ModuleType:
     loaded = sys.modules.get(ref.module)
     if loaded is not None and _same_file(getattr(loaded, "__file__", None), ref.path):
         return loaded
-    sys.path[:0] = [entry for entry in ref.sys_path if entry not in sys.path]
     if not ref.rewrite:
         try:
             module = importlib.import_module(ref.module)

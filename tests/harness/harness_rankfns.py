@@ -262,3 +262,26 @@ def rank_network() -> dict[str, Any]:
 def read_env(name: str) -> tuple[str | None, str | None]:
     """The variable ``name`` and ``RANK`` as this rank sees them."""
     return os.environ.get(name), os.environ.get("RANK")
+
+
+def torch_state() -> tuple[str, bool, bool, int, bool]:
+    """What a call may change in torch and sys.path, as this rank sees it."""
+    return (
+        str(torch.get_default_dtype()),
+        torch.is_grad_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.get_num_threads(),
+        "/nonexistent/leaked" in __import__("sys").path,
+    )
+
+
+def change_torch_state() -> None:
+    torch.set_default_dtype(torch.float64)
+    torch.set_grad_enabled(False)
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(3)
+    __import__("sys").path.insert(0, "/nonexistent/leaked")
+
+
+def draw() -> list[float]:
+    return torch.rand(2).tolist()

@@ -27,6 +27,22 @@ def test_environment_and_cwd_are_restored_between_runs(
     assert all(port is not None and port.isdigit() for _, _, port, _ in after)
 
 
+def test_torch_settings_and_sys_path_a_run_changes_are_put_back(world2: harness.World) -> None:
+    before = world2.run(fns.torch_state)
+    assert before[0][0] == "torch.float32"
+    assert before[0][4] is False
+    world2.run(fns.change_torch_state)
+    assert world2.run(fns.torch_state) == before
+
+
+def test_a_seeded_call_draws_what_a_fresh_rank_seeded_alike_draws(world2: harness.World) -> None:
+    first = world2.call(fns.draw, seed=1234).result()
+    world2.run(fns.draw)  # moves the generators on
+    assert world2.call(fns.draw, seed=1234).result() == first
+    with harness.World(2, backend=BACKEND) as fresh:
+        assert fresh.call(fns.draw, seed=1234).result() == first
+
+
 def test_ranks_see_the_controllers_environment_of_each_call(
     world2: harness.World, monkeypatch: pytest.MonkeyPatch
 ) -> None:

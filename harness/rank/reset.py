@@ -1,0 +1,106 @@
+"""What one call may change in its rank, put back before the next: runs inside a rank.
+
+A reused rank must look to each call as a fresh one would. :class:`ProcessState` is taken
+once when the rank is up and restored after every call: torch's default dtype, grad mode,
+deterministic-algorithms setting and intra-op thread count, ``sys.path``, the root logger's
+level and handlers, the working directory and ``os.environ``. (Warning filters are kept by
+running each call inside ``warnings.catch_warnings()``.) :func:`seed_all` gives a call the
+random numbers a fresh process seeded the same way would draw.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class ProcessState:
+    """The state a call may leave behind, as it was when the rank came up."""
+
+    dtype: torch.dtype
+    grad: bool
+    deterministic: bool
+    deterministic_warn_only: bool
+    threads: int
+    sys_path: list[str]
+    cwd: str
+    environ: dict[str, str]
+    log_level: int
+    log_handlers: list[logging.Handler] = field(default_factory=list)
+
+    @classmethod
+    def capture(cls) -> ProcessState:
+        root = logging.getLogger()
+        return cls(
+            dtype=torch.get_default_dtype(),
+            grad=torch.is_grad_enabled(),
+            deterministic=torch.are_deterministic_algorithms_enabled(),
+            deterministic_warn_only=torch.is_deterministic_algorithms_warn_only_enabled(),
+            threads=torch.get_num_threads(),
+            sys_path=list(sys.path),
+            cwd=os.getcwd(),
+            environ=dict(os.environ),
+            log_level=root.level,
+            log_handlers=list(root.handlers),
+        )
+
+    def restore(self, environ: Mapping[str, str] | None = None) -> None:
+        """Put everything back; ``environ`` is the environment to restore, when a call had its
+        own (see ``Call.env``). Only what differs is touched: this runs after every call."""
+        if torch.get_default_dtype() != self.dtype:
+            torch.set_default_dtype(self.dtype)
+        if torch.is_grad_enabled() != self.grad:
+            torch.set_grad_enabled(self.grad)
+        if (
+            torch.are_deterministic_algorithms_enabled() != self.deterministic
+            or torch.is_deterministic_algorithms_warn_only_enabled() != self.deterministic_warn_only
+        ):
+            torch.use_deterministic_algorithms(
+                self.deterministic, warn_only=self.deterministic_warn_only
+            )
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
+        if sys.path != self.sys_path:
+            sys.path[:] = self.sys_path
+        root = logging.getLogger()
+        if root.level != self.log_level:
+            root.setLevel(self.log_level)
+        if root.handlers != self.log_handlers:
+            root.handlers[:] = self.log_handlers
+        update_environ(environ if environ is not None else self.environ, exact=True)
+        if os.getcwd() != self.cwd:
+            os.chdir(self.cwd)
+
+
+def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
+    """Set (None: unset) the variables in ``wanted``; with ``exact``, also unset every other.
+
+    Only what differs is touched: setting a whole environment costs milliseconds.
+    """
+    now = dict(os.environ)
+    if exact:
+        for key in now.keys() - wanted.keys():
+            del os.environ[key]
+    for key, value in wanted.items():
+        if value is None:
+            os.environ.pop(key, None)
+        elif now.get(key) != value:
+            os.environ[key] = value
+
+
+def seed_all(seed: int) -> None:
+    """Seed every generator a test may draw from: torch (CPU and every CUDA device),
+    ``random``, and numpy's global generator where numpy is imported."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    numpy: Any = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed(seed % 2**32)
