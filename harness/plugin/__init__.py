@@ -28,7 +28,15 @@ import pytest
 
 from harness.plugin import report
 from harness.plugin.launcher import launcher_world
-from harness.plugin.marker import DEFAULT_TIMEOUT_S, MARKER, parametrize, timeout_setting
+from harness.plugin.marker import (
+    DEFAULT_TIMEOUT_S,
+    MARKER,
+    claim_marker,
+    find_mark,
+    marker_name,
+    parametrize,
+    timeout_setting,
+)
 from harness.protocol.messages import RankValue
 from harness.validate import BACKEND_CHOICES
 
@@ -77,54 +85,83 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"default time limit of one distributed test in seconds ({DEFAULT_TIMEOUT_S:g})",
         default=str(DEFAULT_TIMEOUT_S),
     )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"{MARKER}(world_size=2, *, backend='auto', timeout=None, isolate=False): run the "
-        "test body on every rank of a torch.distributed world (lists of world sizes or "
-        "backends parametrize the test)",
+    parser.addini(
+        "dist_marker",
+        help=f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
+        f"where the project has a '{MARKER}' marker of its own)",
+        default="",
     )
+
+
+@pytest.hookimpl(trylast=True)  # after conftests: a marker of the project's own is seen
+def pytest_configure(config: pytest.Config) -> None:
+    name = claim_marker(config)
+    if name is not None:
+        config.addinivalue_line(
+            "markers",
+            f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False): run the "
+            "test body on every rank of a torch.distributed world (lists of world sizes or "
+            "backends parametrize the test)",
+        )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     config.pluginmanager.register(report, "harness-report")
 
 
-def _warm_up(config: pytest.Config) -> None:
+def pytest_report_header(config: pytest.Config) -> str | None:
+    name = marker_name(config)
+    if name is None:
+        return (
+            f"harness: this project has a '{MARKER}' marker of its own, so fhelium's is off "
+            "(set ini dist_marker to use it under another name)"
+        )
+    if name != MARKER:
+        return f"harness: tests marked '{name}' run on the ranks of a world (ini dist_marker)"
+    return None
+
+
+def _warm_up(config: pytest.Config, *, early: bool = False) -> None:
     # Rank processes fork from a server that imports torch first (~1 s): start it early so
     # that the import overlaps with other work instead of delaying the first distributed test.
     xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
     if config.option.collectonly or xdist_controller or launcher_world() is not None:
         return
+    if early and _may_deselect(config):
+        return  # wait for pytest_collection_finish: maybe no distributed test is selected
     from harness.controller import forkserver
 
     forkserver.warm_up()
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
-    # Only where torch is already in (a conftest imported it): then this costs no import here,
-    # and the server's imports overlap with collection.
-    if "torch" in sys.modules:
-        _warm_up(session.config)
+def _may_deselect(config: pytest.Config) -> bool:
+    """Whether options may deselect collected tests (then nothing is started before the
+    selected tests are known)."""
+    option = config.option
+    return bool(
+        getattr(option, "keyword", "")
+        or getattr(option, "markexpr", "")
+        or getattr(option, "deselect", None)
+        or getattr(option, "lf", False)
+    )
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
-    # Before pytest imports a test module that mentions "distributed" (the marker, or
-    # torch.distributed): the server then imports torch while the module does, instead of
-    # after it. Reading the file costs microseconds; pytest reads it next anyway.
-    if isinstance(collector, pytest.Module) and "torch" not in sys.modules:
+    # Before pytest imports a test module that uses the marker: the server then imports
+    # torch while the module does, instead of after it. Reading the file costs microseconds;
+    # pytest reads it next anyway.
+    name = marker_name(collector.config)
+    if name and isinstance(collector, pytest.Module) and "torch" not in sys.modules:
         try:
-            mentions = b"distributed" in collector.path.read_bytes()
+            uses = f"mark.{name}".encode() in collector.path.read_bytes()
         except OSError:
-            mentions = False
-        if mentions:
-            _warm_up(collector.config)
+            uses = False
+        if uses:
+            _warm_up(collector.config, early=True)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At the first distributed test found: the rest of collection overlaps the server's start.
-    if item.get_closest_marker(MARKER) is not None:
-        _warm_up(item.config)
+    if find_mark(item) is not None:
+        _warm_up(item.config, early=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -134,7 +171,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # interrupted by pytest-timeout would leave torch half-initialised for the session).
     if session.config.option.collectonly:
         return
-    if any(item.get_closest_marker(MARKER) is not None for item in session.items):
+    if any(find_mark(item) is not None for item in session.items):
+        _warm_up(session.config)
         _session(session.config)
 
 
@@ -150,7 +188,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if pyfuncitem.get_closest_marker(MARKER) is None:
+    if find_mark(pyfuncitem) is None:
         return None
     _session(pyfuncitem.config).run_item(pyfuncitem)
     return True
@@ -173,10 +211,11 @@ def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
         launcher = _session(request.config).launcher
         assert launcher is not None
         return launcher.fixture(name)
-    if request.node.get_closest_marker(MARKER) is None:
+    if find_mark(request.node) is None:
         # An error of this test at setup, shown as its message alone (no plugin frames).
+        marker = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
         pytest.fail(
-            f"fixture {name!r} is only available in tests marked @pytest.mark.{MARKER} "
+            f"fixture {name!r} is only available in tests marked @pytest.mark.{marker} "
             f"(requested by {request.node.nodeid})",
             pytrace=False,
         )

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from harness import compat
-from harness.plugin.marker import MARKER, parse_mark
+from harness.plugin.marker import find_mark, parse_mark
 from harness.rank.pytest_body import rank_value
 
 
@@ -78,7 +78,7 @@ class LauncherRank:
             )
         self.ensure_group()
         live = str(dist.get_backend())
-        asked = item.get_closest_marker(MARKER)
+        asked = find_mark(item)
         explicit = asked is not None and parse_mark(asked).backend not in ("auto", None)
         if explicit and backend != live:
             compat.skip_at_test(f"needs backend {backend!r}; the launcher's world uses {live!r}")

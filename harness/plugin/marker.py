@@ -2,6 +2,11 @@
 
 The plugin is loaded into every pytest run of an environment that has fhelium installed, so
 what it needs before a distributed test actually runs lives here, free of torch.
+
+Which marker is the plugin's is decided once per session (:func:`claim_marker`): ini
+``dist_marker`` (default ``distributed``). A project that declares a ``distributed`` marker of
+its own (ini ``markers``, or a conftest's ``pytest_configure``) keeps it: the plugin then runs
+no test by that marker, and says so in the report header.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import pytest
 from harness import validate
 
 MARKER = "distributed"
+"""The marker's default name."""
+
 WORLD_SIZE_PARAM = "_harness_world_size"
 BACKEND_PARAM = "_harness_backend"
 DEFAULT_TIMEOUT_S = 120.0
@@ -29,6 +36,41 @@ class MarkSpec:
     isolate: Any = False
 
 
+_CLAIMED = pytest.StashKey["str | None"]()
+
+
+def claim_marker(config: pytest.Config) -> str | None:
+    """Decide which marker runs tests on ranks this session; return its name, or None when
+    the project has its own ``distributed`` marker (and no ``dist_marker`` was set).
+
+    Called from ``pytest_configure`` after every conftest's, so that markers they declare
+    are seen. An explicit ini ``dist_marker`` is always the plugin's.
+
+    Raises:
+        pytest.UsageError: ``dist_marker`` is not a valid marker name.
+    """
+    chosen = str(config.getini("dist_marker") or "").strip()
+    if chosen and not chosen.isidentifier():
+        raise pytest.UsageError(
+            f"ini option dist_marker must be a marker name (an identifier), got {chosen!r}"
+        )
+    declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
+    name: str | None = chosen or (None if MARKER in declared else MARKER)
+    config.stash[_CLAIMED] = name
+    return name
+
+
+def marker_name(config: pytest.Config) -> str | None:
+    """The plugin's marker this session (see :func:`claim_marker`), or None."""
+    return config.stash.get(_CLAIMED, None)
+
+
+def find_mark(node: pytest.Item) -> pytest.Mark | None:
+    """The plugin's marker on a test (closest first), or None."""
+    name = marker_name(node.config)
+    return node.get_closest_marker(name) if name else None
+
+
 def parse_mark(mark: pytest.Mark) -> MarkSpec:
     """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate)``.
 
@@ -37,18 +79,18 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
     """
     if len(mark.args) > 1:
         raise ValueError(
-            f"@pytest.mark.{MARKER} takes world_size as its only positional argument, "
+            f"@pytest.mark.{mark.name} takes world_size as its only positional argument, "
             f"got {mark.args!r}"
         )
     kwargs = dict(mark.kwargs)
     if mark.args:
         if "world_size" in kwargs:
-            raise ValueError(f"@pytest.mark.{MARKER} got world_size twice")
+            raise ValueError(f"@pytest.mark.{mark.name} got world_size twice")
         kwargs["world_size"] = mark.args[0]
     unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate"})
     if unknown:
         raise ValueError(
-            f"@pytest.mark.{MARKER} got unknown argument(s) {', '.join(unknown)}; "
+            f"@pytest.mark.{mark.name} got unknown argument(s) {', '.join(unknown)}; "
             "valid: world_size, backend, timeout, isolate"
         )
     return MarkSpec(**kwargs)
@@ -56,7 +98,7 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """Turn list-valued ``world_size`` / ``backend`` into parameters (ids ``ws2``, ``gloo``)."""
-    mark = metafunc.definition.get_closest_marker(MARKER)
+    mark = find_mark(metafunc.definition)
     if mark is None:
         return
     try:

@@ -25,8 +25,8 @@ from harness.plugin import report
 from harness.plugin.launcher import LauncherRank, launcher_world
 from harness.plugin.marker import (
     BACKEND_PARAM,
-    MARKER,
     WORLD_SIZE_PARAM,
+    find_mark,
     parse_mark,
     timeout_setting,
 )
@@ -91,7 +91,7 @@ class DistSession:
 
     def run_item(self, item: pytest.Function) -> None:
         """Run a marked test's body on its ranks; raise what pytest should report."""
-        mark = item.get_closest_marker(MARKER)
+        mark = find_mark(item)
         assert mark is not None
         world_size, backend, timeout, isolate = self._resolve(item, mark)
         if self.launcher is not None:
@@ -154,7 +154,7 @@ class DistSession:
         except (TypeError, ValueError) as exc:
             problem = str(exc)
         if problem is not None:  # raised here, not in the except: no chained traceback
-            pytest.fail(f"invalid @pytest.mark.{MARKER}: {problem}", pytrace=False)
+            pytest.fail(f"invalid @pytest.mark.{mark.name}: {problem}", pytrace=False)
         return (
             world_size,
             backend,

@@ -94,6 +94,9 @@ def test_exception_that_cannot_be_pickled_arrives_as_text(world2: harness.World)
 
 
 def test_world_timeout_has_every_ranks_stack_with_source_lines(world2: harness.World) -> None:
+    # Ranks import the function's module when a call first needs it. Done here, so that at
+    # the deadline below the ranks sleep, even on a loaded machine, rather than import.
+    world2.run(fns.rank_and_size)
     start = time.monotonic()
     with pytest.raises(harness.WorldTimeout) as excinfo:
         world2.run(fns.sleep_forever_with_thread, timeout=1)
@@ -120,6 +123,7 @@ def test_world_timeout_has_every_ranks_stack_with_source_lines(world2: harness.W
 
 def test_world_timeout_from_the_world_default() -> None:
     with harness.World(2, backend="gloo", timeout=0.5) as world:
+        assert world.run(fns.rank_and_size, timeout=60) == [(0, 2), (1, 2)]  # see above
         with pytest.raises(harness.WorldTimeout) as excinfo:
             world.run(fns.sleep_forever)
         assert set(excinfo.value.stacks) == {0, 1}
@@ -131,7 +135,10 @@ def test_world_timeout_from_the_world_default() -> None:
 def test_world_timeout_through_harness_run() -> None:
     with pytest.raises(harness.WorldTimeout) as excinfo:
         harness.run(fns.sleep_forever, world_size=1, backend="gloo", timeout=0.5)
-    assert "time.sleep(3600)" in excinfo.value.stacks[0]
+    # Where the fresh rank was at the deadline (still importing the function's module, on a
+    # loaded machine) is the World tests' business; here: the stack is there.
+    assert set(excinfo.value.stacks) == {0}
+    assert "(main thread)" in excinfo.value.stacks[0]
 
 
 # ---------------------------------------------------------------- RankCrash

@@ -278,16 +278,23 @@ def test_timeout_reports_every_rank_stack_and_the_session_goes_on(
     pytester: pytest.Pytester, how: str
 ) -> None:
     limit = {"marker": ", timeout=1", "option": "", "ini": ""}[how]
+    # The tests around test_hang have bounds of their own: the first imports the module in
+    # the ranks (so that at test_hang's deadline they sleep rather than import, also on a
+    # loaded machine), the last runs on the rebuilt world's fresh ranks.
     pytester.makepyfile(
         test_hang=f"""
         import time
         import pytest
 
+        @pytest.mark.distributed(world_size=2, timeout=120)
+        def test_before(rank):
+            pass
+
         @pytest.mark.distributed(world_size=2{limit})
         def test_hang(rank):
             time.sleep(3600)
 
-        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.distributed(world_size=2, timeout=120)
         def test_after(rank):
             pass
         """
@@ -300,14 +307,14 @@ def test_timeout_reports_every_rank_stack_and_the_session_goes_on(
     elif how == "marker":
         args = ["--dist-timeout", "300"]  # the marker wins over the option
     started = time.monotonic()
-    result = pytester.runpytest(*args)
-    assert time.monotonic() - started < 60
-    result.assert_outcomes(passed=1, failed=1)
+    result = pytester.runpytest("-p", "no:randomly", *args)
+    assert time.monotonic() - started < 300  # not the hour test_hang would sleep
+    result.assert_outcomes(passed=2, failed=1)
     text = reports(result)["test_hang"].longreprtext
     assert text.startswith("WorldTimeout: the run did not finish within 1 s: ranks 0, 1")
     for rank in (0, 1):
         section = text.split(f"-- rank {rank} --", 1)[1]
-        assert 'test_hang.py", line 6, in test_hang' in section
+        assert 'test_hang.py", line 10, in test_hang' in section
         assert "time.sleep(3600)" in section
     assert_no_internal_frames(text)
 

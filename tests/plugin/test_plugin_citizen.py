@@ -1,0 +1,127 @@
+"""The plugin next to other plugins and projects: a project's own ``distributed`` marker is
+left alone, ini ``dist_marker`` renames ours, and a session that runs no distributed test
+starts no forkserver and imports no torch for it."""
+
+from __future__ import annotations
+
+import pytest
+
+# Ranks have RANK in their environment; the pytest process here does not.
+OWN_MARKER_TESTS = """
+import os
+import pytest
+
+@pytest.mark.distributed
+def test_runs_here_as_the_project_wants():
+    assert "RANK" not in os.environ, "not sent to ranks: the marker is the project's"
+
+@pytest.mark.distributed(world_size=2)
+def test_own_marker_with_arguments():
+    assert "RANK" not in os.environ
+"""
+
+
+@pytest.mark.parametrize("declared_in", ["ini", "conftest"])
+def test_a_projects_own_distributed_marker_is_left_alone(
+    pytester: pytest.Pytester, declared_in: str
+) -> None:
+    if declared_in == "ini":
+        pytester.makeini("[pytest]\nmarkers =\n    distributed: the project's own marker\n")
+    else:
+        pytester.makeconftest(
+            """
+            def pytest_configure(config):
+                config.addinivalue_line("markers", "distributed: the project's own marker")
+            """
+        )
+    pytester.makepyfile(OWN_MARKER_TESTS)
+    result = pytester.runpytest("--strict-markers")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["harness: this project has a 'distributed' marker of its own, so fhelium's is off*"]
+    )
+
+
+def test_dist_marker_renames_ours(pytester: pytest.Pytester) -> None:
+    pytester.makeini(
+        "[pytest]\ndist_marker = multirank\nmarkers =\n    distributed: the project's own\n"
+    )
+    pytester.makepyfile(
+        """
+        import os
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.mark.multirank(world_size=2)
+        def test_on_ranks(rank, world_size):
+            assert os.environ["RANK"] == str(rank)
+            assert dist.get_rank() == rank
+            assert world_size == 2
+
+        @pytest.mark.distributed
+        def test_project_marker(request):
+            assert "RANK" not in os.environ
+        """
+    )
+    result = pytester.runpytest("--strict-markers")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["harness: tests marked 'multirank' run on the ranks*"])
+
+
+def test_a_bad_dist_marker_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\ndist_marker = not a name\n")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*ini option dist_marker must be a marker name (an identifier), got 'not a name'*"]
+    )
+
+
+REPORT_STARTED = """
+import sys
+from harness import compat
+
+def pytest_sessionfinish(session):
+    print(f"torch imported: {'torch' in sys.modules}; forkserver: {compat.forkserver_pid()}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("files", "args"),
+    [
+        pytest.param("marked", ["--collect-only"], id="collect-only"),
+        pytest.param("marked", ["-k", "plain"], id="k-deselects"),
+        pytest.param("marked", ["-m", "not distributed"], id="m-deselects"),
+        pytest.param("word", [], id="file-mentions-the-word"),
+    ],
+)
+def test_no_distributed_test_selected_starts_nothing(
+    pytester: pytest.Pytester, files: str, args: list[str]
+) -> None:
+    pytester.makeconftest(REPORT_STARTED)
+    if files == "marked":
+        pytester.makepyfile(
+            """
+            import pytest
+
+            def test_plain():
+                pass
+
+            @pytest.mark.distributed(world_size=2)
+            def test_distributed(rank):
+                pass
+            """
+        )
+    else:
+        pytester.makepyfile(
+            '''
+            """Helpers for distributed training, tested without any distributed test."""
+
+            def test_plain():
+                assert "distributed" in __doc__
+            '''
+        )
+    # A subprocess: this process has torch imported and a forkserver running already.
+    result = pytester.runpytest_subprocess("-s", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*torch imported: False; forkserver: None"])
