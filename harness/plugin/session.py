@@ -33,7 +33,6 @@ from harness.plugin.marker import (
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
     OUTPUT_PREFIX,
-    RANK_FIXTURES,
     RankValue,
     TestRef,
 )
@@ -185,10 +184,12 @@ def _describe(item: pytest.Function) -> tuple[TestRef, dict[str, Any]]:
     )
     kwargs: dict[str, Any] = {}
     for name in compat.test_argnames(item):
-        if name in RANK_FIXTURES:
-            kwargs[name] = RankValue(name)
+        value = item.funcargs[name]
+        if isinstance(value, RankValue):
+            # The plugin's own fixture: each rank fills it in. A user's parametrize or fixture
+            # of the same name gave a real value instead, and that value is what is sent.
+            kwargs[name] = value
         else:
-            value = item.funcargs[name]
             _check_picklable(value, f"fixture {name!r}")
             kwargs[name] = value
     return ref, kwargs

@@ -155,13 +155,11 @@ RankMessage = Ready | Done | Failed | Skipped
 
 # -- the payload of a pytest test call -------------------------------------------------------
 
-RANK_FIXTURES = ("rank", "world_size", "local_rank", "local_device")
-"""Fixtures whose value only a rank knows; the controller sends ``RankValue`` placeholders."""
-
 
 @dataclass(frozen=True)
 class RankValue:
-    """Placeholder for a rank-side fixture, replaced by its value inside each rank."""
+    """Placeholder for a rank-side fixture (``rank``, ``world_size``, ``local_rank``,
+    ``local_device``: values only a rank knows), replaced by its value inside each rank."""
 
     name: str
 

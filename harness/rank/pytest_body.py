@@ -49,7 +49,7 @@ def _fill(value: Any) -> Any:
 
 
 def rank_value(name: str) -> Any:
-    """The value of one of the rank-side fixtures (``RANK_FIXTURES``) in this process.
+    """The value of one of the plugin's rank-side fixtures (see ``RankValue``) in this process.
 
     Also used in-process under an external launcher, where pytest itself runs in a rank.
     """

@@ -426,3 +426,26 @@ def test_dist_backend_option_overrides_auto_only(pytester: pytest.Pytester) -> N
         result = pytester.runpytest("--dist-backend", "nccl", "-rs")
         result.assert_outcomes(passed=1, skipped=1)
         result.stdout.fnmatch_lines(["SKIPPED *: needs 2 CUDA devices, found *"])
+
+
+def test_a_users_own_rank_or_world_size_wins(pytester: pytest.Pytester) -> None:
+    # pytest's overriding rules decide; the plugin never swaps its value in for the user's.
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+
+        @pytest.fixture
+        def world_size():
+            return 42
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.parametrize("rank", [5, 7])
+        def test_own_values(rank, world_size, local_rank):
+            assert rank in (5, 7)
+            assert world_size == 42
+            assert local_rank == dist.get_rank()  # still the plugin's: not overridden
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=2)
