@@ -1,6 +1,8 @@
 """The rank side: everything here runs INSIDE a rank process, never in the controller.
 
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
+* :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
+* :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.collectives`  the collective checks of ``python -m harness check``
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
