@@ -26,6 +26,7 @@ __all__ = [
     "forget_forkserver",
     "forkserver_pid",
     "live_process_groups",
+    "process_group_count",
     "rewrite_asserts",
     "skip_at_test",
     "test_argnames",
@@ -46,6 +47,18 @@ def live_process_groups() -> set[Any]:
     from torch.distributed import distributed_c10d
 
     return set(distributed_c10d._world.pg_map)
+
+
+def process_group_count() -> int:
+    """How many process groups this process has created so far (its group counter).
+
+    ``new_group`` names a group after this counter (``distributed_c10d._world.group_count``);
+    ranks whose counters differ name their next group differently and cannot meet in it.
+    torch offers no public way to read it.
+    """
+    from torch.distributed import distributed_c10d
+
+    return int(distributed_c10d._world.group_count)
 
 
 # -- CPython ---------------------------------------------------------------------------------
@@ -167,6 +180,10 @@ def _probe_pg_map() -> object:
     return distributed_c10d._world.pg_map
 
 
+def _probe_group_count() -> object:
+    return process_group_count()
+
+
 def _probe_forkserver() -> object:
     server: Any = multiprocessing.forkserver._forkserver
     return (server._forkserver_pid if hasattr(server, "_forkserver_pid") else None, server._stop)
@@ -233,6 +250,7 @@ def _probe_py_builtins() -> object:
 
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
+    "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
     "multiprocessing.current_process()._inheriting": _probe_inheriting,
     "coverage.Coverage.config.config_file": _probe_coverage_config,

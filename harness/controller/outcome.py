@@ -55,7 +55,10 @@ class Outcome:
         skip: The skip, when every rank skipped.
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
         reusable: False when the world must be rebuilt before the next call although the
-            call succeeded (it destroyed the default process group).
+            call succeeded (it destroyed the default process group, or left the ranks'
+            process-group counters out of step).
+        notice: Why a successful call left the world unfit, when the caller should hear it
+            ('' otherwise).
     """
 
     values: list[Any] | None = None
@@ -63,6 +66,7 @@ class Outcome:
     skip: Skipped | None = None
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
     reusable: bool = True
+    notice: str = ""
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -204,8 +208,19 @@ def _values(done: dict[int, Done]) -> Outcome:
             )
             failure = RankFailure(rank, type(exc).__name__, message, message + "\n")
             return Outcome(error=RankError(message, {rank: failure}))
-    # A call that destroyed the default group leaves its result valid but the world unfit.
-    return Outcome(values=values, reusable=all(reply.reusable for reply in done.values()))
+    # A call that destroyed the default group, or made groups on some ranks only, leaves its
+    # result valid but the world unfit for the next call.
+    counts = {rank: reply.group_count for rank, reply in sorted(done.items())}
+    notice = ""
+    if len(set(counts.values())) > 1:
+        made = ", ".join(f"rank {rank}: {count}" for rank, count in counts.items())
+        notice = (
+            f"the call left the ranks' process-group counters out of step ({made}): "
+            "new_group was called on some ranks only, so the ranks could not meet in their "
+            "next group; the world is rebuilt before the next call"
+        )
+    reusable = all(reply.reusable for reply in done.values()) and not notice
+    return Outcome(values=values, reusable=reusable, notice=notice)
 
 
 def _start(

@@ -14,6 +14,7 @@ import pickle
 import shutil
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -215,6 +216,9 @@ class World:
         if outcome.error is not None or not outcome.reusable:
             self._broken = True
             _stop(self._state)
+        if outcome.notice:
+            # A warning: under pytest it is listed with the test that caused it.
+            warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
         if output == OUTPUT_CAPTURE:
             outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
         return outcome

@@ -121,11 +121,14 @@ class Done:
     """The call returned normally.
 
     ``reusable`` is False when the call left the rank unfit for another call (it destroyed the
-    default process group), so the controller rebuilds the world first.
+    default process group), so the controller rebuilds the world first. ``group_count`` is
+    the rank's process-group counter after the call: ranks whose counters differ (a
+    ``new_group`` called on some ranks only) could not meet in their next group.
     """
 
     value: bytes
     reusable: bool = True
+    group_count: int = 0
 
 
 @dataclass(frozen=True)

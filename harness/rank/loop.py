@@ -167,7 +167,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                 ),
                 time.monotonic(),
             )
-        return Done(blob, reusable=dist.is_initialized())
+        return Done(blob, dist.is_initialized(), compat.process_group_count())
     finally:
         if redirection:
             redirection.stop()

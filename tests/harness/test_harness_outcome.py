@@ -381,3 +381,17 @@ def test_ranks_that_reimported_a_main_module_without_a_guard_get_the_hint_last()
         "the process exited with code 86: it re-imported the main module, which starts a "
         "world at import time"
     )
+
+
+def test_group_counters_out_of_step_make_a_successful_call_unfit_for_the_next() -> None:
+    replies: dict[int, Reply] = {
+        0: Done(pickle.dumps(0), True, group_count=3),
+        1: Done(pickle.dumps(1), True, group_count=2),
+    }
+    outcome = classify(replies, 2, timeout=None)
+    assert outcome.error is None
+    assert outcome.values == [0, 1]
+    assert outcome.reusable is False
+    assert "process-group counters out of step (rank 0: 3, rank 1: 2)" in outcome.notice
+    in_step = {rank: Done(pickle.dumps(rank), True, group_count=3) for rank in (0, 1)}
+    assert classify(in_step, 2, timeout=None).notice == ""

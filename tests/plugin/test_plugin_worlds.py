@@ -207,3 +207,36 @@ def test_a_bad_test_never_changes_the_next_outcome(pytester: pytest.Pytester) ->
         ]
     )
     result.stdout.fnmatch_lines(["*RankCrash: rank 1 was killed by SIGKILL*"])
+
+
+def test_groups_made_on_some_ranks_only_do_not_break_the_next_test(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.distributed(world_size=2)
+        def test_a_subset_group(rank):
+            if rank == 0:
+                dist.new_group(ranks=[0])  # a bug: every rank must call new_group
+
+        @pytest.mark.distributed(world_size=2, timeout=60)
+        def test_b_uses_a_new_group(rank):
+            group = dist.new_group(ranks=[0, 1])
+            total = torch.ones(1)
+            dist.all_reduce(total, group=group)
+            assert total.item() == 2
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_a_subset_group*",
+            "*RuntimeWarning: the call left the ranks' process-group counters out of step "
+            "(rank 0: *, rank 1: *): new_group was called on some ranks only*",
+        ]
+    )
