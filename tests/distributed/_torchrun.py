@@ -77,11 +77,10 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, list[dict[str, Any]]]
         pytest.fail(f"torchrun did not finish within {TIMEOUT} s:\n{stdout}\n{stderr}")
     finally:
         _kill_marked(marker)
-    results = [
-        json.loads(line.split("FHELIUM-RESULT ", 1)[1])
-        for line in stdout.splitlines()
-        if "FHELIUM-RESULT " in line
-    ]
+    # Each worker's result is one JSON object after its marker; workers write to one pipe at
+    # once, so a result need not end its line: decode each object where its marker starts.
+    decoder = json.JSONDecoder()
+    results = [decoder.raw_decode(chunk)[0] for chunk in stdout.split("FHELIUM-RESULT ")[1:]]
     output = f"exit code {proc.returncode}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     return proc.returncode, output, sorted(results, key=lambda r: r["rank"])
 

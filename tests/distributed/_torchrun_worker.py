@@ -60,7 +60,9 @@ def main() -> int:
     }
     result["shutdown_returned"] = shutdown()
     result["initialized_after"] = dist.is_initialized()
-    print("FHELIUM-RESULT " + json.dumps(result), flush=True)
+    # One write for the whole line: the other workers write to the same pipe.
+    sys.stdout.flush()
+    os.write(1, ("FHELIUM-RESULT " + json.dumps(result) + "\n").encode())
     ok = (
         returned is None
         and result["rank"] == rank

@@ -144,12 +144,21 @@ def raise_on_else_sleep(rank: int) -> None:
     time.sleep(3600)
 
 
-def raise_in_order(first: int, second: int) -> None:
-    """``first`` raises at once, ``second`` shortly after, the others sleep."""
+def raise_in_order(first: int, second: int, pid_file: str) -> None:
+    """``first`` raises at once; ``second`` raises once ``first`` has exited (which it does
+    after its failure was stamped and sent), so the order holds on any load; others sleep."""
     if dist.get_rank() == first:
+        with open(pid_file + ".tmp", "w") as handle:
+            handle.write(str(os.getpid()))
+        os.rename(pid_file + ".tmp", pid_file)
         raise ValueError("first failure")
     if dist.get_rank() == second:
-        time.sleep(0.05)
+        while not os.path.exists(pid_file):
+            time.sleep(0.01)
+        with open(pid_file) as handle:
+            pid = int(handle.read())
+        while os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.01)
         raise RuntimeError("second failure")
     time.sleep(3600)
 

@@ -3,6 +3,7 @@ both ways, exceptions that cannot be pickled, and the skip rules."""
 
 from __future__ import annotations
 
+import pathlib
 import pickle
 import re
 import threading
@@ -67,9 +68,11 @@ def test_rank_error_arrives_fast_while_peers_sleep(world3: harness.World) -> Non
     assert 'raise KeyError("the root cause")' in str(error)
 
 
-def test_failures_are_ordered_in_time_not_by_rank(world3: harness.World) -> None:
+def test_failures_are_ordered_in_time_not_by_rank(
+    world3: harness.World, tmp_path: pathlib.Path
+) -> None:
     with pytest.raises(harness.RankError) as excinfo:
-        world3.run(fns.raise_in_order, args=(2, 0))
+        world3.run(fns.raise_in_order, args=(2, 0, str(tmp_path / "first.pid")))
     failures = excinfo.value.failures
     assert next(iter(failures)) == 2
     assert failures[2].message == "first failure"
