@@ -74,10 +74,12 @@ class World:
     """A set of ranks kept alive between runs, with their default process group.
 
     Starting ranks costs far more than using them, so a World starts ``world_size`` ranks
-    once and serves any number of ``run`` calls with them. Between calls each rank restores
-    ``os.environ`` and its working directory and destroys the process groups a call left
-    behind. After a failure, timeout or crash the World rebuilds itself (fresh processes,
-    fresh rendezvous) before the next run, so one bad call never poisons the next.
+    once and serves any number of ``run`` calls with them. After each call every rank puts
+    back the state it came up with (see :mod:`harness.rank.reset`: torch settings,
+    ``sys.path``, warning filters, the root logger, working directory, ``os.environ``) and,
+    before the next, destroys the process groups the call left behind. After a failure,
+    timeout or crash the World rebuilds itself (fresh processes, fresh rendezvous) before
+    the next run, so one bad call never poisons the next.
 
     Not thread-safe: use one World from one thread at a time.
 

@@ -94,7 +94,7 @@ class Call:
     """
 
     payload: bytes
-    output: str = "inherit"
+    output: str = OUTPUT_INHERIT
     env: dict[str, str | None] | None = None
     seed: int | None = None
 
