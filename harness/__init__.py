@@ -1,7 +1,8 @@
 """Run code on N real ranks of a torch.distributed world and report what happened there.
 
 Public: ``harness.run``, ``harness.World``, the errors below, ``python -m harness check``
-and the pytest plugin (its ``distributed`` marker, fixtures and options). Everything else is
+and the pytest plugin (its ``distributed`` marker, fixtures and options, and
+``harness.fixture`` for fixtures that run inside the ranks). Everything else is
 internal, laid out by which side of a world it runs on:
 
 * ``harness.controller``  the calling process: worlds, spawning, supervision, outcomes
@@ -24,6 +25,7 @@ from harness.errors import DistributedError, RankCrash, RankError, RankFailure, 
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
+    from harness.plugin.rank_fixtures import fixture
 
 
 def __getattr__(name: str) -> Any:
@@ -35,6 +37,8 @@ def __getattr__(name: str) -> Any:
         # The forkserver imports torch while we do: the first world comes up sooner.
         forkserver.warm_up()
         return getattr(importlib.import_module("harness.controller.world"), name)
+    if name == "fixture":
+        return importlib.import_module("harness.plugin.rank_fixtures").fixture
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
 
 
@@ -45,5 +49,6 @@ __all__ = [
     "RankFailure",
     "World",
     "WorldTimeout",
+    "fixture",
     "run",
 ]

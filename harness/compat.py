@@ -13,7 +13,7 @@ the controller.
 from __future__ import annotations
 
 import multiprocessing.forkserver
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
 
@@ -23,9 +23,12 @@ __all__ = [
     "asserts_rewritten",
     "bootstrapping",
     "coverage_config_file",
+    "fixture_defs",
     "forget_forkserver",
     "forkserver_pid",
+    "ini_names",
     "live_process_groups",
+    "monkeypatch",
     "process_group_count",
     "rewrite_asserts",
     "skip_at_test",
@@ -132,6 +135,35 @@ def test_argnames(item: Any) -> tuple[str, ...]:
     return tuple(item._fixtureinfo.argnames)
 
 
+def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
+    """Every fixture definition a test can see, by name: ``pytest.FixtureDef`` lists, the one
+    the test uses last (earlier ones are what an overriding fixture of the same name gets).
+
+    pytest computes this closure when it collects the test and keeps it in
+    ``item._fixtureinfo.name2fixturedefs``; no public API gives the definitions behind
+    ``item.fixturenames``, and the plugin must know, before pytest sets any fixture up,
+    which of them run in the ranks.
+    """
+    defs: Mapping[str, Sequence[Any]] = item._fixtureinfo.name2fixturedefs
+    return defs
+
+
+def ini_names(config: Any) -> list[str]:
+    """The names of every registered ini option, for ``request.config.getini`` in a rank.
+
+    ``config.getini`` reads one name at a time and pytest has no public list of the names.
+    """
+    return list(config._parser._inidict)
+
+
+def monkeypatch() -> Any:
+    """A new ``pytest.MonkeyPatch`` (public; here because the rank side reaches pytest only
+    through this module, and imports it only when a test asks for ``monkeypatch``)."""
+    import pytest
+
+    return pytest.MonkeyPatch()
+
+
 def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
     """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None.
 
@@ -232,6 +264,20 @@ def _probe_fixtureinfo() -> object:
     return FuncFixtureInfo.__dataclass_fields__["argnames"]
 
 
+def _probe_name2fixturedefs() -> object:
+    from _pytest.fixtures import FuncFixtureInfo
+
+    return FuncFixtureInfo.__dataclass_fields__["name2fixturedefs"]
+
+
+def _probe_inidict() -> object:
+    import pytest
+
+    parser = pytest.Parser(_ispytest=True)
+    parser.addini("harness_probe", "probe")
+    return parser._inidict["harness_probe"]
+
+
 def _probe_py_builtins() -> object:
     import ast
 
@@ -257,6 +303,10 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
     "_pytest.skipping.xfailed_key": _probe_xfailed_key,
     "_pytest.fixtures.FuncFixtureInfo.argnames (item._fixtureinfo)": _probe_fixtureinfo,
+    "_pytest.fixtures.FuncFixtureInfo.name2fixturedefs (item._fixtureinfo)": (
+        _probe_name2fixturedefs
+    ),
+    "pytest.Config._parser._inidict": _probe_inidict,
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
 }

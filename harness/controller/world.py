@@ -129,6 +129,11 @@ class World:
         """Whether ``close`` has run."""
         return not self._finalizer.alive
 
+    @property
+    def broken(self) -> bool:
+        """Whether the last call failed: its ranks are gone, and the next call starts new ones."""
+        return self._broken
+
     def run(
         self,
         fn: Callable[..., Any],

@@ -37,7 +37,6 @@ from harness.plugin.marker import (
     parametrize,
     timeout_setting,
 )
-from harness.protocol.messages import RankValue
 from harness.validate import BACKEND_CHOICES
 
 if TYPE_CHECKING:
@@ -186,11 +185,30 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     parametrize(metafunc)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    # Around pytest's own setup: first decide which fixtures run in the ranks (pytest then
+    # sets up only the others), then, with those up, run the test on its ranks.
+    run = (
+        isinstance(item, pytest.Function)
+        and find_mark(item) is not None
+        and launcher_world() is None
+    )
+    if run:
+        assert isinstance(item, pytest.Function)
+        _session(item.config).prepare(item)
+    yield
+    option = item.config.option
+    if run and not (option.setuponly or option.setupplan):
+        assert isinstance(item, pytest.Function)
+        _session(item.config).run_item(item)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if find_mark(pyfuncitem) is None:
         return None
-    _session(pyfuncitem.config).run_item(pyfuncitem)
+    _session(pyfuncitem.config).finish_call(pyfuncitem)
     return True
 
 
@@ -211,15 +229,22 @@ def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
         launcher = _session(request.config).launcher
         assert launcher is not None
         return launcher.fixture(name)
-    if find_mark(request.node) is None:
-        # An error of this test at setup, shown as its message alone (no plugin frames).
-        marker = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
+    # A distributed test gets this fixture inside each rank; in the controller it is only
+    # reached by code that looks it up by name, or by a test that is not distributed.
+    # Shown as the message alone (no plugin frames).
+    if find_mark(request.node) is not None:
         pytest.fail(
-            f"fixture {name!r} is only available in tests marked @pytest.mark.{marker} "
-            f"(requested by {request.node.nodeid})",
+            f"fixture {name!r} has a value only inside each rank: request it as an argument "
+            f"of the test or of a fixture (then that fixture runs in the ranks too), not "
+            f"with request.getfixturevalue (in {request.node.nodeid})",
             pytrace=False,
         )
-    return RankValue(name)
+    marker = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
+    pytest.fail(
+        f"fixture {name!r} is only available in tests marked @pytest.mark.{marker} "
+        f"(requested by {request.node.nodeid})",
+        pytrace=False,
+    )
 
 
 @pytest.fixture

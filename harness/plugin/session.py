@@ -9,6 +9,7 @@ terms. Under an external launcher it hands the test to :mod:`harness.plugin.laun
 from __future__ import annotations
 
 import builtins
+import functools
 import pickle
 import sys
 import zlib
@@ -18,10 +19,9 @@ import pytest
 
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.pickling import short_repr
 from harness.controller.world import World
 from harness.errors import DistributedError
-from harness.plugin import report
+from harness.plugin import rank_fixtures, report
 from harness.plugin.launcher import LauncherRank, launcher_world
 from harness.plugin.marker import (
     BACKEND_PARAM,
@@ -33,10 +33,15 @@ from harness.plugin.marker import (
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
     OUTPUT_PREFIX,
-    RankValue,
+    FixturePlan,
+    RequestInfo,
     TestRef,
 )
-from harness.rank.pytest_body import run_test
+from harness.rank.pytest_body import end_scopes, run_test
+
+_RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
+_CALL_ERROR = pytest.StashKey[BaseException]()
+_CALL_SKIP = pytest.StashKey[str]()
 
 
 class DistSession:
@@ -55,6 +60,9 @@ class DistSession:
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
+        # Scopes (node ids) whose wider-scoped rank fixtures live in these worlds.
+        self._scopes: dict[str, set[World]] = {}
+        self._config_view: tuple[dict[str, Any], dict[str, Any]] | None = None
 
     # -- worlds -------------------------------------------------------------------------
 
@@ -87,22 +95,40 @@ class DistSession:
             self.launcher.close()
 
     # -- running a test -----------------------------------------------------------------
+    #
+    # A distributed test is one call to its ranks, made at the end of pytest's setup phase,
+    # once the controller's fixtures are up: the ranks set up their own fixtures, run the
+    # body and tear those fixtures down in that call. Its outcome is then raised in the
+    # phase it belongs to, so a rank-side fixture's error is the test's setup or teardown
+    # error, as it would be in-process.
+
+    def prepare(self, item: pytest.Function) -> None:
+        """Before pytest sets up the test's fixtures: take those that run in the ranks out of
+        pytest's hands (see :mod:`harness.plugin.rank_fixtures`)."""
+        item.stash[_RANK_SIDE] = rank_fixtures.split(item)
 
     def run_item(self, item: pytest.Function) -> None:
-        """Run a marked test's body on its ranks; raise what pytest should report."""
+        """Run a marked test on its ranks (pytest's setup phase, fixtures set up); raise what
+        belongs to the setup phase and keep the rest for :meth:`finish_call` and teardown."""
         mark = find_mark(item)
         assert mark is not None
-        world_size, backend, timeout, isolate = self._resolve(item, mark)
-        if self.launcher is not None:
-            self.launcher.run_item(item, world_size, backend)
+        try:
+            world_size, backend, timeout, isolate = self._resolve(item, mark)
+            key = (world_size, backend)
+            if key not in self._unavailable:
+                self._unavailable[key] = unavailable_reason(backend, world_size)
+            reason = self._unavailable[key]
+            if reason:
+                compat.skip_at_test(reason)
+            ref = _describe(item)
+            plan = rank_fixtures.plan(
+                item, item.stash[_RANK_SIDE], lambda: self._request_info(item)
+            )
+        except pytest.fail.Exception as exc:
+            # The test's own mistake (its marker, a value that does not pickle) fails the
+            # test, rather than erroring its setup: nothing ran on the ranks.
+            item.stash[_CALL_ERROR] = exc
             return
-        key = (world_size, backend)
-        if key not in self._unavailable:
-            self._unavailable[key] = unavailable_reason(backend, world_size)
-        reason = self._unavailable[key]
-        if reason:
-            compat.skip_at_test(reason)
-        ref, kwargs = _describe(item)
         # Under -s the ranks share the terminal: each line says which rank wrote it.
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
@@ -110,21 +136,102 @@ class DistSession:
         if isolate:
             with World(world_size, backend=backend) as world:
                 outcome = world.call(
-                    run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
+                    run_test, (ref, plan), timeout=timeout, output=output, seed=seed
                 )
+                if outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
+                    # The world ends with this test: so do its wider-scoped rank fixtures.
+                    ending = world.call(end_scopes, (None,), timeout=timeout, output=output)
+                    outcome = ending if ending.error is not None else outcome
         else:
-            outcome = self.world(world_size, backend).call(
-                run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
-            )
+            world = self.world(world_size, backend)
+            outcome = world.call(run_test, (ref, plan), timeout=timeout, output=output, seed=seed)
+            if outcome.error is None:
+                self._keep_scopes(item, plan, world, timeout)
         report.add_output_sections(item, outcome.outputs)
-        if outcome.error is not None:
-            _raise_xfail_if_all_xfailed(outcome.error)
-            _raise_xfail_if_raises_matches(item, outcome.error)
+        phase = _phase(outcome.error)
+        if outcome.error is not None and phase == "setup":
             raise outcome.error
+        if outcome.skip is not None and outcome.skip.phase == "setup":
+            compat.skip_at_test(outcome.skip.reason)
         if outcome.skip is not None:
+            item.stash[_CALL_SKIP] = outcome.skip.reason
+        elif outcome.error is not None and phase == "teardown":
+            error = outcome.error
+
+            def raise_teardown_error() -> None:
+                raise error
+
+            item.addfinalizer(raise_teardown_error)
+        elif outcome.error is not None:
+            item.stash[_CALL_ERROR] = outcome.error
+
+    def finish_call(self, item: pytest.Function) -> None:
+        """pytest's call phase of a marked test: raise the body's failure, if any."""
+        if self.launcher is not None:
+            mark = find_mark(item)
+            assert mark is not None
+            world_size, backend, _, _ = self._resolve(item, mark)
+            self.launcher.run_item(item, world_size, backend)
+            return
+        skip = item.stash.get(_CALL_SKIP, None)
+        if skip is not None:
             # Any skip (pytest.skip or unittest.SkipTest) is pytest's skip here, located at the
             # test: pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
-            compat.skip_at_test(outcome.skip.reason)
+            del item.stash[_CALL_SKIP]
+            compat.skip_at_test(skip)
+        error = item.stash.get(_CALL_ERROR, None)
+        if error is None:
+            return
+        del item.stash[_CALL_ERROR]
+        if isinstance(error, DistributedError):
+            _raise_xfail_if_all_xfailed(error)
+            _raise_xfail_if_raises_matches(item, error)
+        raise error
+
+    def _keep_scopes(
+        self, item: pytest.Function, plan: FixturePlan, world: World, timeout: float
+    ) -> None:
+        """Arrange for the wider-scoped rank fixtures this test set up to end with their
+        pytest scope (a module, a class, the session): a call of its own then."""
+        for fixture in plan.fixtures:
+            if fixture.scope == "function":
+                continue
+            worlds = self._scopes.get(fixture.scope_key)
+            if worlds is None:
+                worlds = self._scopes[fixture.scope_key] = set()
+                _, node = rank_fixtures.scope_node(item, fixture.scope)
+                finalizer = functools.partial(self._end_scope, item, fixture.scope_key, timeout)
+                (node or item.session).addfinalizer(finalizer)
+            worlds.add(world)
+
+    def _end_scope(self, item: pytest.Function, scope_key: str, timeout: float) -> None:
+        errors = []
+        for world in self._scopes.pop(scope_key, set()):
+            if world.closed or world.broken:
+                continue  # its processes, and the fixtures in them, are gone already
+            outcome = world.call(end_scopes, ([scope_key],), timeout=timeout, output=OUTPUT_CAPTURE)
+            report.add_output_sections(item, outcome.outputs)
+            if outcome.error is not None:
+                errors.append(outcome.error)
+        if errors:
+            raise errors[0]
+
+    def _request_info(self, item: pytest.Function) -> RequestInfo:
+        if self._config_view is None:
+            config = self.config
+            options = {k: v for k, v in vars(config.option).items() if _pickles(v)}
+            ini: dict[str, Any] = {}
+            for name in compat.ini_names(config):
+                try:
+                    value = config.getini(name)
+                except Exception:
+                    continue
+                if _pickles(value):
+                    ini[name] = value
+            self._config_view = (options, ini)
+        options, ini = self._config_view
+        marks = tuple(mark for mark in item.iter_markers() if _pickles(mark))
+        return RequestInfo(item.name, item.nodeid, marks, options, ini)
 
     def _seed(self, item: pytest.Function) -> int:
         """The seed of a test's random generators on every rank: pytest-randomly's seed when
@@ -162,8 +269,8 @@ class DistSession:
         )
 
 
-def _describe(item: pytest.Function) -> tuple[TestRef, dict[str, Any]]:
-    """The reference to the test function and the fixture values to send to the ranks."""
+def _describe(item: pytest.Function) -> TestRef:
+    """The reference to the test function that the ranks import."""
     module = item.module
     assert module is not None
     assert module.__file__ is not None
@@ -172,8 +279,8 @@ def _describe(item: pytest.Function) -> tuple[TestRef, dict[str, Any]]:
     if cls is not None and item.instance is not None and vars(item.instance):
         state = dict(vars(item.instance))
         for name, value in state.items():
-            _check_picklable(value, f"attribute {name!r} of the test class instance")
-    ref = TestRef(
+            rank_fixtures.check_picklable(value, f"attribute {name!r} of the test class instance")
+    return TestRef(
         module=module.__name__,
         path=module.__file__,
         cls=cls.__qualname__ if cls is not None else None,
@@ -182,32 +289,20 @@ def _describe(item: pytest.Function) -> tuple[TestRef, dict[str, Any]]:
         rewrite=compat.asserts_rewritten(module),
         instance_state=state,
     )
-    kwargs: dict[str, Any] = {}
-    for name in compat.test_argnames(item):
-        value = item.funcargs[name]
-        if isinstance(value, RankValue):
-            # The plugin's own fixture: each rank fills it in. A user's parametrize or fixture
-            # of the same name gave a real value instead, and that value is what is sent.
-            kwargs[name] = value
-        else:
-            _check_picklable(value, f"fixture {name!r}")
-            kwargs[name] = value
-    return ref, kwargs
 
 
-def _check_picklable(value: Any, what: str) -> None:
+def _pickles(value: Any) -> bool:
     try:
         pickle.dumps(value)
-    except Exception as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-    else:
-        return
-    # Raised outside the except: pytest would show the pickling error as a chained traceback.
-    pytest.fail(
-        f"{what} cannot be sent to the ranks: its value {short_repr(value)} does not pickle "
-        f"({problem})",
-        pytrace=False,
-    )
+    except Exception:
+        return False
+    return True
+
+
+def _phase(error: DistributedError | None) -> str:
+    """The pytest phase a failure belongs to: the root cause's (see ``RankFailure.phase``)."""
+    root = next(iter(error.failures.values()), None) if error is not None else None
+    return root.phase if root is not None else "call"
 
 
 def _raise_xfail_if_raises_matches(item: pytest.Function, error: DistributedError) -> None:

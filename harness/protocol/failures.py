@@ -36,6 +36,13 @@ MAIN_GUARD_HINT = (
 """What to do about ``EXIT_MAIN_REIMPORTED``, shown last."""
 
 
+PHASE_ATTR = "__harness_phase__"
+"""Set on an exception that a fixture running in the ranks raised: ``"setup"`` or
+``"teardown"``, the phase of the pytest test it belongs to. Without it, the test body raised."""
+
+PHASES = ("setup", "call", "teardown")
+
+
 @dataclass(frozen=True)
 class RankFailure:
     """What went wrong on one rank.
@@ -48,12 +55,15 @@ class RankFailure:
         traceback: The rank's formatted traceback, with source lines and without harness
             frames; for a crash, the fatal-error dump if Python wrote one; for a timeout,
             the rank's stacks at the deadline.
+        phase: For a pytest test, ``"setup"`` or ``"teardown"`` when a fixture that runs in
+            the ranks raised (see ``PHASE_ATTR``); ``"call"`` otherwise.
     """
 
     rank: int
     exc_type: str
     message: str
     traceback: str
+    phase: str = "call"
 
     @classmethod
     def from_exception(
@@ -91,7 +101,9 @@ class RankFailure:
         if context:
             message = f"{context}: {type(exc).__qualname__}: {message}"
             text = f"{text}\n{context}\n"
-        return cls(rank, type(exc).__qualname__, message, text)
+        phase = getattr(exc, PHASE_ATTR, "call")
+        phase = phase if phase in PHASES else "call"
+        return cls(rank, type(exc).__qualname__, message, text, phase)
 
     @classmethod
     def crash(cls, rank: int, exitcode: int | None, dump: str) -> RankFailure:

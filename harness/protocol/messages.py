@@ -25,14 +25,16 @@ ends the rank, also while its main thread is stuck in a collective. Stack dumps:
 controller sends ``STACKS_SIGNAL`` and reads the dump from the rank's files
 (:mod:`harness.protocol.rank_files`), which works while the rank's main thread is blocked.
 
-A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` and the fixture
-values as arguments; ``RankValue`` marks the values only the rank can fill in.
+A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` (where the test
+is) and a ``FixturePlan`` (its arguments: controller fixture values, and the fixtures that run
+in the ranks, ``RankFixture``). A fixture wider than a function keeps living in the ranks
+between calls; the controller ends it with a ``Call`` of the runner's scope teardown.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.protocol.failures import RankFailure
@@ -145,11 +147,14 @@ class Failed:
 
 @dataclass(frozen=True)
 class Skipped:
-    """The call raised a skip exception; ``kind`` is ``"pytest"`` or ``"unittest"``."""
+    """The call raised a skip exception; ``kind`` is ``"pytest"`` or ``"unittest"``;
+    ``phase`` is the pytest phase it belongs to (``"setup"`` when a rank-side fixture
+    skipped, see ``PHASE_ATTR``)."""
 
     reason: str
     kind: str
     at: float
+    phase: str = "call"
 
 
 RankMessage = Ready | Done | Failed | Skipped
@@ -158,16 +163,24 @@ RankMessage = Ready | Done | Failed | Skipped
 
 # -- the payload of a pytest test call -------------------------------------------------------
 
+PLUGIN_FIXTURES = ("rank", "world_size", "local_rank", "local_device")
+"""The plugin's own fixtures: values only a rank knows."""
 
-@dataclass(frozen=True)
-class RankValue:
-    """Placeholder for a rank-side fixture (``rank``, ``world_size``, ``local_rank``,
-    ``local_device``: values only a rank knows), replaced by its value inside each rank."""
+PER_PROCESS_FIXTURES = (
+    "monkeypatch",
+    "capsys",
+    "capsysbinary",
+    "capfd",
+    "capfdbinary",
+    "caplog",
+    "recwarn",
+    "tmp_path_factory",
+)
+"""pytest's built-in fixtures that run in the ranks of a distributed test (and ``request``,
+which every fixture can ask for, gets a rank-side view there)."""
 
-    name: str
-
-    def __repr__(self) -> str:
-        return f"<{self.name}: filled in inside each rank>"
+IN_RANKS_ATTR = "__harness_in_ranks__"
+"""Set (True) on a fixture function by ``harness.fixture``: it runs inside the ranks."""
 
 
 @dataclass(frozen=True)
@@ -194,3 +207,99 @@ class TestRef:
     sys_path: tuple[str, ...]
     rewrite: bool
     instance_state: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FunctionRef:
+    """How to find a fixture function inside a rank: ``qualname`` in the module ``module``
+    (file ``path``; asserts rewritten when ``rewrite``)."""
+
+    module: str
+    path: str
+    qualname: str
+    rewrite: bool
+
+
+ARG_VALUE = "value"
+ARG_FIXTURE = "fixture"
+ARG_REQUEST = "request"
+
+
+@dataclass(frozen=True)
+class Arg:
+    """Where one argument of a test or rank-side fixture comes from.
+
+    ``kind`` is ``ARG_VALUE`` (a controller fixture's value, ``FixturePlan.values[key]``),
+    ``ARG_FIXTURE`` (the rank-side fixture whose ``RankFixture.key`` is ``key``) or
+    ``ARG_REQUEST`` (the rank's view of pytest's ``request``).
+    """
+
+    kind: str
+    key: str = ""
+
+
+@dataclass(frozen=True)
+class RankFixture:
+    """A fixture that runs inside the ranks.
+
+    Attributes:
+        key: Identifies the fixture in this plan and, with ``scope_key``, in the rank's cache.
+        name: The fixture's name (``request.fixturename``).
+        scope: ``"function"``, ``"class"``, ``"module"``, ``"package"`` or ``"session"``.
+        scope_key: The node id of the scope's node (``""`` for the session): the rank keeps a
+            wider-scoped fixture until the controller ends that scope.
+        function: The user's fixture function, or None for one of the built-ins.
+        builtin: Which built-in (``"rank"``, ``"monkeypatch"``, ...) when ``function`` is None.
+        args: The fixture's arguments, by name.
+        param: ``request.param`` for a parametrized fixture (``has_param``).
+    """
+
+    key: str
+    name: str
+    scope: str
+    scope_key: str
+    function: FunctionRef | None
+    builtin: str | None
+    args: tuple[tuple[str, Arg], ...]
+    param: Any = None
+    has_param: bool = False
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """What the rank's view of pytest's ``request`` can answer (sent only when asked for).
+
+    Attributes:
+        name: The test's ``node.name``.
+        nodeid: The test's ``node.nodeid``.
+        marks: The test's marks, closest first (those that pickle).
+        options: ``config.option`` (the values that pickle).
+        ini: ``config.getini`` of every ini option (the values that pickle).
+    """
+
+    name: str
+    nodeid: str
+    marks: tuple[Any, ...]
+    options: dict[str, Any]
+    ini: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class FixturePlan:
+    """What a rank needs to call a test: its arguments, the rank-side fixtures behind them
+    (in setup order) and the controller fixtures' values.
+
+    Attributes:
+        args: The test function's arguments, by name.
+        fixtures: Rank-side fixtures, each after the ones it requests.
+        values: Controller fixture values, by fixture name.
+        request: For the ``request`` view, when the test or a rank-side fixture asks for it.
+        basetemp: The controller's ``tmp_path_factory.getbasetemp()``, when a rank-side
+            ``tmp_path_factory`` is used.
+    """
+
+    args: tuple[tuple[str, Arg], ...]
+    fixtures: tuple[RankFixture, ...] = ()
+    values: dict[str, Any] = field(default_factory=dict)
+    request: RequestInfo | None = None
+    basetemp: str | None = None

@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import fhelium.distributed
 from harness import compat
-from harness.protocol.failures import RankFailure
+from harness.protocol.failures import PHASE_ATTR, RankFailure
 from harness.protocol.messages import (
     STACKS_SIGNAL,
     Call,
@@ -42,7 +42,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
-from harness.rank import coverage, output, reset
+from harness.rank import coverage, fixtures, output, reset
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """The rank side's directory: its frames (the rank loop, the test-body runner) are left out
@@ -127,8 +127,9 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     assert _state is not None
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
-    # connecting to a group that this rank would tear down under it.
-    _destroy_groups_except(_baseline_groups)
+    # connecting to a group that this rank would tear down under it. Groups of rank-side
+    # fixtures that outlive a test (a session's mesh) stay.
+    _destroy_groups_except(_baseline_groups | fixtures.lasting_groups())
     if call.seed is not None:
         reset.seed_all(call.seed)
     redirection = output.redirect(call.output, files, setup.rank)
@@ -153,7 +154,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             at = time.monotonic()
             skip = _skip_kind(exc)
             if skip:
-                return Skipped(_skip_reason(exc), skip, at)
+                return Skipped(_skip_reason(exc), skip, at, getattr(exc, PHASE_ATTR, "call"))
             return Failed(_failure(exc, setup.rank), at)
         try:
             blob = pickle.dumps(value)

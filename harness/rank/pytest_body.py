@@ -1,11 +1,12 @@
 """Where a pytest test body runs: this module's ``run_test`` executes INSIDE each rank.
 
 The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
-(:class:`~harness.protocol.messages.TestRef`), never the function object, and the fixture
-values it set up. Here the module is imported the way pytest imported it in the controller
-(with its ``sys.path``, and with pytest's assertion rewriting when the controller's copy was
-rewritten), the class (if any) is instantiated, the rank-side fixtures
-(:class:`~harness.protocol.messages.RankValue`) are filled in, and the body is called.
+(:class:`~harness.protocol.messages.TestRef`), never the function object, and a
+:class:`~harness.protocol.messages.FixturePlan`: the controller fixtures' values and the
+fixtures that run in the ranks. Here the module is imported the way pytest imported it in the
+controller (with its ``sys.path``, and with pytest's assertion rewriting when the controller's
+copy was rewritten), the class (if any) is instantiated, the rank-side fixtures are set up
+(:mod:`harness.rank.fixtures`), the body is called, and they are torn down.
 
 What it may import: see :mod:`harness.rank`; pytest's assertion rewriter through
 :mod:`harness.compat`.
@@ -17,39 +18,74 @@ import ast
 import importlib
 import importlib.abc
 import importlib.util
+import inspect
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from harness import compat
-from harness.protocol.messages import RankValue, TestRef
+from harness.protocol.messages import FixturePlan, FunctionRef, TestRef
+from harness.rank import fixtures
 
 
-def run_test(ref: TestRef, kwargs: dict[str, Any]) -> None:
-    """Call the referenced test with ``kwargs``, rank-side fixtures filled in."""
+def run_test(ref: TestRef, plan: FixturePlan) -> None:
+    """Set up the test's rank-side fixtures, call the referenced test, tear them down.
+
+    Raises:
+        BaseException: What the test raised; what a fixture raised, marked as the setup or
+            teardown error it is (see :mod:`harness.rank.fixtures`).
+    """
     # The controller's sys.path, for the test module and whatever its body imports later
     # (the rank puts its own sys.path back after every call).
     missing = set(ref.sys_path).difference(sys.path)
     sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
-    module = _import(ref)
+    module = _import(ref.module, ref.path, ref.rewrite)
     owner: Any = module
+    cls = None
     if ref.cls is not None:
         for part in ref.cls.split("."):
             owner = getattr(owner, part)
+        cls = owner
         owner = owner()
         if ref.instance_state:
             owner.__dict__.update(ref.instance_state)
     function = getattr(owner, ref.function)
-    function(**{name: _fill(value) for name, value in kwargs.items()})
+    test = {
+        "module": module,
+        "cls": cls,
+        "instance": owner if cls is not None else None,
+        "function": function,
+    }
+    setup = fixtures.Setup(plan, test, _load_fixture)
+    kwargs = setup.arguments()
+    try:
+        function(**kwargs)
+    except BaseException:
+        setup.teardown(quiet=True)
+        raise
+    setup.teardown()
 
 
-def _fill(value: Any) -> Any:
-    return rank_value(value.name) if isinstance(value, RankValue) else value
+def end_scopes(scope_keys: list[str] | None) -> None:
+    """End the rank-side fixtures of these pytest scopes (all for None); see
+    :func:`harness.rank.fixtures.end_scopes`."""
+    fixtures.end_scopes(scope_keys)
+
+
+def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
+    """The function behind a fixture: pytest's decorator wraps it (``__wrapped__``)."""
+    owner: Any = _import(ref.module, ref.path, ref.rewrite)
+    for part in ref.qualname.split("."):
+        owner = inspect.getattr_static(owner, part)
+    function: Callable[..., Any] = inspect.unwrap(owner)
+    return function
 
 
 def rank_value(name: str) -> Any:
-    """The value of one of the plugin's rank-side fixtures (see ``RankValue``) in this process.
+    """The value of one of the plugin's rank-side fixtures (``rank``, ``world_size``,
+    ``local_rank``, ``local_device``) in this process.
 
     Also used in-process under an external launcher, where pytest itself runs in a rank.
     """
@@ -66,29 +102,30 @@ def rank_value(name: str) -> Any:
     return fhelium.distributed.local_device()
 
 
-def _import(ref: TestRef) -> ModuleType:
-    loaded = sys.modules.get(ref.module)
-    if loaded is not None and _same_file(getattr(loaded, "__file__", None), ref.path):
+def _import(name: str, path: str, rewrite: bool) -> ModuleType:
+    """The module ``name`` from the file ``path`` (the controller's), imported once."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and _same_file(getattr(loaded, "__file__", None), path):
         return loaded
-    if not ref.rewrite:
+    if not rewrite:
         try:
-            module = importlib.import_module(ref.module)
-            if _same_file(getattr(module, "__file__", None), ref.path):
+            module = importlib.import_module(name)
+            if _same_file(getattr(module, "__file__", None), path):
                 return module
         except ImportError:
             pass
     # Load from the file under the controller's name (pytest's importlib mode does the same),
     # rewriting asserts when pytest did, so a failing assert explains itself here too.
-    loader = _RewritingLoader(ref.path) if ref.rewrite else None
-    spec = importlib.util.spec_from_file_location(ref.module, ref.path, loader=loader)
+    loader = _RewritingLoader(path) if rewrite else None
+    spec = importlib.util.spec_from_file_location(name, path, loader=loader)
     if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import test module {ref.module!r} from {ref.path!r}")
+        raise ImportError(f"cannot import module {name!r} from {path!r}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[ref.module] = module
+    sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
-        del sys.modules[ref.module]
+        del sys.modules[name]
         raise
     return module
 

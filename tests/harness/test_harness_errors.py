@@ -48,7 +48,10 @@ def test_rank_error_root_cause_first_while_peers_wait_in_a_collective(
 
     text = str(error)
     assert text.startswith("rank 2 raised ValueError: boom from rank two")
-    assert "---------- rank 2 (root cause) ----------" in text
+    # Peers that failed within the grace period are listed as consequences; on a loaded
+    # machine they may be torn down first instead, and rank 2's heading then stands alone.
+    heading = "rank 2 (root cause)" if len(error.failures) > 1 else "rank 2"
+    assert f"---------- {heading} ----------" in text
     headings = re.findall(r"^-+ rank (\d+)", text, re.MULTILINE)
     assert headings[0] == "2"
     assert [int(rank) for rank in headings] == list(error.failures)

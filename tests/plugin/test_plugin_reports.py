@@ -353,7 +353,9 @@ def test_crash_names_the_signal_and_the_session_goes_on(pytester: pytest.Pyteste
     reps = reports(result)
     text = reps["test_segfault"].longreprtext
     assert text.startswith("RankCrash: rank 0 was killed by SIGSEGV")
-    assert "rank 0 (root cause)" in text
+    # Rank 1's barrier fails as a consequence, or (on a loaded machine, after the grace
+    # period) rank 1 is torn down: either way rank 0 leads.
+    assert "rank 0 (root cause)" in text or "rank 1 torn down" in text.splitlines()[0]
     assert "os.kill(os.getpid(), signal.SIGSEGV)" in text
     assert reps["test_exit"].longreprtext.startswith("RankCrash: rank 1 ")
     assert "exited with code 3" in reps["test_exit"].longreprtext.splitlines()[0]
