@@ -6,22 +6,30 @@ harness always does, runs each collective once per mode (blocking, and ``async_o
 with ``Work.wait()``), checks every rank's result exactly against what it must be, and
 prints one table row per collective with the slowest rank's latency.
 
-This module is the controller side: :func:`main` starts the :class:`~harness.World`, sends
-it :func:`harness.rank.collectives.check_collectives` (the rank side), merges the ranks' rows
-(:func:`merge_rows`), prints them (:func:`format_table`) and picks the exit code
-(:func:`exit_code`).
+This module is the controller side: :func:`main` starts the :class:`~harness.World`, asks
+every rank :func:`~harness.rank.collectives.rank_info` (its device, and whether torch can
+use numpy there), then sends :func:`~harness.rank.collectives.check_row` once per row (the
+rank side), merges the ranks' answers (:func:`merge_rows`), prints them
+(:func:`format_table`) and picks the exit code (:func:`exit_code`).
+
+It never hangs. Each row is its own call with its own timeout (``--timeout``), so a
+collective that raises on some ranks only (the world tears the others down at once), hangs
+(the timeout kills the ranks) or crashes a rank is that row's ``FAIL``, the world is rebuilt
+and the next rows run. The object collectives need numpy in the ranks: where torch cannot
+use it on some rank, their rows are ``n/a: needs numpy`` on every rank and never run, since
+torch would raise on the receiving ranks only.
 
 A collective the backend does not implement is reported as ``unsupported`` and is not a
-problem; a wrong result or any other exception is. Measured on torch 2.13 with Gloo on CPU,
-every collective checked here is implemented (``reduce_scatter`` and ``all_to_all``
-included), so a plain run prints no ``unsupported`` rows there.
+problem; nor is ``n/a``; a wrong result or any other exception is. Measured on torch 2.13
+with Gloo on CPU, every collective checked here is implemented (``reduce_scatter`` and
+``all_to_all`` included), so a plain run prints no ``unsupported`` rows there.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-import time
 from collections.abc import Sequence
 
 import torch
@@ -29,18 +37,33 @@ import torch
 from harness import validate
 from harness.controller import forkserver
 from harness.controller.world import World
-from harness.errors import DistributedError
+from harness.errors import DistributedError, RankError, WorldTimeout
 from harness.protocol.failures import ranks_phrase
 from harness.rank.collectives import (
     DEFAULT_REPEATS,
     FAIL,
+    FAULTS,
+    NEEDS_NUMPY,
     NOT_APPLICABLE,
     OK,
     UNSUPPORTED,
+    RankInfo,
     Row,
     check_collectives,
-    rank_device,
+    check_row,
+    needs_numpy,
+    rank_info,
+    row_names,
 )
+
+DEFAULT_ROW_TIMEOUT_S = 30.0
+"""Default ``--timeout``: a healthy row takes milliseconds; this leaves room for a loaded
+machine and a slow first collective (NCCL sets up its communicator there)."""
+
+FAULT_VARIABLE = "_HARNESS_CHECK_FAULT"
+"""Private, for the harness's own tests only: ``ACTION:ROW:RANK`` (several joined by ``;``)
+makes that rank misbehave in that row, ``ACTION`` being one of ``corrupt``, ``raise``,
+``hang`` (see :func:`harness.rank.collectives.check_row`). Not a stable interface."""
 
 _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 """How bad each kind of status is: the merged row shows the worst."""
@@ -198,9 +221,12 @@ def _parser() -> argparse.ArgumentParser:
         help="run every collective on a local world and report",
         description=(
             "Start a world of local ranks, run every collective kind (blocking and "
-            "async_op=True), verify each rank's result exactly and print a table. Exits 0 "
-            "if nothing failed, 1 if a collective failed or the world broke, 2 if the "
-            "world cannot start here (e.g. NCCL without enough CUDA devices)."
+            "async_op=True), verify each rank's result exactly and print a table. Each "
+            "row runs on its own, with its own timeout: one that fails or hangs is that "
+            "row's FAIL and the next rows run. The object collectives need numpy (pip "
+            "install numpy); without it their rows are 'n/a: needs numpy'. Exits 0 if "
+            "nothing failed, 1 if a collective failed or the world broke, 2 if the world "
+            "cannot start here (e.g. NCCL without enough CUDA devices)."
         ),
     )
     check.add_argument(
@@ -219,9 +245,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--timeout",
         type=validate.argparse_type(validate.seconds, "timeout"),
-        default=120.0,
+        default=DEFAULT_ROW_TIMEOUT_S,
         metavar="SECONDS",
-        help="bound on the whole check once the world is up (default: 120)",
+        help=(
+            "bound on each row (one collective in one mode) and on the ranks' first answer; "
+            "a row that takes longer is a FAIL and the check goes on "
+            f"(default: {DEFAULT_ROW_TIMEOUT_S:g})"
+        ),
     )
     check.add_argument(
         "--repeats",
@@ -240,24 +270,68 @@ def main(argv: list[str] | None = None) -> int:
         argv: The arguments after the program name; None reads ``sys.argv[1:]``.
 
     Returns:
-        0 if every collective was ok (or unsupported / n/a); 1 if one failed, or a rank
-        raised, timed out or crashed; 2 if the world cannot be started here (argparse also
-        exits 2 on a usage error); 130 on Ctrl-C.
+        0 if every collective was ok (or unsupported / n/a); 1 if one failed (raised, timed
+        out, crashed a rank or gave a wrong result) or the world broke; 2 if the world
+        cannot be started here or :data:`FAULT_VARIABLE` is invalid (argparse also exits 2
+        on a usage error); 130 on Ctrl-C.
 
     Raises:
         SystemExit: From argparse, for ``--help`` or a usage error.
     """
     args = _parser().parse_args(argv)
     try:
-        return _check(args.world_size, args.backend, args.timeout, args.repeats)
+        faults = parse_faults(os.environ.get(FAULT_VARIABLE, ""), args.world_size)
+    except ValueError as exc:
+        print(f"harness check: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _check(args.world_size, args.backend, args.timeout, args.repeats, faults)
     except KeyboardInterrupt:
         # The World has already stopped its ranks (World.call and close run on the way out).
         print("interrupted", file=sys.stderr)
         return 130
 
 
-def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
-    """Start the world, run the check, print the report; return the exit code."""
+def parse_faults(text: str, world_size: int) -> dict[str, tuple[str, int]]:
+    """Parse :data:`FAULT_VARIABLE` (private: for the harness's own tests).
+
+    Args:
+        text: ``ACTION:ROW:RANK`` entries joined by ``;``; empty means none.
+        world_size: The number of ranks, which ``RANK`` must be below.
+
+    Returns:
+        ``{row name: (action, rank)}``.
+
+    Raises:
+        ValueError: An entry is malformed, or names an unknown action or row, or a rank
+            outside the world; the message names the entry and what would be valid.
+    """
+    faults: dict[str, tuple[str, int]] = {}
+    for entry in filter(None, (part.strip() for part in text.split(";"))):
+        where = f"{FAULT_VARIABLE} entry {entry!r}"
+        parts = entry.split(":")
+        if len(parts) != 3:
+            raise ValueError(f"{where} must be ACTION:ROW:RANK")
+        action, row, rank_text = (part.strip() for part in parts)
+        if action not in FAULTS:
+            raise ValueError(f"unknown action {action!r} in {where}; valid: {', '.join(FAULTS)}")
+        if row not in row_names():
+            raise ValueError(f"unknown row {row!r} in {where}; valid: {', '.join(row_names())}")
+        ranks = [str(rank) for rank in range(world_size)]
+        if rank_text not in ranks:
+            raise ValueError(f"unknown rank {rank_text!r} in {where}; valid: {', '.join(ranks)}")
+        faults[row] = (action, int(rank_text))
+    return faults
+
+
+def _check(
+    world_size: int,
+    backend: str,
+    timeout: float,
+    repeats: int,
+    faults: dict[str, tuple[str, int]],
+) -> int:
+    """Start the world, run the rows, print the report; return the exit code."""
     try:
         world = World(world_size, backend=backend)
     except RuntimeError as exc:
@@ -268,28 +342,114 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     except DistributedError as exc:
         print(f"harness check: {exc}", file=sys.stderr)
         return 1
-    # --timeout bounds the whole check once the world is up, across both runs.
-    deadline = time.monotonic() + timeout
     try:
-        devices = world.run(rank_device, timeout=timeout)
+        try:
+            infos: list[RankInfo] = world.run(rank_info, timeout=timeout)
+        except DistributedError as exc:
+            print(f"harness check: {exc}", file=sys.stderr)
+            return 1
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
-            f"device {_describe_devices(devices)} | start method "
+            f"device {_describe_devices([info.device for info in infos])} | start method "
             f"{forkserver.context().get_start_method()}",
             # Shown while the check runs, also when stdout is a pipe (CI logs).
             flush=True,
         )
-        remaining = max(deadline - time.monotonic(), 0.001)
-        per_rank = world.run(check_collectives, kwargs={"repeats": repeats}, timeout=remaining)
-    except DistributedError as exc:
-        print(f"harness check: {exc}", file=sys.stderr)
-        return 1
+        no_numpy = _numpy_status(infos)
+        rows, details = _run_rows(world, repeats, timeout, faults, no_numpy)
     finally:
         world.close()
-    rows = merge_rows(per_rank)
+    # Details first, so that the table and its summary end the output.
+    for name, text in details:
+        print(f"harness check: {name}: {text}\n", file=sys.stderr)
+    if no_numpy is not None:
+        print(
+            f"harness check: torch cannot use numpy in the ranks "
+            f"({_numpy_problems(infos)}); the object collectives need it: pip install numpy",
+            file=sys.stderr,
+        )
+    sys.stderr.flush()
     print(format_table(rows))
     print(summary(rows))
     return exit_code(rows)
+
+
+def _numpy_status(infos: Sequence[RankInfo]) -> str | None:
+    """The status of the object collectives' rows when some rank lacks numpy, else None.
+
+    Decided here, once for every rank, so that no rank enters an object collective that
+    another rank skips.
+    """
+    missing = [rank for rank, info in enumerate(infos) if info.numpy_problem is not None]
+    if not missing:
+        return None
+    if len(missing) == len(infos):
+        return NEEDS_NUMPY
+    return f"{NEEDS_NUMPY} (missing on {ranks_phrase(missing)})"
+
+
+def _numpy_problems(infos: Sequence[RankInfo]) -> str:
+    problems: dict[str, list[int]] = {}
+    for rank, info in enumerate(infos):
+        if info.numpy_problem is not None:
+            problems.setdefault(info.numpy_problem, []).append(rank)
+    if len(problems) == 1 and len(next(iter(problems.values()))) == len(infos):
+        return next(iter(problems))
+    return "; ".join(f"{ranks_phrase(ranks)}: {problem}" for problem, ranks in problems.items())
+
+
+def _run_rows(
+    world: World,
+    repeats: int,
+    timeout: float,
+    faults: dict[str, tuple[str, int]],
+    no_numpy: str | None,
+) -> tuple[list[Row], list[tuple[str, str]]]:
+    """Run every row as its own call.
+
+    Returns:
+        The merged rows, and ``(row name, full error text)`` for each row whose call failed.
+    """
+    rows: list[Row] = []
+    details: list[tuple[str, str]] = []
+    names = row_names()
+    for index, name in enumerate(names):
+        if no_numpy is not None and needs_numpy(name):
+            rows.append(Row(name, no_numpy, None))
+            continue
+        kwargs = {"name": name, "repeats": repeats, "fault": faults.get(name)}
+        try:
+            # call, not run: a DistributedError raised here is about the world (it could
+            # not be rebuilt after the previous row failed), not about this row.
+            outcome = world.call(check_row, kwargs=kwargs, timeout=timeout)
+        except DistributedError as exc:
+            details.append((name, f"the world could not be restarted: {exc}"))
+            rows.append(Row(name, f"{FAIL}: the world could not be restarted", None))
+            rows += [Row(later, f"{FAIL}: not run", None) for later in names[index + 1 :]]
+            break
+        try:
+            per_rank: list[Row] = outcome.result()
+        except DistributedError as exc:
+            details.append((name, str(exc)))
+            rows.append(Row(name, f"{FAIL}: {_reason(exc, timeout)}", None))
+            continue
+        rows += merge_rows([[row] for row in per_rank])
+    return rows, details
+
+
+def _reason(exc: DistributedError, timeout: float) -> str:
+    """A one-line reason for a row whose call failed (the full error goes to stderr)."""
+    if isinstance(exc, WorldTimeout):
+        return f"timeout: not done within {timeout:g} s (every rank's stack is on stderr)"
+    if isinstance(exc, RankError) and exc.failures:
+        first = next(iter(exc.failures.values()))
+        line = (first.message.strip().splitlines() or [""])[0]
+        return _shorten(f"rank {first.rank}: {first.exc_type}: {line}")
+    return _shorten((exc.summary.strip().splitlines() or [""])[0])
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _describe_devices(devices: Sequence[str]) -> str:

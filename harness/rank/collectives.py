@@ -1,10 +1,22 @@
 """Every collective kind, verified and timed: this module runs INSIDE each rank.
 
-:func:`check_collectives` is what ``python -m harness check`` sends to its ranks. It runs
-each collective once per mode (blocking, and ``async_op=True`` with ``Work.wait()``),
-checks the result exactly against what it must be on this rank, and returns one ``Row``
-per collective. A collective the backend does not implement is ``unsupported``, not a
-problem; a wrong result or any other exception is a ``FAIL``.
+``python -m harness check`` sends its ranks :func:`rank_info` once, then :func:`check_row`
+once per row, each as its own call: a row that raises on some ranks only, or hangs, then ends
+that call alone (the world tears the call down and is rebuilt) and the next rows still run.
+:func:`check_collectives` runs every row in one call, for use with ``harness.run``.
+
+Each row runs a collective in one mode (blocking, or ``async_op=True`` with
+``Work.wait()``), checks the result exactly against what it must be on this rank, and
+becomes one ``Row``. A collective the backend does not implement is ``unsupported``, not a
+problem; a wrong result is a ``FAIL``; any other exception is raised, so that the call ends
+on every rank instead of leaving the peers blocked in the next collective.
+
+The object collectives (``broadcast_object_list`` ...) need numpy: torch turns the bytes that
+arrive back into objects with ``Tensor.numpy()``, and the torch wheel does not depend on
+numpy. Without it they raise on the receiving ranks only, so whether to run them must be
+decided alike on every rank before any rank enters one: :func:`check_collectives` agrees on it
+with an ``all_reduce`` first; the command line asks every rank (:func:`rank_info`) and
+decides for all of them.
 
 What it may import: the standard library, torch and :mod:`fhelium.distributed` only, so
 that it tests torch.distributed and not the harness.
@@ -35,7 +47,13 @@ FAIL = "FAIL"
 UNSUPPORTED = "unsupported"
 NOT_APPLICABLE = "n/a"
 
-# Worst first: when ranks disagree, the merged row shows the worst rank's status.
+NEEDS_NUMPY = f"{NOT_APPLICABLE}: needs numpy"
+"""The status of an object collective where torch cannot use numpy (on any rank)."""
+
+FAULTS = ("corrupt", "raise", "hang")
+"""What a test can make one rank do in one row (see :func:`check_row`'s ``fault``):
+alter the result it verifies, raise after the warm-up collective returned (as torch does
+without numpy, on the receiving ranks only), or never enter the collective."""
 
 # How backends word "I do not implement this" (c10d's default Backend methods say
 # "Backend gloo does not support alltoall"; Python-level stubs raise NotImplementedError).
@@ -62,8 +80,14 @@ class Row(NamedTuple):
 # --------------------------------------------------------------------------- rank side
 
 
-class _Mismatch(Exception):
-    """A collective returned, but with the wrong result on this rank."""
+class CollectiveError(Exception):
+    """A collective misbehaved on this rank in a way its peers may not see (an
+    ``async_op=True`` call that returned no Work handle): raised, so that the call ends on
+    every rank."""
+
+
+class InjectedFault(RuntimeError):
+    """Raised on the rank a test asked to fail (``fault=("raise", rank)``)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +139,7 @@ class _Check:
         min_ranks: Fewest ranks it means anything with (point-to-point needs a peer).
         async_name: Row name of the ``async_op=True`` form when that form calls other
             functions (``isend``/``irecv``); default ``"<name> (async)"``.
+        needs_numpy: Whether torch needs numpy to run it (the object collectives).
     """
 
     name: str
@@ -122,6 +147,7 @@ class _Check:
     modes: tuple[bool, ...] = (False, True)
     min_ranks: int = 1
     async_name: str | None = None
+    needs_numpy: bool = False
 
 
 def _root(c: _Ctx) -> int:
@@ -321,11 +347,11 @@ CHECKS: tuple[_Check, ...] = (
     # batch_isend_irecv has no blocking form: it always returns Work handles.
     _Check("batch_isend_irecv", _batch_isend_irecv, modes=(True,), min_ranks=2),
     _Check("barrier", _barrier),
-    # The object collectives have no async_op parameter.
-    _Check("broadcast_object_list", _broadcast_object_list, modes=_SYNC_ONLY),
-    _Check("all_gather_object", _all_gather_object, modes=_SYNC_ONLY),
-    _Check("gather_object", _gather_object, modes=_SYNC_ONLY),
-    _Check("scatter_object_list", _scatter_object_list, modes=_SYNC_ONLY),
+    # The object collectives have no async_op parameter, and need numpy.
+    _Check("broadcast_object_list", _broadcast_object_list, modes=_SYNC_ONLY, needs_numpy=True),
+    _Check("all_gather_object", _all_gather_object, modes=_SYNC_ONLY, needs_numpy=True),
+    _Check("gather_object", _gather_object, modes=_SYNC_ONLY, needs_numpy=True),
+    _Check("scatter_object_list", _scatter_object_list, modes=_SYNC_ONLY, needs_numpy=True),
 )
 """Every collective kind, in report order."""
 
@@ -339,10 +365,110 @@ def row_names() -> list[str]:
     return [_row_name(check, mode) for check in CHECKS for mode in check.modes]
 
 
+def needs_numpy(name: str) -> bool:
+    """Whether a row runs an object collective, which torch cannot run without numpy.
+
+    Args:
+        name: A row name from :func:`row_names`.
+
+    Returns:
+        True for the object collectives' rows.
+
+    Raises:
+        ValueError: ``name`` is not a row name.
+    """
+    return _find(name)[0].needs_numpy
+
+
 def _row_name(check: _Check, async_op: bool) -> str:
     if async_op and False in check.modes:
         return check.async_name or f"{check.name} (async)"
     return check.name
+
+
+def _find(name: str) -> tuple[_Check, bool]:
+    """The check and mode of a row name."""
+    for check in CHECKS:
+        for async_op in check.modes:
+            if _row_name(check, async_op) == name:
+                return check, async_op
+    raise ValueError(f"unknown collective row {name!r}; valid: {', '.join(row_names())}")
+
+
+def numpy_problem() -> str | None:
+    """Why torch cannot use numpy in this process, or None if it can.
+
+    It makes the conversion torch's object collectives make when they turn the bytes that
+    arrived back into objects (``Tensor.numpy()``), so it also catches a numpy that is
+    installed but that this torch cannot use.
+
+    Returns:
+        ``"<exception type>: <first line>"`` (``"RuntimeError: Numpy is not available"``),
+        or None.
+    """
+    try:
+        torch.zeros(1, dtype=torch.uint8).numpy()
+    except Exception as exc:  # whatever stops the conversion stops the object collectives
+        return f"{type(exc).__name__}: {_first_line(exc)}"
+    return None
+
+
+class RankInfo(NamedTuple):
+    """What the command line asks each rank before the rows (see :func:`rank_info`).
+
+    Attributes:
+        device: This rank's device, as the header shows it.
+        numpy_problem: Why torch cannot use numpy here (see :func:`numpy_problem`), or None.
+    """
+
+    device: str
+    numpy_problem: str | None
+
+
+def rank_info() -> RankInfo:
+    """This rank's device and whether torch can use numpy here (rank side).
+
+    Returns:
+        A :class:`RankInfo`.
+    """
+    return RankInfo(rank_device(), numpy_problem())
+
+
+def check_row(
+    name: str, repeats: int = DEFAULT_REPEATS, fault: tuple[str, int] | None = None
+) -> Row:
+    """Run one row on this rank of the default process group (rank side).
+
+    Every rank of the group must call this, with the same arguments, at the same time; the
+    caller decides for every rank alike whether an object collective's row may run (see
+    :func:`rank_info`). The collective runs once as a warm-up and then ``repeats`` times,
+    and every run's result is compared exactly with what it must be on this rank.
+
+    Args:
+        name: The row, one of :func:`row_names`.
+        repeats: Timed repetitions after the warm-up (>= 1); the median is reported.
+        fault: For testing the check itself: ``(action, rank)`` makes that rank misbehave in
+            this row; ``action`` is one of :data:`FAULTS`.
+
+    Returns:
+        The row: ``ok``, ``unsupported`` (the backend raised "not supported" at once),
+        ``n/a`` (too few ranks) or ``FAIL`` (a wrong result).
+
+    Raises:
+        RuntimeError: If no default process group is initialized.
+        ValueError: If ``name``, ``repeats`` or ``fault`` is invalid.
+        Exception: Whatever the collective raised on this rank (other than "not
+            supported"): its peers may be blocked in it, so the call must end.
+    """
+    ctx = _context(repeats)
+    check, async_op = _find(name)
+    mine = None
+    if fault is not None:
+        action, rank = fault
+        if action not in FAULTS:
+            raise ValueError(f"unknown fault {action!r}; valid: {', '.join(FAULTS)}")
+        mine = action if rank == ctx.rank else None
+    return _measure(ctx, check, async_op, name, repeats, mine)
 
 
 def check_collectives(
@@ -352,7 +478,9 @@ def check_collectives(
 
     Every rank of the group must call this, with the same arguments, at the same time. Each
     collective runs once as a warm-up and then ``repeats`` times; every run's result is
-    compared exactly with what it must be on this rank.
+    compared exactly with what it must be on this rank. The ranks first agree, with an
+    ``all_reduce``, whether torch can use numpy on all of them; if not, the object
+    collectives' rows are ``n/a: needs numpy`` on every rank and none of them runs.
 
     Args:
         repeats: Timed repetitions after the warm-up (>= 1); the median is reported.
@@ -365,57 +493,83 @@ def check_collectives(
     Raises:
         RuntimeError: If no default process group is initialized.
         ValueError: If ``repeats`` is smaller than 1.
+        Exception: Whatever a collective raised on this rank (other than "not supported");
+            the rows after it are not run.
     """
+    ctx = _context(repeats)
+    # Decided alike on every rank before any rank enters an object collective: without
+    # numpy they raise on the receiving ranks only and the others would block.
+    missing = torch.tensor([numpy_problem() is not None], dtype=torch.int32, device=ctx.device)
+    dist.all_reduce(missing, op=dist.ReduceOp.MAX)
+    numpy_everywhere = not missing.item()
+    rows = []
+    for check in CHECKS:
+        for async_op in check.modes:
+            name = _row_name(check, async_op)
+            if check.needs_numpy and not numpy_everywhere:
+                rows.append(Row(name, NEEDS_NUMPY, None))
+                continue
+            damage = "corrupt" if corrupt is not None and corrupt == (name, ctx.rank) else None
+            rows.append(_measure(ctx, check, async_op, name, repeats, damage))
+    return rows
+
+
+def _context(repeats: int) -> _Ctx:
     if not dist.is_initialized():
-        raise RuntimeError("check_collectives needs an initialized default process group")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    ctx = _Ctx(
+        raise RuntimeError("checking collectives needs an initialized default process group")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
+    return _Ctx(
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         device=local_device(),
         backend=str(dist.get_backend()),
     )
-    rows = []
-    for check in CHECKS:
-        for async_op in check.modes:
-            name = _row_name(check, async_op)
-            damage = corrupt is not None and corrupt == (name, ctx.rank)
-            rows.append(_measure(ctx, check, async_op, name, repeats, damage))
-    return rows
 
 
-def _measure(c: _Ctx, check: _Check, async_op: bool, name: str, repeats: int, damage: bool) -> Row:
-    """Warm up, time and verify one collective in one mode on this rank."""
+def _measure(
+    c: _Ctx, check: _Check, async_op: bool, name: str, repeats: int, fault: str | None
+) -> Row:
+    """Warm up, time and verify one collective in one mode on this rank.
+
+    ``fault`` is this rank's injected misbehaviour (one of :data:`FAULTS`), or None.
+    """
     if c.world_size < check.min_ranks:
         return Row(name, f"{NOT_APPLICABLE}: needs >= {check.min_ranks} ranks", None)
     times: list[float] = []
     problem: str | None = None
     for attempt in range(repeats + 1):
+        trial = check.setup(c, async_op)
+        c.sync()
+        if fault == "hang" and not attempt:
+            _hang()
+        start = time.perf_counter()
         try:
-            trial = check.setup(c, async_op)
-            c.sync()
-            start = time.perf_counter()
             handle = trial.run()
-            if async_op:
-                _wait(handle)
-            c.sync()
-            elapsed = time.perf_counter() - start
-        except _Mismatch as exc:
-            return Row(name, f"{FAIL}: {exc}", None)
         except Exception as exc:
-            # The collective (or its Work) raised. An unimplemented collective raises on
-            # every rank, so stopping here keeps the ranks in step; if only this rank
-            # raised, its peers may block in the next collective, and the controller's
-            # timeout then reports every rank's stack instead of a table.
-            return Row(name, _classify(exc, c.backend), None)
+            status = _classify(exc, c.backend)
+            # An unimplemented collective raises at once on every rank, before any data
+            # moves, so returning keeps the ranks in step. Anything else may have happened
+            # on this rank only, with the peers blocked in it or in the next repetition:
+            # raise, so that the call ends on every rank.
+            if not attempt and status.startswith(f"{UNSUPPORTED}:"):
+                return Row(name, status, None)
+            raise
+        if async_op:
+            _wait(handle)
+        c.sync()
+        elapsed = time.perf_counter() - start
+        if fault == "raise":
+            # After the collective returned here, as torch raises without numpy: the peers
+            # go on to the next repetition and wait for this rank there.
+            raise InjectedFault(f"injected failure in {name} on rank {c.rank}")
         if attempt:
             times.append(elapsed)
         # Verify every repetition, but keep running after a mismatch: the peers do not know
         # this rank failed and are already in the next repetition's collective.
         if problem is None:
             got = trial.result()
-            if damage:
+            if fault == "corrupt":
                 got = _damaged(got)
             problem = _compare(got, trial.expected)
     latency = statistics.median(times) * 1000.0
@@ -424,21 +578,32 @@ def _measure(c: _Ctx, check: _Check, async_op: bool, name: str, repeats: int, da
     return Row(name, OK, latency)
 
 
+def _hang() -> None:
+    """Never return (only for ``fault=("hang", rank)``): the peers block in the collective
+    this rank does not enter, until the caller's timeout kills the ranks."""
+    while True:
+        time.sleep(3600)
+
+
 def _wait(handle: Any) -> None:
     """Wait on what an ``async_op=True`` call returned; it must be Work handles."""
     works = handle if isinstance(handle, list) else [handle]
     if not works or not all(callable(getattr(work, "wait", None)) for work in works):
-        raise _Mismatch(f"async_op=True returned {handle!r}, not a Work handle")
+        raise CollectiveError(f"async_op=True returned {_shorten(repr(handle))}, not a Work handle")
     for work in works:
         work.wait()
 
 
 def _classify(exc: Exception, backend: str) -> str:
     """Turn an exception from a collective into a status: unsupported, or a failure."""
-    first_line = (str(exc).strip().splitlines() or [""])[0]
+    first_line = _first_line(exc)
     if isinstance(exc, NotImplementedError) or _UNSUPPORTED_PATTERN.search(first_line):
         return f"{UNSUPPORTED}: {backend} does not implement it"
     return f"{FAIL}: {type(exc).__name__}: {_shorten(first_line)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [""])[0]
 
 
 def _compare(got: Any, expected: Any, where: str = "result") -> str | None:

@@ -262,3 +262,213 @@ def test_main_guard_keeps_children_from_rerunning_the_check() -> None:
     path = Path(cli.__file__).with_name("__main__.py")
     namespace = runpy.run_path(str(path), run_name="__mp_main__")
     assert namespace["main"] is cli.main
+
+
+# --------------------------------------------------------------- never hangs, numpy optional
+
+OBJECT_ROWS = ["broadcast_object_list", "all_gather_object", "gather_object", "scatter_object_list"]
+
+# Safety net only: a healthy run takes seconds. Without the fix, this setup hung until the
+# check's own timeout and exited 1.
+NO_NUMPY_TIMEOUT_S = 300
+
+
+def _without_numpy(tmp_path: Path) -> dict[str, str]:
+    """An environment in which no process (controller, forkserver, ranks) can import numpy.
+
+    A package named numpy first on PYTHONPATH that raises ModuleNotFoundError, as a missing
+    module does: torch catches exactly that at import and then treats numpy as unavailable
+    ("Numpy is not available" from ``Tensor.numpy()``); an ImportError would stop torch's
+    import instead. Every process of the check inherits PYTHONPATH.
+    """
+    fake = tmp_path / "no_numpy" / "numpy"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake.parent), env.get("PYTHONPATH", "")]))
+    return env
+
+
+def test_cli_check_without_numpy_marks_object_collectives_na(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("auto means NCCL here; this checks the Gloo world of a CPU machine")
+    result = subprocess.run(
+        [sys.executable, "-m", "harness", "check", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=NO_NUMPY_TIMEOUT_S,
+        env=_without_numpy(tmp_path),
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    # The ranks themselves found that torch cannot use numpy (they ran Tensor.numpy()).
+    assert "torch cannot use numpy in the ranks (RuntimeError: Numpy is not available)" in (
+        result.stderr
+    ), output
+    assert "pip install numpy" in result.stderr
+    rows = _table(result.stdout)
+    assert list(rows) == collectives.row_names(), output
+    for name, (status, latency) in rows.items():
+        if name in OBJECT_ROWS:
+            assert (status, latency) == ("n/a: needs numpy", "-"), (name, output)
+        else:
+            assert status == "ok", (name, output)
+    assert result.stdout.splitlines()[-1] == f"all {len(rows) - 4} collectives ok (4 n/a)"
+    assert result.returncode == 0, output
+
+
+def test_check_collectives_without_numpy_agrees_on_na(tmp_path: Path) -> None:
+    # The one-call rank function decides with an all_reduce before any object collective.
+    script = (
+        "import harness\n"
+        "from harness.rank.collectives import check_collectives\n"
+        "if __name__ == '__main__':\n"
+        "    for rows in harness.run(check_collectives, world_size=2, backend='gloo',\n"
+        "                            kwargs={'repeats': 1}, timeout=120):\n"
+        "        for row in rows:\n"
+        "            print(row.name, '|', row.status)\n"
+    )
+    (tmp_path / "run_check.py").write_text(script)
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "run_check.py")],
+        capture_output=True,
+        text=True,
+        timeout=NO_NUMPY_TIMEOUT_S,
+        env=_without_numpy(tmp_path),
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2 * len(collectives.row_names())
+    for line in lines:
+        name, status = line.split(" | ")
+        assert status == ("n/a: needs numpy" if name in OBJECT_ROWS else "ok"), line
+
+
+def _fault_run(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fault: str,
+    *options: str,
+) -> tuple[int, dict[str, tuple[str, str]], str, str]:
+    monkeypatch.setenv(cli.FAULT_VARIABLE, fault)
+    code = cli.main(["check", "--world-size", "2", "--backend", "gloo", "--repeats", "1", *options])
+    captured = capsys.readouterr()
+    return code, _table(captured.out), captured.out, captured.err
+
+
+def test_cli_row_raising_on_one_rank_fails_that_row_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Rank 1 raises after its broadcast returned, as torch does without numpy on the
+    # receiving ranks: rank 0 is already waiting in the next repetition. Before each row
+    # became its own call, that wait lasted until the check's timeout.
+    code, rows, out, err = _fault_run(monkeypatch, capsys, "raise:broadcast:1")
+    assert rows["broadcast"] == (
+        "FAIL: rank 1: InjectedFault: injected failure in broadcast on rank 1",
+        "-",
+    ), out + err
+    names = collectives.row_names()
+    assert list(rows) == names
+    for name in names[names.index("broadcast") + 1 :]:
+        assert rows[name][0] == "ok", (name, out + err)
+    assert out.splitlines()[-1] == "1 problem: broadcast"
+    # The whole error, root cause first, is on stderr.
+    assert "harness check: broadcast: rank 1 raised InjectedFault" in err
+    assert "rank 1 (root cause)" in err
+    assert code == 1
+
+
+def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The injected hang never ends; only the per-row timeout set here ends the row. A
+    # healthy row takes milliseconds, so the bound leaves plenty of room under load.
+    code, rows, out, err = _fault_run(
+        monkeypatch, capsys, "hang:all_reduce (async):1", "--timeout", "10"
+    )
+    assert rows["all_reduce (async)"] == (
+        "FAIL: timeout: not done within 10 s (every rank's stack is on stderr)",
+        "-",
+    ), out + err
+    assert rows["all_reduce"][0] == "ok"
+    names = collectives.row_names()
+    for name in names[names.index("all_reduce (async)") + 1 :]:
+        assert rows[name][0] == "ok", (name, out + err)
+    assert out.splitlines()[-1] == "1 problem: all_reduce (async)"
+    # Every rank's stack at the deadline: the hung rank is in the injected sleep.
+    assert "harness check: all_reduce (async): the run did not finish within 10 s" in err
+    assert "_hang" in err
+    assert code == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (
+            "explode:barrier:0",
+            "unknown action 'explode' in _HARNESS_CHECK_FAULT entry 'explode:barrier:0'; "
+            "valid: corrupt, raise, hang",
+        ),
+        (
+            "raise:nope:0",
+            "unknown row 'nope' in _HARNESS_CHECK_FAULT entry 'raise:nope:0'; valid: all_reduce, ",
+        ),
+        (
+            "raise:barrier:2",
+            "unknown rank '2' in _HARNESS_CHECK_FAULT entry 'raise:barrier:2'; valid: 0, 1",
+        ),
+        ("raise:barrier", "_HARNESS_CHECK_FAULT entry 'raise:barrier' must be ACTION:ROW:RANK"),
+    ],
+)
+def test_cli_invalid_fault_names_the_value_and_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    fault: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv(cli.FAULT_VARIABLE, fault)
+    # world size 2: ranks 0 and 1 are valid. No world starts before the value is checked.
+    assert cli.main(["check", "--world-size", "2"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert message in captured.err
+
+
+def test_parse_faults() -> None:
+    assert cli.parse_faults("", 2) == {}
+    assert cli.parse_faults("raise:broadcast:1; hang:isend/irecv (async):0", 2) == {
+        "broadcast": ("raise", 1),
+        "isend/irecv (async)": ("hang", 0),
+    }
+
+
+def test_cli_rejects_a_bad_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["check", "--timeout", "0"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--timeout" in err
+    assert "timeout must be a positive number of seconds, got '0'" in err
+
+
+def test_numpy_status_is_one_decision_for_every_rank() -> None:
+    info = collectives.RankInfo
+    missing = "RuntimeError: Numpy is not available"
+    assert cli._numpy_status([info("cpu", None), info("cpu", None)]) is None
+    assert cli._numpy_status([info("cpu", missing), info("cpu", missing)]) == "n/a: needs numpy"
+    # Some ranks only: the object rows are n/a on all of them, and the row says where.
+    partial = cli._numpy_status([info("cpu", None), info("cpu", missing)])
+    assert partial == "n/a: needs numpy (missing on rank 1)"
+    assert cli.kind(partial) == "n/a"
+    rows = [Row("all_reduce", "ok", 1.0), Row("gather_object", partial, None)]
+    assert exit_code(rows) == 0
+    assert summary(rows) == "all 1 collectives ok (1 n/a)"
+
+
+def test_needs_numpy_names_the_object_rows() -> None:
+    assert [n for n in collectives.row_names() if collectives.needs_numpy(n)] == OBJECT_ROWS
+    with pytest.raises(ValueError, match=r"unknown collective row 'nope'; valid: all_reduce, "):
+        collectives.needs_numpy("nope")
