@@ -1,6 +1,6 @@
 """The plugin's controller: runs each distributed test on its world and owns the worlds.
 
-``DistSession`` keeps one ``World`` per (world size, backend) for the whole session (a
+``DistSession`` keeps one ``World`` per (world size, backend, init) for the whole session (a
 World rebuilds itself after any failure), sends each marked test to its ranks by reference
 (the body runs in :mod:`harness.rank.pytest_body`), and turns the outcome into pytest's
 terms. Under an external launcher it hands the test to :mod:`harness.plugin.launcher`.
@@ -51,20 +51,24 @@ class DistSession:
         self.launcher = (
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
         )
-        self._worlds: dict[tuple[int, str], World] = {}
+        self._worlds: dict[tuple[int, str, bool], World] = {}
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
 
     # -- worlds -------------------------------------------------------------------------
 
-    def world(self, world_size: int, backend: str = "auto") -> World:
-        """The session's World of this size and backend (started on first use)."""
+    def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
+        """The session's World of this size, backend and ``init`` (started on first use)."""
         resolved = self.resolve_backend(backend)
-        key = (validate.positive_int(world_size, "world_size"), resolved)
+        key = (
+            validate.positive_int(world_size, "world_size"),
+            resolved,
+            validate.flag(init, "init"),
+        )
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(world_size, backend=resolved)
+            world = self._worlds[key] = World(world_size, backend=resolved, init=init)
         return world
 
     def resolve_backend(self, backend: object) -> str:
@@ -92,9 +96,9 @@ class DistSession:
         """Run a marked test's body on its ranks; raise what pytest should report."""
         mark = find_mark(item)
         assert mark is not None
-        world_size, backend, timeout, isolate = self._resolve(item, mark)
+        world_size, backend, timeout, isolate, init = self._resolve(item, mark)
         if self.launcher is not None:
-            self.launcher.run_item(item, world_size, backend)
+            self.launcher.run_item(item, world_size, backend, init=init)
             return
         key = (world_size, backend)
         if key not in self._unavailable:
@@ -108,12 +112,12 @@ class DistSession:
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
         if isolate:
-            with World(world_size, backend=backend) as world:
+            with World(world_size, backend=backend, init=init) as world:
                 outcome = world.call(
                     run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
                 )
         else:
-            outcome = self.world(world_size, backend).call(
+            outcome = self.world(world_size, backend, init).call(
                 run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
             )
         report.add_output_sections(item, outcome.outputs)
@@ -135,7 +139,9 @@ class DistSession:
             return randomly
         return zlib.crc32(item.nodeid.encode())
 
-    def _resolve(self, item: pytest.Function, mark: pytest.Mark) -> tuple[int, str, float, bool]:
+    def _resolve(
+        self, item: pytest.Function, mark: pytest.Mark
+    ) -> tuple[int, str, float, bool, bool]:
         problem = None
         try:
             spec = parse_mark(mark)
@@ -150,6 +156,7 @@ class DistSession:
                 if spec.timeout is None
                 else validate.seconds(spec.timeout, "timeout", optional=True)
             )
+            init = validate.flag(spec.init, "init")
         except (TypeError, ValueError) as exc:
             problem = str(exc)
         if problem is not None:  # raised here, not in the except: no chained traceback
@@ -159,6 +166,7 @@ class DistSession:
             backend,
             timeout if timeout is not None else self.default_timeout,
             bool(spec.isolate) or self.isolate_all,
+            init,
         )
 
 
