@@ -17,7 +17,15 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["BACKEND_CHOICES", "argparse_type", "backend", "one_of", "positive_int", "seconds"]
+__all__ = [
+    "BACKEND_CHOICES",
+    "argparse_type",
+    "backend",
+    "flag",
+    "one_of",
+    "positive_int",
+    "seconds",
+]
 
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
@@ -87,6 +95,21 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
         also = " or None" if optional else ""
         raise ValueError(f"{where} must be a positive number of seconds{also}, got {value!r}")
     return float(number)
+
+
+def flag(value: object, where: str) -> bool:
+    """Check a yes/no setting (``init``): a real bool only, since a value such as ``"no"``
+    is true in Python, the opposite of what it says.
+
+    Returns:
+        The value.
+
+    Raises:
+        TypeError: It is not a bool.
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{where} must be True or False, not {value!r}")
+    return value
 
 
 def one_of(value: object, where: str, choices: tuple[str, ...]) -> str:

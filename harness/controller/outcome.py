@@ -55,10 +55,12 @@ class Outcome:
         skip: The skip, when every rank skipped.
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
         reusable: False when the world must be rebuilt before the next call although the
-            call succeeded (it destroyed the default process group, or left the ranks'
-            process-group counters out of step).
+            call succeeded (it destroyed the default process group on some ranks only, or
+            left the ranks' process-group counters out of step).
         notice: Why a successful call left the world unfit, when the caller should hear it
             ('' otherwise).
+        regroup: True when the call destroyed the harness's default process group on every
+            rank: the world makes a fresh one, on the same processes, before the next call.
     """
 
     values: list[Any] | None = None
@@ -67,6 +69,7 @@ class Outcome:
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
     reusable: bool = True
     notice: str = ""
+    regroup: bool = False
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -91,6 +94,7 @@ def classify(
     timeout: float | None,
     stacks: Mapping[int, str] | None = None,
     starting: str | None = None,
+    init: bool = True,
 ) -> Outcome:
     """Decide what a call (or the start of a world) amounts to.
 
@@ -103,6 +107,9 @@ def classify(
         stacks: The readable stacks of the ranks that had not answered.
         starting: For the start of a world, how to name it (``"a world of 2 ranks
             (gloo)"``); None for a call.
+        init: Whether the world has a harness default group. Without one, the groups a call
+            leaves (and their counters) are all destroyed before the next call, so they
+            never make it unfit.
 
     Returns:
         For a call: the values when every rank returned; the skip when every rank skipped;
@@ -119,7 +126,7 @@ def classify(
     done = {r: m for r, m in replies.items() if isinstance(m, Done)}
     skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
     if len(done) == world_size:
-        return _values(done)
+        return _values(done, init)
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
     silent = [rank for rank in range(world_size) if rank not in replies]
@@ -197,7 +204,7 @@ def _partial_skip(skipped: dict[int, Skipped], world_size: int) -> RankError:
     )
 
 
-def _values(done: dict[int, Done]) -> Outcome:
+def _values(done: dict[int, Done], init: bool) -> Outcome:
     values = []
     for rank in sorted(done):
         try:
@@ -208,11 +215,21 @@ def _values(done: dict[int, Done]) -> Outcome:
             )
             failure = RankFailure(rank, type(exc).__name__, message, message + "\n")
             return Outcome(error=RankError(message, {rank: failure}))
-    # A call that destroyed the default group, or made groups on some ranks only, leaves its
-    # result valid but the world unfit for the next call.
+    # A call that destroyed the default group on some ranks only, or made groups on some
+    # ranks only, leaves its result valid but the world unfit for the next call.
     counts = {rank: reply.group_count for rank, reply in sorted(done.items())}
+    gone = [rank for rank, reply in sorted(done.items()) if not reply.grouped]
     notice = ""
-    if len(set(counts.values())) > 1:
+    # Without a harness group nothing of this matters: every group, the default one
+    # included, is destroyed before the next call, which resets the counters too.
+    if init and 0 < len(gone) < len(done):
+        kept = [rank for rank in sorted(done) if rank not in gone]
+        notice = (
+            f"the call destroyed the default process group on {ranks_phrase(gone)} only "
+            f"({ranks_phrase(kept)} kept it), which leaves the ranks out of step; the world "
+            "is rebuilt before the next call"
+        )
+    elif init and not gone and len(set(counts.values())) > 1:
         made = ", ".join(f"rank {rank}: {count}" for rank, count in counts.items())
         notice = (
             f"the call left the ranks' process-group counters out of step ({made}): "
@@ -220,7 +237,8 @@ def _values(done: dict[int, Done]) -> Outcome:
             "next group; the world is rebuilt before the next call"
         )
     reusable = all(reply.reusable for reply in done.values()) and not notice
-    return Outcome(values=values, reusable=reusable, notice=notice)
+    regroup = init and reusable and len(gone) == len(done)
+    return Outcome(values=values, reusable=reusable, notice=notice, regroup=regroup)
 
 
 def _start(

@@ -98,9 +98,15 @@ class RankProcess:
 
 
 def start_ranks(
-    world_size: int, backend: str, workdir: str, coverage: dict[str, Any] | None
+    world_size: int,
+    backend: str,
+    workdir: str,
+    coverage: dict[str, Any] | None,
+    *,
+    init: bool = True,
 ) -> list[RankProcess]:
-    """Start ``world_size`` rank processes (they then rendezvous on their own)."""
+    """Start ``world_size`` rank processes (they then rendezvous on their own, or make no
+    process group at all when ``init`` is False)."""
     ctx = context()
     port = free_port()
     inherited = dict(os.environ)
@@ -111,6 +117,7 @@ def start_ranks(
                 rank=rank,
                 world_size=world_size,
                 backend=backend,
+                init=init,
                 inherited=inherited,
                 env=rank_env(rank, world_size, port),
                 workdir=workdir,

@@ -27,7 +27,8 @@ from harness.controller.outcome import Outcome, classify
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Regroup
+from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -77,26 +78,48 @@ class World:
     once and serves any number of ``run`` calls with them. After each call every rank puts
     back the state it came up with (see :mod:`harness.rank.reset`: torch settings,
     ``sys.path``, warning filters, the root logger, working directory, ``os.environ``) and,
-    before the next, destroys the process groups the call left behind. After a failure,
-    timeout or crash the World rebuilds itself (fresh processes, fresh rendezvous) before
-    the next run, so one bad call never poisons the next.
+    before the next, destroys the process groups the call left behind. A call that destroyed
+    the default group on every rank gets it back, fresh, on the same processes; on some
+    ranks only, the World warns and rebuilds itself. After a failure, timeout or crash the
+    World rebuilds itself (fresh processes, fresh rendezvous) before the next run, so one
+    bad call never poisons the next.
+
+    With ``init=False`` the ranks have the torchrun environment but no process group: each
+    call makes its own. Every call gets a private rendezvous of its own, a fresh free
+    ``MASTER_PORT`` and ``INIT_METHOD=file://...`` (a new file in the World's private
+    directory), so ``dist.init_process_group("gloo")``,
+    ``dist.init_process_group(init_method=os.environ["INIT_METHOD"], ...)`` and
+    ``fhelium.distributed.init()`` work call after call on the same processes. Whatever
+    groups a call leaves, the default group included, are destroyed before the next call,
+    which starts with ``dist.is_initialized()`` False.
 
     Not thread-safe: use one World from one thread at a time.
 
     Args:
         world_size: Number of ranks (>= 1).
         backend: ``"auto"`` (NCCL when CUDA is available, Gloo otherwise), ``"gloo"`` or
-            ``"nccl"``.
+            ``"nccl"``. The ``backend`` attribute is the resolved one, never ``"auto"``:
+            with ``init=False``, the backend a call should pass to ``init_process_group``.
         timeout: Default bound in seconds for each ``run``; None means no bound.
+        init: Whether the ranks start in a default process group (True) or without one,
+            each call making its own (False).
 
     Raises:
-        TypeError, ValueError: For an invalid ``world_size``, ``backend`` or ``timeout``.
+        TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout`` or
+            ``init`` (which must be a bool).
         RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
             fewer CUDA devices than ranks).
         DistributedError: If a rank does not come up within 60 s or fails to initialize.
     """
 
-    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "auto",
+        timeout: float | None = None,
+        init: bool = True,
+    ):
         if compat.bootstrapping():
             # A rank re-importing a main module that starts a world at import time: end this
             # process quietly; the controller says what to do (MAIN_GUARD_HINT).
@@ -104,6 +127,7 @@ class World:
         self.world_size: int = validate.positive_int(world_size, "world_size")
         self.backend: str = resolve_backend(backend)
         self.timeout: float | None = _timeout(timeout)
+        self.init: bool = validate.flag(init, "init")
         reason = unavailable_reason(self.backend, self.world_size)
         if reason:
             raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
@@ -111,6 +135,7 @@ class World:
         self._finalizer = weakref.finalize(self, _release, self._state)
         _open_worlds.add(self)
         self._generation = 0
+        self._rendezvous = 0  # how many fresh rendezvous files the World has named
         self._broken = False
         try:
             self._start()
@@ -204,8 +229,16 @@ class World:
             self._rebuild()
         ranks = self._state.ranks
         try:
+            rendezvous = None
+            if not self.init:
+                rendezvous = {
+                    "MASTER_PORT": str(spawn.free_port()),
+                    "INIT_METHOD": "file://" + self._fresh_rendezvous_file(),
+                }
             # One pickle for every rank: pickling the message once per rank costs more.
-            message = pickle.dumps(Call(payload, output, _environ_changes(self._environ), seed))
+            message = pickle.dumps(
+                Call(payload, output, _environ_changes(self._environ), seed, rendezvous)
+            )
             for proc in ranks:
                 try:
                     proc.conn.send_bytes(message)
@@ -214,7 +247,9 @@ class World:
             deadline = time.monotonic() + timeout if timeout is not None else None
             replies, timed_out = supervise.gather(ranks, deadline)
             stacks = supervise.stacks_now(ranks) if timed_out else {}
-            outcome = classify(replies, self.world_size, timeout=timeout, stacks=stacks)
+            outcome = classify(
+                replies, self.world_size, timeout=timeout, stacks=stacks, init=self.init
+            )
         except BaseException:
             # KeyboardInterrupt or a bug of ours: never leave ranks mid-call behind.
             self._broken = True
@@ -223,6 +258,9 @@ class World:
         if outcome.error is not None or not outcome.reusable:
             self._broken = True
             _stop(self._state)
+        elif outcome.regroup:
+            outcome.notice = self._regroup()
+            outcome.reusable = not outcome.notice
         if outcome.notice:
             # A warning: under pytest it is listed with the test that caused it.
             warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
@@ -252,7 +290,7 @@ class World:
         self._state.workdir = workdir
         self._environ = dict(os.environ)  # what the ranks inherit; calls send only changes
         self._state.ranks = spawn.start_ranks(
-            self.world_size, self.backend, workdir, coverage.settings()
+            self.world_size, self.backend, workdir, coverage.settings(), init=self.init
         )
         ranks = self._state.ranks
         replies, timed_out = supervise.gather(ranks, time.monotonic() + START_TIMEOUT_S)
@@ -269,6 +307,44 @@ class World:
             _stop(self._state)
             raise outcome.error
 
+    def _regroup(self) -> str:
+        """Have every rank make a fresh default group, the last call having destroyed the
+        harness's on every rank; bounded like a start. Returns why it failed ('' when it did
+        not): the World is then rebuilt before the next call."""
+        ranks = self._state.ranks
+        try:
+            message = pickle.dumps(Regroup(self._fresh_rendezvous_file()))
+            for proc in ranks:
+                try:
+                    proc.conn.send_bytes(message)
+                except OSError:
+                    pass  # died meanwhile; its sentinel reports it
+            replies, _ = supervise.gather(ranks, time.monotonic() + START_TIMEOUT_S)
+            outcome = classify(
+                replies,
+                self.world_size,
+                timeout=START_TIMEOUT_S,
+                starting=f"a fresh default process group ({self.backend})",
+            )
+        except BaseException:
+            self._broken = True
+            _stop(self._state)
+            raise
+        if outcome.error is None:
+            return ""
+        self._broken = True
+        _stop(self._state)
+        return (
+            "the call destroyed the default process group, and a fresh one could not be made "
+            f"on the same processes; the world is rebuilt before the next call: {outcome.error}"
+        )
+
+    def _fresh_rendezvous_file(self) -> str:
+        """A file in the live generation's private directory that no rendezvous used before."""
+        assert self._state.workdir is not None
+        self._rendezvous += 1
+        return rendezvous_path(self._state.workdir, self._rendezvous)
+
     def _rebuild(self) -> None:
         _stop(self._state)
         if self._state.workdir is not None:
@@ -284,12 +360,15 @@ def run(
     kwargs: Mapping[str, Any] | None = None,
     backend: str = "auto",
     timeout: float | None = None,
+    init: bool = True,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks.
 
     Each rank has the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) and a default process
-    group from ``fhelium.distributed.init``. The ranks are stopped before this returns.
+    group from ``fhelium.distributed.init``; with ``init=False`` no group, but a private
+    ``INIT_METHOD`` and ``MASTER_PORT`` for ``fn`` to make one (see :class:`World`). The
+    ranks are stopped before this returns.
 
     A script that calls this at import time needs the ``if __name__ == "__main__":`` guard,
     as with multiprocessing's spawn and forkserver start methods.
@@ -301,6 +380,7 @@ def run(
         kwargs: Keyword arguments for ``fn``.
         backend: ``"auto"`` (NCCL when CUDA is available, else Gloo), ``"gloo"`` or ``"nccl"``.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
+        init: Whether the ranks start in a default process group (True) or without one.
 
     Returns:
         The return values, index = rank.
@@ -309,7 +389,7 @@ def run(
         RankError, WorldTimeout, RankCrash, DistributedError: As ``World.run``.
         TypeError, ValueError, RuntimeError: As ``World``.
     """
-    with World(world_size, backend=backend) as world:
+    with World(world_size, backend=backend, init=init) as world:
         return world.run(fn, args=args, kwargs=kwargs, timeout=timeout)
 
 

@@ -98,9 +98,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if name is not None:
         config.addinivalue_line(
             "markers",
-            f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False): run the "
-            "test body on every rank of a torch.distributed world (lists of world sizes or "
-            "backends parametrize the test)",
+            f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
+            "init=True): run the test body on every rank of a torch.distributed world (lists "
+            "of world sizes or backends parametrize the test; init=False: the ranks have the "
+            "torchrun environment but no process group, the test makes its own)",
         )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     config.pluginmanager.register(report, "harness-report")
@@ -249,13 +250,13 @@ def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
 
 @pytest.fixture
 def rank(request: pytest.FixtureRequest) -> Any:
-    """This rank's global rank (filled in inside each rank)."""
+    """This rank's global rank (filled in inside each rank; ``RANK`` under ``init=False``)."""
     return _rank_side(request, "rank")
 
 
 @pytest.fixture
 def world_size(request: pytest.FixtureRequest) -> Any:
-    """The number of ranks (filled in inside each rank)."""
+    """The number of ranks (filled in inside each rank; ``WORLD_SIZE`` under ``init=False``)."""
     return _rank_side(request, "world_size")
 
 
@@ -267,15 +268,19 @@ def local_rank(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture
 def local_device(request: pytest.FixtureRequest) -> Any:
-    """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank)."""
+    """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank).
+
+    Under ``init=False``, where the rank has no process group yet, the device
+    ``fhelium.distributed.init()`` will select: ``cuda:LOCAL_RANK`` with CUDA, else the CPU.
+    """
     return _rank_side(request, "local_device")
 
 
 @pytest.fixture(scope="session")
 def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
-    """``dist_world(world_size, backend="auto")``: a World shared for the session.
+    """``dist_world(world_size, backend="auto", init=True)``: a World shared for the session.
 
-    The same World is returned for the same size and backend; it is closed when the
+    The same World is returned for the same size, backend and ``init``; it is closed when the
     session ends. ``"auto"`` follows ``--dist-backend`` as the marker does. Use it from
     ordinary (unmarked) tests that drive ranks themselves.
     """

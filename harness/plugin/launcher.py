@@ -68,10 +68,21 @@ class LauncherRank:
             self._outcome_group = None
             fhelium.distributed.shutdown()
 
-    def run_item(self, item: pytest.Function, world_size: int, backend: str) -> None:
-        """Run the test body here; raise what every rank agrees the outcome is."""
+    def run_item(
+        self, item: pytest.Function, world_size: int, backend: str, *, init: bool = True
+    ) -> None:
+        """Run the test body here; raise what every rank agrees the outcome is.
+
+        A test marked ``init=False`` is skipped: it makes its own default process group, and
+        here pytest runs inside the launcher's (every rank skips alike, from the marker).
+        """
         import torch.distributed as dist
 
+        if not init:
+            compat.skip_at_test(
+                "needs ranks without a process group (init=False); under the launcher the "
+                "test would run inside the launcher's group: run it without the launcher"
+            )
         if world_size != self.world_size:
             compat.skip_at_test(
                 f"needs world size {world_size}; the launcher's world has {self.world_size}"

@@ -34,6 +34,7 @@ class MarkSpec:
     backend: Any = "auto"
     timeout: Any = None
     isolate: Any = False
+    init: Any = True
 
 
 _CLAIMED = pytest.StashKey["str | None"]()
@@ -72,7 +73,7 @@ def find_mark(node: pytest.Item) -> pytest.Mark | None:
 
 
 def parse_mark(mark: pytest.Mark) -> MarkSpec:
-    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate)``.
+    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate, init)``.
 
     Raises:
         ValueError: For unknown or surplus arguments.
@@ -87,11 +88,11 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
         if "world_size" in kwargs:
             raise ValueError(f"@pytest.mark.{mark.name} got world_size twice")
         kwargs["world_size"] = mark.args[0]
-    unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate"})
+    unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate", "init"})
     if unknown:
         raise ValueError(
             f"@pytest.mark.{mark.name} got unknown argument(s) {', '.join(unknown)}; "
-            "valid: world_size, backend, timeout, isolate"
+            "valid: world_size, backend, timeout, isolate, init"
         )
     return MarkSpec(**kwargs)
 

@@ -1,6 +1,6 @@
 """The plugin's controller: runs each distributed test on its world and owns the worlds.
 
-``DistSession`` keeps one ``World`` per (world size, backend) for the whole session (a
+``DistSession`` keeps one ``World`` per (world size, backend, init) for the whole session (a
 World rebuilds itself after any failure), sends each marked test to its ranks by reference
 (the body runs in :mod:`harness.rank.pytest_body`), and turns the outcome into pytest's
 terms. Under an external launcher it hands the test to :mod:`harness.plugin.launcher`.
@@ -56,7 +56,7 @@ class DistSession:
         self.launcher = (
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
         )
-        self._worlds: dict[tuple[int, str], World] = {}
+        self._worlds: dict[tuple[int, str, bool], World] = {}
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
@@ -66,13 +66,17 @@ class DistSession:
 
     # -- worlds -------------------------------------------------------------------------
 
-    def world(self, world_size: int, backend: str = "auto") -> World:
-        """The session's World of this size and backend (started on first use)."""
+    def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
+        """The session's World of this size, backend and ``init`` (started on first use)."""
         resolved = self.resolve_backend(backend)
-        key = (validate.positive_int(world_size, "world_size"), resolved)
+        key = (
+            validate.positive_int(world_size, "world_size"),
+            resolved,
+            validate.flag(init, "init"),
+        )
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(world_size, backend=resolved)
+            world = self._worlds[key] = World(world_size, backend=resolved, init=init)
         return world
 
     def resolve_backend(self, backend: object) -> str:
@@ -113,7 +117,7 @@ class DistSession:
         mark = find_mark(item)
         assert mark is not None
         try:
-            world_size, backend, timeout, isolate = self._resolve(item, mark)
+            world_size, backend, timeout, isolate, init = self._resolve(item, mark)
             key = (world_size, backend)
             if key not in self._unavailable:
                 self._unavailable[key] = unavailable_reason(backend, world_size)
@@ -134,7 +138,7 @@ class DistSession:
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
         if isolate:
-            with World(world_size, backend=backend) as world:
+            with World(world_size, backend=backend, init=init) as world:
                 outcome = world.call(
                     run_test, (ref, plan), timeout=timeout, output=output, seed=seed
                 )
@@ -143,7 +147,7 @@ class DistSession:
                     ending = world.call(end_scopes, (None,), timeout=timeout, output=output)
                     outcome = ending if ending.error is not None else outcome
         else:
-            world = self.world(world_size, backend)
+            world = self.world(world_size, backend, init)
             outcome = world.call(run_test, (ref, plan), timeout=timeout, output=output, seed=seed)
             if outcome.error is None:
                 self._keep_scopes(item, plan, world, timeout)
@@ -170,8 +174,8 @@ class DistSession:
         if self.launcher is not None:
             mark = find_mark(item)
             assert mark is not None
-            world_size, backend, _, _ = self._resolve(item, mark)
-            self.launcher.run_item(item, world_size, backend)
+            world_size, backend, _, _, init = self._resolve(item, mark)
+            self.launcher.run_item(item, world_size, backend, init=init)
             return
         skip = item.stash.get(_CALL_SKIP, None)
         if skip is not None:
@@ -242,7 +246,9 @@ class DistSession:
             return randomly
         return zlib.crc32(item.nodeid.encode())
 
-    def _resolve(self, item: pytest.Function, mark: pytest.Mark) -> tuple[int, str, float, bool]:
+    def _resolve(
+        self, item: pytest.Function, mark: pytest.Mark
+    ) -> tuple[int, str, float, bool, bool]:
         problem = None
         try:
             spec = parse_mark(mark)
@@ -257,6 +263,7 @@ class DistSession:
                 if spec.timeout is None
                 else validate.seconds(spec.timeout, "timeout", optional=True)
             )
+            init = validate.flag(spec.init, "init")
         except (TypeError, ValueError) as exc:
             problem = str(exc)
         if problem is not None:  # raised here, not in the except: no chained traceback
@@ -266,6 +273,7 @@ class DistSession:
             backend,
             timeout if timeout is not None else self.default_timeout,
             bool(spec.isolate) or self.isolate_all,
+            init,
         )
 
 

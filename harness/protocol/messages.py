@@ -4,10 +4,13 @@ Each rank has one duplex pipe to its controller. Everything that crosses it is o
 classes below, so the protocol can be read here in one place:
 
 controller -> rank
-    ``Call``  run one function and answer with ``Done``, ``Failed`` or ``Skipped``.
+    ``Call``     run one function and answer with ``Done``, ``Failed`` or ``Skipped``.
+    ``Regroup``  make a fresh default process group (every rank's call destroyed the
+                 harness's) and answer with ``Ready`` or ``Failed``.
 
 rank -> controller
-    ``Ready``    the default process group is up (answers the start of a rank).
+    ``Ready``    the rank is up: its default process group is, unless the world has none
+                 (answers the start of a rank, and ``Regroup``).
                  It also names the rank's main and watchdog threads and where its own code
                  lives, so that its stack dumps can be made readable.
     ``Done``     the call returned; ``value`` is its pickled return value.
@@ -51,6 +54,8 @@ class RankSetup:
         rank: Global rank.
         world_size: Number of ranks.
         backend: Resolved backend (``"gloo"`` or ``"nccl"``), never ``"auto"``.
+        init: Whether the rank makes the default process group when it starts. Without
+            (``World(init=False)``) each call brings its own rendezvous (``Call.rendezvous``).
         inherited: The controller's ``os.environ`` when the rank started. A forked rank would
             otherwise see the forkserver's environment, frozen when that server started.
         env: The rank's torchrun variables, set over ``inherited``.
@@ -64,6 +69,7 @@ class RankSetup:
     rank: int
     world_size: int
     backend: str
+    init: bool
     inherited: dict[str, str]
     env: dict[str, str]
     workdir: str
@@ -93,17 +99,39 @@ class Call:
     ``seed``, when given, seeds every random generator of the rank before the call (torch
     CPU and CUDA, ``random``, numpy's global one), so that it draws what a fresh process
     seeded alike would.
+    ``rendezvous``, in a world without a harness group (``World(init=False)``), is this
+    call's private rendezvous: ``MASTER_PORT`` (a port free when the call was sent) and
+    ``INIT_METHOD`` (``file://`` and a file in the world's private directory that no call
+    used before). They are set over the rank's torchrun variables for this call only, so
+    that ``init_process_group`` (``env://``), ``init_method=os.environ["INIT_METHOD"]`` and
+    ``fhelium.distributed.init()`` meet the other ranks of this call and nobody else. They
+    travel here rather than in ``env``, which never changes a rank's torchrun variables.
+    None in a world with a harness group.
     """
 
     payload: bytes
     output: str = OUTPUT_INHERIT
     env: dict[str, str | None] | None = None
     seed: int | None = None
+    rendezvous: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Regroup:
+    """Make a fresh default process group on a ``FileStore`` at ``store`` (a file in the
+    world's private directory, new each time) and answer ``Ready``, or ``Failed`` and exit.
+
+    Sent to every rank right after a call that destroyed the harness's default group on
+    every rank, so that the next call has one again, on the same processes.
+    """
+
+    store: str
 
 
 @dataclass(frozen=True)
 class Ready:
-    """The rank's default process group is initialized.
+    """The rank is up, with its default process group unless the world has none (the answer
+    to a rank's start), or its fresh default group is (the answer to ``Regroup``).
 
     Attributes:
         main_thread: Ident of the rank's main thread (listed first in its stacks).
@@ -122,15 +150,20 @@ class Ready:
 class Done:
     """The call returned normally.
 
-    ``reusable`` is False when the call left the rank unfit for another call (it destroyed the
-    default process group), so the controller rebuilds the world first. ``group_count`` is
-    the rank's process-group counter after the call: ranks whose counters differ (a
-    ``new_group`` called on some ranks only) could not meet in their next group.
+    ``reusable`` is False when the call left the rank unfit for another call, so the
+    controller rebuilds the world first. ``group_count`` is the rank's process-group counter
+    after the call: ranks whose counters differ (a ``new_group`` called on some ranks only)
+    could not meet in their next group. ``grouped`` is whether the harness's default
+    process group is still the rank's default group after the call (False: the call
+    destroyed it, maybe making one of its own; always False without a harness group): on
+    every rank, the controller has a fresh one made (``Regroup``); on some only, the ranks
+    are out of step and the world is rebuilt.
     """
 
     value: bytes
     reusable: bool = True
     group_count: int = 0
+    grouped: bool = True
 
 
 @dataclass(frozen=True)

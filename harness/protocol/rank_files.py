@@ -4,6 +4,8 @@ read by the controller, both through this module.
 ::
 
     <workdir>/store                 the FileStore the ranks rendezvous through
+    <workdir>/rendezvous.<N>        a fresh rendezvous file: a default group made again, or
+                                    one call's INIT_METHOD in a world without a harness group
     <workdir>/rank<N>.out, .err     rank N's stdout / stderr during a captured call
     <workdir>/rank<N>.stacks        rank N's stacks, dumped on request (a timeout)
     <workdir>/rank<N>.crash         rank N's stacks, dumped by Python on a fatal signal
@@ -28,6 +30,7 @@ __all__ = [
     "coverage_data_file",
     "coverage_data_files",
     "flush_std_streams",
+    "rendezvous_path",
     "store_path",
 ]
 
@@ -35,6 +38,12 @@ __all__ = [
 def store_path(workdir: str) -> str:
     """The rendezvous ``FileStore`` of a world generation."""
     return os.path.join(workdir, "store")
+
+
+def rendezvous_path(workdir: str, number: int) -> str:
+    """The ``number``-th fresh rendezvous file of a world generation (the controller numbers
+    them, so no two rendezvous of a generation share a file)."""
+    return os.path.join(workdir, f"rendezvous.{number}")
 
 
 def coverage_data_file(workdir: str) -> str:

@@ -2,9 +2,10 @@
 
 A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target. It
 sets up its safety nets, initializes the default process group through
-``fhelium.distributed.init``, answers ``Ready`` and then serves ``Call`` messages until its
-pipe or lifeline closes (see :mod:`harness.protocol.messages` for the protocol). Each message
-is handled in one place: ``Call`` in :func:`_call`; the lifeline in :func:`_watch`.
+``fhelium.distributed.init`` (unless its world has no harness group), answers ``Ready`` and
+then serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes (see
+:mod:`harness.protocol.messages` for the protocol). Each message is handled in one place:
+``Call`` in :func:`_call`; ``Regroup`` in :func:`_regroup`; the lifeline in :func:`_watch`.
 
 What it may import: see :mod:`harness.rank` (stdlib, torch, fhelium.distributed, the
 protocol, ``harness.compat``; never the controller).
@@ -39,6 +40,7 @@ from harness.protocol.messages import (
     RankMessage,
     RankSetup,
     Ready,
+    Regroup,
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
@@ -54,7 +56,8 @@ _PR_SET_PDEATHSIG = 1
 # env:// rendezvous at the launcher's agent instead of at this world.
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
-# The process groups that outlive every call: the default group made at start-up.
+# The process groups that outlive every call: the harness's default group (made at start-up
+# or by the last Regroup); none in a world without a harness group.
 _baseline_groups: set[Any] = set()
 
 # What every call starts from: the rank's state once it is up (see harness.rank.reset).
@@ -96,25 +99,26 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         # torch read the variable when the forkserver imported it, maybe with another value.
         torch.set_num_threads(int(threads))
 
-    try:
-        store = dist.FileStore(store_path(setup.workdir), setup.world_size)  # type: ignore[attr-defined]
-        fhelium.distributed.init(
-            backend=setup.backend, store=store, world_size=setup.world_size, rank=setup.rank
-        )
-    except BaseException as exc:
-        conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
-        _exit(cov, 1)
-    _baseline_groups.update(compat.live_process_groups())
+    if setup.init:
+        try:
+            _make_default_group(setup, store_path(setup.workdir))
+        except BaseException as exc:
+            conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
+            _exit(cov, 1)
     global _state
     _state = reset.ProcessState.capture()
-    conn.send(Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR))
+    ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
+    conn.send(ready)
 
     while True:
         try:
-            call = conn.recv()
+            message = conn.recv()
         except (EOFError, OSError):
             _exit(cov, 0)
-        reply = _call(call, setup, files)
+        if isinstance(message, Regroup):
+            reply = _regroup(message, setup, ready)
+        else:
+            reply = _call(message, setup, files)
         conn.send(reply)
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
@@ -127,7 +131,8 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     assert _state is not None
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
-    # connecting to a group that this rank would tear down under it. Groups of rank-side
+    # connecting to a group that this rank would tear down under it. Without a harness group
+    # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
     _destroy_groups_except(_baseline_groups | fixtures.lasting_groups())
     if call.seed is not None:
@@ -138,6 +143,9 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             # The rank's own torchrun variables win over the controller's.
             protected = setup.env.keys() | set(_LAUNCHER_ONLY)
             reset.update_environ({k: v for k, v in call.env.items() if k not in protected})
+        if call.rendezvous is not None:
+            # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
+            reset.update_environ(call.rendezvous)
         if redirection:
             redirection.start()
         try:
@@ -168,19 +176,56 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                 ),
                 time.monotonic(),
             )
-        return Done(blob, dist.is_initialized(), compat.process_group_count())
+        return Done(blob, group_count=compat.process_group_count(), grouped=_harness_group_up())
     finally:
         if redirection:
             redirection.stop()
         _state.restore()
 
 
+def _regroup(message: Regroup, setup: RankSetup, ready: Ready) -> RankMessage:
+    """Make a fresh harness default group: the last call destroyed the old one on every rank."""
+    # Every rank has answered that call, so no peer still uses a group destroyed here: what
+    # the call left (a default group of its own, say) must not outlive the harness's.
+    _destroy_groups_except(set())
+    try:
+        _make_default_group(setup, message.store)
+    except BaseException as exc:
+        context = f"rank {setup.rank} could not make a fresh default process group"
+        return Failed(_failure(exc, setup.rank, context), time.monotonic())
+    return ready
+
+
+def _make_default_group(setup: RankSetup, store: str) -> None:
+    """Initialize the harness's default group on a FileStore at ``store``; it becomes the
+    group every call keeps."""
+    file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
+    fhelium.distributed.init(
+        backend=setup.backend, store=file_store, world_size=setup.world_size, rank=setup.rank
+    )
+    _baseline_groups.clear()
+    _baseline_groups.update(compat.live_process_groups())
+
+
+def _harness_group_up() -> bool:
+    """Whether the default group is still the harness's (not destroyed, not replaced)."""
+    return dist.is_initialized() and dist.group.WORLD in _baseline_groups
+
+
 def _destroy_groups_except(keep: set[Any]) -> None:
+    """Destroy every process group not in ``keep``: subgroups first, then the default group
+    unless it is kept (which leaves ``dist.is_initialized()`` False)."""
     if not dist.is_initialized():
         return
-    for group in compat.live_process_groups() - keep:
+    default = dist.group.WORLD
+    for group in compat.live_process_groups() - keep - {default}:
         try:
             dist.destroy_process_group(group)
+        except Exception:
+            pass
+    if default not in keep:
+        try:
+            dist.destroy_process_group()
         except Exception:
             pass
 

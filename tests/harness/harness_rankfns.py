@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import fhelium.distributed
 from harness import compat
 
 TORCHRUN_VARS = (
@@ -125,6 +126,78 @@ def make_subgroups() -> int:
 def destroy_default_group() -> str:
     dist.destroy_process_group()
     return "destroyed"
+
+
+def _refuse_to_init(**kwargs: Any) -> None:
+    raise RuntimeError("this process refuses to make a process group")
+
+
+def destroy_default_group_and_break_init(rank: int) -> str:
+    """Destroy the default group everywhere; on ``rank``, also leave
+    ``fhelium.distributed.init`` broken for the rest of the process's life."""
+    dist.destroy_process_group()
+    if int(os.environ["RANK"]) == rank:
+        fhelium.distributed.init = _refuse_to_init  # type: ignore[assignment]
+    return "destroyed"
+
+
+def destroy_default_group_on(rank: int) -> int:
+    """``rank`` destroys the default group, the others keep it; returns the rank."""
+    me = dist.get_rank()
+    if me == rank:
+        dist.destroy_process_group()
+    return me
+
+
+def replace_default_group(store_path: str) -> int:
+    """Destroy the default group and make one of the call's own (on a FileStore at
+    ``store_path``), left behind."""
+    rank, size = dist.get_rank(), dist.get_world_size()
+    dist.destroy_process_group()
+    dist.init_process_group(
+        "gloo", store=dist.FileStore(store_path, size), rank=rank, world_size=size
+    )
+    return int(all_reduce_sum())
+
+
+# ---------------------------------------------------------------- worlds without a group
+
+
+def no_group() -> tuple[bool, dict[str, str | None], str | None]:
+    """Whether a group is up, the torchrun variables and INIT_METHOD, as a call sees them."""
+    return dist.is_initialized(), torchrun_env(), os.environ.get("INIT_METHOD")
+
+
+def init_and_all_reduce(how: str) -> tuple[int, float, str, str]:
+    """Make the default group (``how``: ``"env"``, ``"init_method"`` or ``"fhelium"``), use
+    it, and leave it behind; returns the pid, the sum, MASTER_PORT and INIT_METHOD."""
+    assert not dist.is_initialized(), "a call of an init=False world starts without a group"
+    if how == "env":
+        dist.init_process_group("gloo")
+    elif how == "init_method":
+        dist.init_process_group(
+            "gloo",
+            init_method=os.environ["INIT_METHOD"],
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
+    else:
+        fhelium.distributed.init(backend="gloo")
+    return os.getpid(), all_reduce_sum(), os.environ["MASTER_PORT"], os.environ["INIT_METHOD"]
+
+
+def init_and_new_group_on(rank: int) -> int:
+    """Make the default group; only ``rank`` then calls ``new_group`` (counters out of step)."""
+    dist.init_process_group("gloo")
+    if dist.get_rank() == rank:
+        dist.new_group(ranks=[rank])
+    return compat.process_group_count()
+
+
+def init_and_leave_subgroups() -> int:
+    """Make the default group and two subgroups (one on rank 0 only), leave them all."""
+    dist.init_process_group("gloo")
+    return make_subgroups()
 
 
 # ---------------------------------------------------------------- failures

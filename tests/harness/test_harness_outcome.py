@@ -395,3 +395,47 @@ def test_group_counters_out_of_step_make_a_successful_call_unfit_for_the_next() 
     assert "process-group counters out of step (rank 0: 3, rank 1: 2)" in outcome.notice
     in_step = {rank: Done(pickle.dumps(rank), True, group_count=3) for rank in (0, 1)}
     assert classify(in_step, 2, timeout=None).notice == ""
+
+
+def test_default_group_gone_on_every_rank_asks_for_a_fresh_one_on_the_same_ranks() -> None:
+    replies: dict[int, Reply] = {
+        rank: Done(pickle.dumps(rank), True, group_count=0, grouped=False) for rank in (0, 1)
+    }
+    outcome = classify(replies, 2, timeout=None)
+    assert outcome.values == [0, 1]
+    assert outcome.reusable is True
+    assert outcome.regroup is True
+    assert outcome.notice == ""
+    kept = {rank: Done(pickle.dumps(rank), True, group_count=1) for rank in (0, 1)}
+    assert classify(kept, 2, timeout=None).regroup is False
+
+
+def test_default_group_gone_on_some_ranks_only_makes_the_call_unfit_and_says_so() -> None:
+    replies: dict[int, Reply] = {
+        0: Done(pickle.dumps(0), True, group_count=1),
+        1: Done(pickle.dumps(1), True, group_count=0, grouped=False),
+        2: Done(pickle.dumps(2), True, group_count=0, grouped=False),
+    }
+    outcome = classify(replies, 3, timeout=None)
+    assert outcome.error is None
+    assert outcome.values == [0, 1, 2]
+    assert outcome.reusable is False
+    assert outcome.regroup is False
+    # Named once, for the default group: the counters differ only because of it.
+    assert outcome.notice == (
+        "the call destroyed the default process group on ranks 1, 2 only (rank 0 kept it), "
+        "which leaves the ranks out of step; the world is rebuilt before the next call"
+    )
+
+
+def test_without_a_harness_group_the_groups_a_call_leaves_never_make_it_unfit() -> None:
+    # init=False: every group, the default one included, is destroyed before the next call.
+    replies: dict[int, Reply] = {
+        0: Done(pickle.dumps(0), True, group_count=3, grouped=False),
+        1: Done(pickle.dumps(1), True, group_count=2, grouped=False),
+    }
+    outcome = classify(replies, 2, timeout=None, init=False)
+    assert outcome.values == [0, 1]
+    assert (outcome.reusable, outcome.regroup, outcome.notice) == (True, False, "")
+    unfit = {0: Done(pickle.dumps(0), False, grouped=False), 1: Done(pickle.dumps(1))}
+    assert classify(unfit, 2, timeout=None, init=False).reusable is False

@@ -83,8 +83,60 @@ def test_groups_left_behind_are_destroyed_between_runs(world2: harness.World) ->
 
 
 def test_run_that_destroys_the_default_group(world2: harness.World) -> None:
-    assert world2.run(fns.destroy_default_group) == ["destroyed", "destroyed"]
-    # The next run still has a working default group.
+    pids = world2.run(fns.getpid)
+    for _ in range(2):
+        assert world2.run(fns.destroy_default_group) == ["destroyed", "destroyed"]
+        # The next run has a fresh, working default group, on the same processes.
+        assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+        assert world2.run(fns.group_count) == [1, 1]
+        assert world2.run(fns.getpid) == pids
+        assert world2.run(fns.make_subgroups) == [3, 2], "new groups work on the fresh group"
+
+
+def test_a_default_group_a_run_made_itself_is_replaced_by_a_fresh_one(
+    world2: harness.World, tmp_path: Any
+) -> None:
+    pids = world2.run(fns.getpid)
+    assert world2.run(fns.replace_default_group, args=(str(tmp_path / "store"),)) == [3, 3]
+    assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+    assert world2.run(fns.group_count) == [1, 1]
+    assert world2.run(fns.getpid) == pids
+
+
+def test_a_default_group_that_cannot_be_made_again_means_a_warning_and_a_rebuild(
+    world2: harness.World,
+) -> None:
+    old = world2.run(fns.getpid)
+    with pytest.warns(RuntimeWarning) as caught:
+        result = world2.run(fns.destroy_default_group_and_break_init, args=(1,))
+    assert result == ["destroyed", "destroyed"], "the run itself succeeded"
+    [warning] = caught
+    message = str(warning.message)
+    assert message.startswith(
+        "the call destroyed the default process group, and a fresh one could not be made on "
+        "the same processes; the world is rebuilt before the next call: a fresh default "
+        "process group (gloo) did not start: "
+    )
+    assert "RuntimeError: this process refuses to make a process group" in message
+    new = world2.run(fns.getpid)
+    assert not set(new) & set(old)
+    assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
+
+
+def test_default_group_destroyed_on_some_ranks_only_warns_and_rebuilds(
+    world2: harness.World,
+) -> None:
+    old = world2.run(fns.getpid)
+    with pytest.warns(RuntimeWarning) as caught:
+        assert world2.run(fns.destroy_default_group_on, args=(1,)) == [0, 1]
+    [warning] = caught
+    assert str(warning.message) == (
+        "the call destroyed the default process group on rank 1 only (rank 0 kept it), which "
+        "leaves the ranks out of step; the world is rebuilt before the next call"
+    )
+    assert warning.filename == __file__, "the warning points at the run that did it"
+    new = world2.run(fns.getpid)
+    assert not set(new) & set(old)
     assert world2.run(fns.all_reduce_sum) == [3.0, 3.0]
     assert world2.run(fns.group_count) == [1, 1]
 
@@ -193,6 +245,9 @@ def test_rebuild_removes_the_files_of_the_torn_down_generation(world2: harness.W
         ({"world_size": 2, "timeout": 0}, ValueError, "timeout must be a positive"),
         ({"world_size": 2, "timeout": -1.0}, ValueError, "timeout must be a positive"),
         ({"world_size": 2, "timeout": float("nan")}, ValueError, "timeout must be a positive"),
+        ({"world_size": 2, "init": "no"}, TypeError, "^init must be True or False, not 'no'$"),
+        ({"world_size": 2, "init": 0}, TypeError, "^init must be True or False, not 0$"),
+        ({"world_size": 2, "init": None}, TypeError, "^init must be True or False, not None$"),
     ],
 )
 def test_invalid_arguments(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:

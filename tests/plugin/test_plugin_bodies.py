@@ -294,9 +294,10 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         ),
         pytest.param(
             "world_size=2, workers=3",
-            "*got unknown argument(s) workers; valid: world_size, *",
+            "*got unknown argument(s) workers; valid: world_size, backend, timeout, isolate, init",
             id="unknown-argument",
         ),
+        pytest.param("world_size=2, init='no'", "init must be True or False, not 'no'", id="init"),
         pytest.param(
             "2, 3",
             "*takes world_size as its only positional argument, got (2, 3)",

@@ -182,6 +182,10 @@ def test_gloo(rank):
 def test_nccl(rank):
     pass
 
+@pytest.mark.distributed(world_size=2, init=False)
+def test_initless(rank):
+    pass
+
 def test_dist_world_still_spawns(dist_world):
     world = dist_world(1)
     assert world.run(os.getpid) != [os.getpid()]
@@ -200,6 +204,7 @@ LAUNCHED_EXPECTED = [
     "test_skips_everywhere call skipped",
     "test_gloo call passed",
     "test_nccl call skipped",
+    "test_initless call skipped",
     "test_dist_world_still_spawns call passed",
     "test_plain call passed",
 ]
@@ -237,6 +242,7 @@ def test_under_torchrun_every_rank_reaches_the_same_outcome(
     assert "skipped on ranks 1 only: rank 1 only" in text
     assert "needs world size 4; the launcher's world has 2" in text
     assert "needs backend 'nccl'; the launcher's world uses 'gloo'" in text
+    assert "needs ranks without a process group (init=False); under the launcher" in text
 
 
 def test_the_downstream_example_passes(tmp_path: Path) -> None:

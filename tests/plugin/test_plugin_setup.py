@@ -23,7 +23,7 @@ def test_marker_is_registered(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "@pytest.mark.distributed(world_size=2, [*], backend='auto', timeout=None, "
-            "isolate=False): run the test body on every rank*"
+            "isolate=False, init=True): run the test body on every rank*"
         ]
     )
     assert result.ret == 0
@@ -90,7 +90,7 @@ def test_fixtures_are_listed(pytester: pytest.Pytester) -> None:
         [
             "*fixtures defined from harness.plugin*",
             "dist_world [[]session scope[]] -- *harness/plugin/__init__.py:*",
-            '*dist_world(world_size, backend="auto")*',
+            '*dist_world(world_size, backend="auto", init=True)*',
         ]
     )
     for name in ("rank", "world_size", "local_rank", "local_device"):

@@ -240,3 +240,115 @@ def test_groups_made_on_some_ranks_only_do_not_break_the_next_test(
             "(rank 0: *, rank 1: *): new_group was called on some ranks only*",
         ]
     )
+
+
+def test_init_false_tests_make_their_own_group_in_a_reused_world(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    pytester.makepyfile(
+        f"""
+        import os
+        import pytest
+        import torch
+        import torch.distributed as dist
+        import fhelium.distributed
+
+        PIDS = {pids_dir!r}
+
+        def record(name, rank):
+            with open(os.path.join(PIDS, f"{{name}}-{{rank}}"), "w") as f:
+                f.write(str(os.getpid()))
+
+        def check_sum(world_size):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == world_size
+
+        @pytest.mark.distributed(world_size=2, init=False)
+        def test_a_init_process_group(rank, world_size, local_rank, local_device):
+            assert not dist.is_initialized()
+            assert (rank, world_size, local_rank) == (int(os.environ["RANK"]), 2, rank)
+            cuda = torch.cuda.is_available()
+            assert local_device == (torch.device("cuda", rank) if cuda else torch.device("cpu"))
+            dist.init_process_group("gloo")
+            assert dist.get_rank() == rank
+            check_sum(world_size)
+            record("a", rank)
+
+        @pytest.mark.distributed(world_size=2, init=False)
+        def test_b_fhelium_init(rank, world_size):
+            assert not dist.is_initialized()
+            fhelium.distributed.init(backend="gloo")
+            dist.new_group()  # left behind, with the default group
+            check_sum(world_size)
+            record("b", rank)
+
+        @pytest.mark.distributed(world_size=2, init=False)
+        def test_c_init_method(rank, world_size):
+            assert not dist.is_initialized()
+            dist.init_process_group(
+                "gloo", init_method=os.environ["INIT_METHOD"], rank=rank, world_size=world_size
+            )
+            check_sum(world_size)
+            record("c", rank)
+
+        @pytest.mark.distributed(world_size=2)
+        def test_d_with_the_harness_group(rank, world_size):
+            check_sum(world_size)
+            record("d", rank)
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=4)
+    pids = read_pids(pids_dir, "")
+    a, b, c, d = (world_pids(pids, name) for name in "abcd")
+    assert len(a) == 2
+    assert a == b == c, "one init=False world, reused"
+    assert not set(d) & set(a), "worlds with and without a harness group are separate"
+
+
+def test_a_destroyed_default_group_is_made_again_on_the_same_processes(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    pytester.makepyfile(
+        HEADER.format(pids_dir=pids_dir)
+        + """
+@pytest.mark.distributed(world_size=2)
+def test_a_destroys_it(rank):
+    record("a")
+    dist.destroy_process_group()
+
+@pytest.mark.distributed(world_size=2)
+def test_b_after(rank, world_size):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == world_size
+    record("b")
+
+@pytest.mark.distributed(world_size=2)
+def test_c_destroys_it_on_rank_1_only(rank):
+    record("c")
+    if rank == 1:
+        dist.destroy_process_group()
+
+@pytest.mark.distributed(world_size=2)
+def test_d_after(rank, world_size):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == world_size
+    record("d")
+"""
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=4, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_c_destroys_it_on_rank_1_only*",
+            "*RuntimeWarning: the call destroyed the default process group on rank 1 only "
+            "(rank 0 kept it)*the world is rebuilt before the next call",
+        ]
+    )
+    pids = read_pids(pids_dir, "")
+    a, b, c, d = (world_pids(pids, name) for name in "abcd")
+    assert a == b == c, "a fresh default group on the same processes"
+    assert not set(d) & set(c), "out of step: the world was rebuilt"
