@@ -20,7 +20,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import DistributedError, RankCrash, RankError, RankFailure, WorldTimeout
+from harness.errors import (
+    DistributedError,
+    RankCrash,
+    RankError,
+    RankFailure,
+    RankLeak,
+    WorldTimeout,
+)
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
@@ -43,6 +50,7 @@ __all__ = [
     "RankCrash",
     "RankError",
     "RankFailure",
+    "RankLeak",
     "World",
     "WorldTimeout",
     "run",

@@ -17,7 +17,15 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
-__all__ = ["BACKEND_CHOICES", "argparse_type", "backend", "one_of", "positive_int", "seconds"]
+__all__ = [
+    "BACKEND_CHOICES",
+    "LEAK_CHOICES",
+    "argparse_type",
+    "backend",
+    "one_of",
+    "positive_int",
+    "seconds",
+]
 
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
@@ -25,6 +33,11 @@ BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 torch.distributed knows. Whether one can run here is a separate question, answered by
 :func:`harness.controller.backends.unavailable_reason` (a backend torch was built without is
 a skip in pytest, not a usage error)."""
+
+LEAK_CHOICES = ("warn", "error", "off")
+"""What to do about what a call leaves behind in a reused rank (``World(leaks=...)``, ini
+``dist_leaks``): warn naming the call and the ranks, fail the call (and stop the ranks), or
+not look."""
 
 _T = TypeVar("_T")
 

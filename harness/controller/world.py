@@ -23,7 +23,7 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import Outcome, classify
+from harness.controller.outcome import Outcome, classify, leak_error, leak_report
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
@@ -77,9 +77,10 @@ class World:
     once and serves any number of ``run`` calls with them. After each call every rank puts
     back the state it came up with (see :mod:`harness.rank.reset`: torch settings,
     ``sys.path``, warning filters, the root logger, working directory, ``os.environ``) and,
-    before the next, destroys the process groups the call left behind. After a failure,
-    timeout or crash the World rebuilds itself (fresh processes, fresh rendezvous) before
-    the next run, so one bad call never poisons the next.
+    before the next, destroys the process groups the call left behind; what it cannot undo
+    (threads, child processes, open files the call left) is reported, as ``leaks`` says.
+    After a failure, timeout or crash the World rebuilds itself (fresh processes, fresh
+    rendezvous) before the next run, so one bad call never poisons the next.
 
     Not thread-safe: use one World from one thread at a time.
 
@@ -88,15 +89,29 @@ class World:
         backend: ``"auto"`` (NCCL when CUDA is available, Gloo otherwise), ``"gloo"`` or
             ``"nccl"``.
         timeout: Default bound in seconds for each ``run``; None means no bound.
+        leaks: What to do when a call returns but leaves behind, in a rank, what no reset
+            undoes (threads it started that are still alive, child processes, open files;
+            see :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the
+            call, the ranks and each finding), ``"error"`` (the call fails with a
+            ``RankLeak`` and the ranks are stopped, ending what they leaked) or ``"off"``
+            (the ranks do not look).
 
     Raises:
-        TypeError, ValueError: For an invalid ``world_size``, ``backend`` or ``timeout``.
+        TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout`` or
+            ``leaks``.
         RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
             fewer CUDA devices than ranks).
         DistributedError: If a rank does not come up within 60 s or fails to initialize.
     """
 
-    def __init__(self, world_size: int, *, backend: str = "auto", timeout: float | None = None):
+    def __init__(
+        self,
+        world_size: int,
+        *,
+        backend: str = "auto",
+        timeout: float | None = None,
+        leaks: str = "warn",
+    ):
         if compat.bootstrapping():
             # A rank re-importing a main module that starts a world at import time: end this
             # process quietly; the controller says what to do (MAIN_GUARD_HINT).
@@ -104,6 +119,7 @@ class World:
         self.world_size: int = validate.positive_int(world_size, "world_size")
         self.backend: str = resolve_backend(backend)
         self.timeout: float | None = _timeout(timeout)
+        self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
         reason = unavailable_reason(self.backend, self.world_size)
         if reason:
             raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
@@ -167,6 +183,7 @@ class World:
         timeout: float | None = None,
         output: str = OUTPUT_INHERIT,
         seed: int | None = None,
+        name: str | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -178,6 +195,8 @@ class World:
                 prefixed with ``[rank N]``).
             seed: Seed every random generator of each rank with this before the call (torch
                 CPU and CUDA, ``random``, numpy's); None leaves them as they are.
+            name: How messages name the call (the plugin passes ``"test <node id>"``);
+                None: ``"the call of <fn's qualified name>"``.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -200,7 +219,9 @@ class World:
         ranks = self._state.ranks
         try:
             # One pickle for every rank: pickling the message once per rank costs more.
-            message = pickle.dumps(Call(payload, output, _environ_changes(self._environ), seed))
+            message = pickle.dumps(
+                Call(payload, output, _environ_changes(self._environ), seed, self.leaks != "off")
+            )
             for proc in ranks:
                 try:
                     proc.conn.send_bytes(message)
@@ -210,6 +231,8 @@ class World:
             replies, timed_out = supervise.gather(ranks, deadline)
             stacks = supervise.stacks_now(ranks) if timed_out else {}
             outcome = classify(replies, self.world_size, timeout=timeout, stacks=stacks)
+            if outcome.leaks and self.leaks == "error":
+                outcome = leak_error(outcome, name or _call_name(fn))
         except BaseException:
             # KeyboardInterrupt or a bug of ours: never leave ranks mid-call behind.
             self._broken = True
@@ -221,6 +244,10 @@ class World:
         if outcome.notice:
             # A warning: under pytest it is listed with the test that caused it.
             warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
+        if outcome.leaks and self.leaks == "warn":
+            warnings.warn(
+                leak_report(outcome.leaks, name or _call_name(fn)), RuntimeWarning, stacklevel=3
+            )
         if output == OUTPUT_CAPTURE:
             outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
         return outcome
@@ -314,6 +341,10 @@ def _environ_changes(started: dict[str, str]) -> dict[str, str | None] | None:
     changes: dict[str, str | None] = {k: v for k, v in now.items() if started.get(k) != v}
     changes.update((k, None) for k in started.keys() - now.keys())
     return changes or None
+
+
+def _call_name(fn: Callable[..., Any]) -> str:
+    return f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
 
 
 def _timeout(value: float | None) -> float | None:

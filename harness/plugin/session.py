@@ -27,6 +27,7 @@ from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
     find_mark,
+    leaks_setting,
     parse_mark,
     timeout_setting,
 )
@@ -47,6 +48,7 @@ class DistSession:
         self.backend_option: str = config.getoption("dist_backend") or "auto"
         self.isolate_all: bool = bool(config.getoption("dist_isolate"))
         self.default_timeout = timeout_setting(config)
+        self.leaks = leaks_setting(config)
         launched = launcher_world()
         self.launcher = (
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
@@ -64,7 +66,7 @@ class DistSession:
         key = (validate.positive_int(world_size, "world_size"), resolved)
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(world_size, backend=resolved)
+            world = self._worlds[key] = World(world_size, backend=resolved, leaks=self.leaks)
         return world
 
     def resolve_backend(self, backend: object) -> str:
@@ -107,14 +109,15 @@ class DistSession:
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
+        name = f"test {item.nodeid}"
         if isolate:
-            with World(world_size, backend=backend) as world:
+            with World(world_size, backend=backend, leaks=self.leaks) as world:
                 outcome = world.call(
-                    run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
+                    run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed, name=name
                 )
         else:
             outcome = self.world(world_size, backend).call(
-                run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed
+                run_test, (ref, kwargs), timeout=timeout, output=output, seed=seed, name=name
             )
         report.add_output_sections(item, outcome.outputs)
         if outcome.error is not None:

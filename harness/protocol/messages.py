@@ -91,12 +91,15 @@ class Call:
     ``seed``, when given, seeds every random generator of the rank before the call (torch
     CPU and CUDA, ``random``, numpy's global one), so that it draws what a fresh process
     seeded alike would.
+    ``check_leaks``: whether the rank looks for what the call leaves behind (threads,
+    child processes, open files; see ``Done.leaks``).
     """
 
     payload: bytes
     output: str = OUTPUT_INHERIT
     env: dict[str, str | None] | None = None
     seed: int | None = None
+    check_leaks: bool = True
 
 
 @dataclass(frozen=True)
@@ -124,11 +127,15 @@ class Done:
     default process group), so the controller rebuilds the world first. ``group_count`` is
     the rank's process-group counter after the call: ranks whose counters differ (a
     ``new_group`` called on some ranks only) could not meet in their next group.
+    ``leaks`` is what the call left running or open in the rank, one line each
+    (``"thread 'worker' started at test_x.py:12 is still alive"``; see
+    :mod:`harness.rank.leaks`); empty when nothing, or when the call did not ask.
     """
 
     value: bytes
     reusable: bool = True
     group_count: int = 0
+    leaks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
