@@ -21,7 +21,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import DistributedError, RankCrash, RankError, RankFailure, WorldTimeout
+from harness.errors import (
+    DistributedError,
+    RankCrash,
+    RankError,
+    RankFailure,
+    RankLeak,
+    WorldTimeout,
+)
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
@@ -47,6 +54,7 @@ __all__ = [
     "RankCrash",
     "RankError",
     "RankFailure",
+    "RankLeak",
     "World",
     "WorldTimeout",
     "fixture",

@@ -11,7 +11,14 @@ from typing import Any
 
 from harness.protocol.failures import RankFailure, sections
 
-__all__ = ["DistributedError", "RankCrash", "RankError", "RankFailure", "WorldTimeout"]
+__all__ = [
+    "DistributedError",
+    "RankCrash",
+    "RankError",
+    "RankFailure",
+    "RankLeak",
+    "WorldTimeout",
+]
 
 
 class DistributedError(Exception):
@@ -95,3 +102,13 @@ class RankCrash(DistributedError):
     ) -> None:
         super().__init__(message, failures)
         self.exitcodes: dict[int, int] = dict(exitcodes or {})
+
+
+class RankLeak(DistributedError):
+    """The call returned on every rank but left behind, on some, what a reused rank cannot
+    undo: threads it started that are still alive, child processes, open files (raised
+    under ``leaks="error"``, ini ``dist_leaks = error``). The ranks were then stopped, and
+    what they leaked with them; the next call gets fresh ones.
+
+    Each failing rank's section lists its findings, one per line.
+    """

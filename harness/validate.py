@@ -19,6 +19,7 @@ from typing import TypeVar
 
 __all__ = [
     "BACKEND_CHOICES",
+    "LEAK_CHOICES",
     "argparse_type",
     "backend",
     "flag",
@@ -33,6 +34,11 @@ BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 torch.distributed knows. Whether one can run here is a separate question, answered by
 :func:`harness.controller.backends.unavailable_reason` (a backend torch was built without is
 a skip in pytest, not a usage error)."""
+
+LEAK_CHOICES = ("warn", "error", "off")
+"""What to do about what a call leaves behind in a reused rank (``World(leaks=...)``, ini
+``dist_leaks``): warn naming the call and the ranks, fail the call (and stop the ranks), or
+not look."""
 
 _T = TypeVar("_T")
 

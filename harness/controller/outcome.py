@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness import compat
-from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
+from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
 from harness.protocol.failures import (
     EXIT_MAIN_REIMPORTED,
     MAIN_GUARD_HINT,
@@ -61,6 +61,9 @@ class Outcome:
             ('' otherwise).
         regroup: True when the call destroyed the harness's default process group on every
             rank: the world makes a fresh one, on the same processes, before the next call.
+        leaks: What a successful call left behind in each rank that no reset undoes, by
+            rank, one line per finding (ranks that left nothing are absent); see
+            :func:`leak_report` and :func:`leak_error`.
     """
 
     values: list[Any] | None = None
@@ -70,6 +73,7 @@ class Outcome:
     reusable: bool = True
     notice: str = ""
     regroup: bool = False
+    leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -238,7 +242,62 @@ def _values(done: dict[int, Done], init: bool) -> Outcome:
         )
     reusable = all(reply.reusable for reply in done.values()) and not notice
     regroup = init and reusable and len(gone) == len(done)
-    return Outcome(values=values, reusable=reusable, notice=notice, regroup=regroup)
+    leaks = {rank: reply.leaks for rank, reply in sorted(done.items()) if reply.leaks}
+    return Outcome(values=values, reusable=reusable, notice=notice, regroup=regroup, leaks=leaks)
+
+
+def leak_report(leaks: Mapping[int, tuple[str, ...]], call: str) -> str:
+    """The warning for what a call left behind (``leaks="warn"``).
+
+    Args:
+        leaks: The findings by rank (``Outcome.leaks``), not empty.
+        call: How to name the call (``"test test_x.py::test_a"``, ``"the call of fn"``).
+
+    Returns:
+        One line naming the call and, for each finding, the ranks it was found on (a body
+        that runs alike on every rank leaks alike on every rank: said once).
+    """
+    items = "; ".join(f"{ranks}: {line}" for line, ranks in _grouped(leaks))
+    return f"{call} left behind what the harness cannot undo in a reused rank: {items}"
+
+
+def leak_error(outcome: Outcome, call: str) -> Outcome:
+    """The failed outcome for a call that left something behind (``leaks="error"``).
+
+    Args:
+        outcome: A successful outcome with ``leaks``.
+        call: How to name the call, as in :func:`leak_report`.
+
+    Returns:
+        A copy whose error is a ``RankLeak`` naming the call, the ranks and the first
+        finding, with each rank's findings (one per line) as its failure; no values, and
+        not reusable (stopping the ranks ends what they leaked).
+    """
+    leaks = outcome.leaks
+    grouped = _grouped(leaks)
+    line, ranks = grouped[0]
+    also = f" (and {len(grouped) - 1} more, below)" if len(grouped) > 1 else ""
+    summary = f"{call} left behind on {ranks}: {line}{also}; the ranks were stopped"
+    failures = {
+        rank: RankFailure(rank, "RankLeak", "; ".join(found), "".join(f"{f}\n" for f in found))
+        for rank, found in sorted(leaks.items())
+    }
+    return Outcome(
+        error=RankLeak(summary, failures),
+        outputs=outcome.outputs,
+        reusable=False,
+        notice=outcome.notice,
+        leaks=leaks,
+    )
+
+
+def _grouped(leaks: Mapping[int, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """Each distinct finding with the ranks it was found on (``"ranks 0, 1"``), in order."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, found in sorted(leaks.items()):
+        for line in found:
+            ranks_of.setdefault(line, []).append(rank)
+    return [(line, ranks_phrase(ranks)) for line, ranks in ranks_of.items()]
 
 
 def _start(

@@ -9,13 +9,15 @@
 * Stopping: every rank holds the read end of a lifeline pipe whose only write end is ours.
   Closing it (or our death, even by SIGKILL) wakes the rank's watchdog thread, which saves
   coverage and exits; what has not exited shortly after is SIGKILLed. Ranks also ask the
-  kernel for SIGKILL when their parent (the forkserver) dies.
+  kernel for SIGKILL when their parent (the forkserver) dies. Each rank leads a process
+  group of its own, killed once the rank is gone: nothing a test started there outlives it.
 """
 
 from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass
@@ -174,6 +176,18 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
         proc.reaped = True
         proc.conn.close()
         proc.process.close()
+        _kill_group(proc.pid)
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL what is left of a stopped rank's process group: whatever it started (a
+    subprocess a test left running, and that one's children), which would otherwise
+    outlive the World. A rank leads its own group (``harness.rank.loop``); its group id is
+    its pid, which the kernel does not hand out again while the group has a member."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass  # no such group left (the usual case), or a member that is not ours to kill
 
 
 def dump_stacks(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:

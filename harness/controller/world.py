@@ -23,7 +23,7 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import Outcome, classify
+from harness.controller.outcome import Outcome, classify, leak_error, leak_report
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
@@ -82,7 +82,8 @@ class World:
     the default group on every rank gets it back, fresh, on the same processes; on some
     ranks only, the World warns and rebuilds itself. After a failure, timeout or crash the
     World rebuilds itself (fresh processes, fresh rendezvous) before the next run, so one
-    bad call never poisons the next.
+    bad call never poisons the next. What a call cannot have undone (threads, child
+    processes, open files it left) is reported, as ``leaks`` says.
 
     With ``init=False`` the ranks have the torchrun environment but no process group: each
     call makes its own. Every call gets a private rendezvous of its own, a fresh free
@@ -103,10 +104,16 @@ class World:
         timeout: Default bound in seconds for each ``run``; None means no bound.
         init: Whether the ranks start in a default process group (True) or without one,
             each call making its own (False).
+        leaks: What to do when a call returns but leaves behind, in a rank, what no reset
+            undoes (threads it started that are still alive, child processes, open files;
+            see :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the
+            call, the ranks and each finding), ``"error"`` (the call fails with a
+            ``RankLeak`` and the ranks are stopped, ending what they leaked) or ``"off"``
+            (the ranks do not look).
 
     Raises:
-        TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout`` or
-            ``init`` (which must be a bool).
+        TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,
+            ``init`` (which must be a bool) or ``leaks``.
         RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
             fewer CUDA devices than ranks).
         DistributedError: If a rank does not come up within 60 s or fails to initialize.
@@ -119,6 +126,7 @@ class World:
         backend: str = "auto",
         timeout: float | None = None,
         init: bool = True,
+        leaks: str = "warn",
     ):
         if compat.bootstrapping():
             # A rank re-importing a main module that starts a world at import time: end this
@@ -128,6 +136,7 @@ class World:
         self.backend: str = resolve_backend(backend)
         self.timeout: float | None = _timeout(timeout)
         self.init: bool = validate.flag(init, "init")
+        self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
         reason = unavailable_reason(self.backend, self.world_size)
         if reason:
             raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
@@ -197,6 +206,7 @@ class World:
         timeout: float | None = None,
         output: str = OUTPUT_INHERIT,
         seed: int | None = None,
+        name: str | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -208,6 +218,8 @@ class World:
                 prefixed with ``[rank N]``).
             seed: Seed every random generator of each rank with this before the call (torch
                 CPU and CUDA, ``random``, numpy's); None leaves them as they are.
+            name: How messages name the call (the plugin passes ``"test <node id>"``);
+                None: ``"the call of <fn's qualified name>"``.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -237,7 +249,14 @@ class World:
                 }
             # One pickle for every rank: pickling the message once per rank costs more.
             message = pickle.dumps(
-                Call(payload, output, _environ_changes(self._environ), seed, rendezvous)
+                Call(
+                    payload,
+                    output,
+                    _environ_changes(self._environ),
+                    seed,
+                    rendezvous,
+                    self.leaks != "off",
+                )
             )
             for proc in ranks:
                 try:
@@ -250,6 +269,8 @@ class World:
             outcome = classify(
                 replies, self.world_size, timeout=timeout, stacks=stacks, init=self.init
             )
+            if outcome.leaks and self.leaks == "error":
+                outcome = leak_error(outcome, name or _call_name(fn))
         except BaseException:
             # KeyboardInterrupt or a bug of ours: never leave ranks mid-call behind.
             self._broken = True
@@ -264,6 +285,10 @@ class World:
         if outcome.notice:
             # A warning: under pytest it is listed with the test that caused it.
             warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
+        if outcome.leaks and self.leaks == "warn":
+            warnings.warn(
+                leak_report(outcome.leaks, name or _call_name(fn)), RuntimeWarning, stacklevel=3
+            )
         if output == OUTPUT_CAPTURE:
             outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
         return outcome
@@ -399,6 +424,10 @@ def _environ_changes(started: dict[str, str]) -> dict[str, str | None] | None:
     changes: dict[str, str | None] = {k: v for k, v in now.items() if started.get(k) != v}
     changes.update((k, None) for k in started.keys() - now.keys())
     return changes or None
+
+
+def _call_name(fn: Callable[..., Any]) -> str:
+    return f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
 
 
 def _timeout(value: float | None) -> float | None:

@@ -33,6 +33,7 @@ from harness.plugin.marker import (
     MARKER,
     claim_marker,
     find_mark,
+    leaks_setting,
     marker_name,
     parametrize,
     timeout_setting,
@@ -85,6 +86,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=str(DEFAULT_TIMEOUT_S),
     )
     parser.addini(
+        "dist_leaks",
+        help="what to do when a distributed test leaves threads, child processes or open "
+        "files behind in a rank: warn (default), error (fail the test, rebuild the world) "
+        "or off",
+        default="warn",
+    )
+    parser.addini(
         "dist_marker",
         help=f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
         f"where the project has a '{MARKER}' marker of its own)",
@@ -104,6 +112,7 @@ def pytest_configure(config: pytest.Config) -> None:
             "torchrun environment but no process group, the test makes its own)",
         )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
+    leaks_setting(config)  # a bad dist_leaks too
     config.pluginmanager.register(report, "harness-report")
 
 

@@ -130,3 +130,14 @@ def timeout_setting(config: pytest.Config) -> float:
         return validate.seconds(value, where, text=True)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def leaks_setting(config: pytest.Config) -> str:
+    """ini ``dist_leaks`` (``warn``, the default, ``error`` or ``off``): what to do when a
+    test leaves threads, child processes or open files behind in a rank; a bad value is a
+    usage error naming it."""
+    value = str(config.getini("dist_leaks") or "warn").strip()
+    try:
+        return validate.one_of(value, "ini option dist_leaks", validate.LEAK_CHOICES)
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None

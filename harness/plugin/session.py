@@ -27,6 +27,7 @@ from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
     find_mark,
+    leaks_setting,
     parse_mark,
     timeout_setting,
 )
@@ -52,6 +53,7 @@ class DistSession:
         self.backend_option: str = config.getoption("dist_backend") or "auto"
         self.isolate_all: bool = bool(config.getoption("dist_isolate"))
         self.default_timeout = timeout_setting(config)
+        self.leaks = leaks_setting(config)
         launched = launcher_world()
         self.launcher = (
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
@@ -76,7 +78,9 @@ class DistSession:
         )
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(world_size, backend=resolved, init=init)
+            world = self._worlds[key] = World(
+                world_size, backend=resolved, init=init, leaks=self.leaks
+            )
         return world
 
     def resolve_backend(self, backend: object) -> str:
@@ -137,10 +141,11 @@ class DistSession:
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
+        name = f"test {item.nodeid}"
         if isolate:
-            with World(world_size, backend=backend, init=init) as world:
+            with World(world_size, backend=backend, init=init, leaks=self.leaks) as world:
                 outcome = world.call(
-                    run_test, (ref, plan), timeout=timeout, output=output, seed=seed
+                    run_test, (ref, plan), timeout=timeout, output=output, seed=seed, name=name
                 )
                 if outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
                     # The world ends with this test: so do its wider-scoped rank fixtures.
@@ -148,7 +153,9 @@ class DistSession:
                     outcome = ending if ending.error is not None else outcome
         else:
             world = self.world(world_size, backend, init)
-            outcome = world.call(run_test, (ref, plan), timeout=timeout, output=output, seed=seed)
+            outcome = world.call(
+                run_test, (ref, plan), timeout=timeout, output=output, seed=seed, name=name
+            )
             if outcome.error is None:
                 self._keep_scopes(item, plan, world, timeout)
         report.add_output_sections(item, outcome.outputs)

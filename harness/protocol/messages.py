@@ -107,6 +107,8 @@ class Call:
     ``fhelium.distributed.init()`` meet the other ranks of this call and nobody else. They
     travel here rather than in ``env``, which never changes a rank's torchrun variables.
     None in a world with a harness group.
+    ``check_leaks``: whether the rank looks for what the call leaves behind (threads,
+    child processes, open files; see ``Done.leaks``).
     """
 
     payload: bytes
@@ -114,6 +116,7 @@ class Call:
     env: dict[str, str | None] | None = None
     seed: int | None = None
     rendezvous: dict[str, str] | None = None
+    check_leaks: bool = True
 
 
 @dataclass(frozen=True)
@@ -158,12 +161,16 @@ class Done:
     destroyed it, maybe making one of its own; always False without a harness group): on
     every rank, the controller has a fresh one made (``Regroup``); on some only, the ranks
     are out of step and the world is rebuilt.
+    ``leaks`` is what the call left running or open in the rank, one line each
+    (``"thread 'worker' started at test_x.py:12 is still alive"``; see
+    :mod:`harness.rank.leaks`); empty when nothing, or when the call did not ask.
     """
 
     value: bytes
     reusable: bool = True
     group_count: int = 0
     grouped: bool = True
+    leaks: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,7 @@ from harness.protocol.messages import (
     FunctionRef,
     RankFixture,
 )
-from harness.rank import builtin_fixtures
+from harness.rank import builtin_fixtures, leaks
 
 
 @dataclass
@@ -127,7 +127,9 @@ class Setup:
         _wide[identity] = live
         before = compat.live_process_groups()
         try:
-            value = self._set_up(fixture, live)
+            # What it starts or opens ends with its scope, not with this test: no leak.
+            with leaks.lasting():
+                value = self._set_up(fixture, live)
         except BaseException:
             # Not cached: the next test sets it up again (after a skip the rank lives on).
             _finish([_wide.pop(identity)], quiet=True)

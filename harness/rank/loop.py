@@ -44,7 +44,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
-from harness.rank import coverage, fixtures, output, reset
+from harness.rank import coverage, fixtures, leaks, output, reset
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """The rank side's directory: its frames (the rank loop, the test-body runner) are left out
@@ -73,8 +73,9 @@ _dump_files: list[TextIO] = []
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     """Run one rank until the controller stops it; never returns."""
-    # Ctrl-C reaches the whole process group; the controller handles it and stops us.
+    # Ctrl-C is the controller's to handle (it stops us), also where it reaches our group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _own_process_group()
     _die_with_parent()
     # Line buffering so that output written just before a crash still reaches the capture file.
     for stream in (sys.stdout, sys.stderr):
@@ -155,8 +156,11 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                 _failure(exc, setup.rank, f"could not unpickle the call sent to rank {setup.rank}"),
                 time.monotonic(),
             )
+        # After the output redirection started: its pumps and descriptors are the harness's.
+        watch = leaks.Watch(enabled=call.check_leaks)
         try:
-            with warnings.catch_warnings():  # the call's warning filters end with it
+            # The call's warning filters end with it; so does the watch on its threads.
+            with warnings.catch_warnings(), watch.threads():
                 value = fn(*args, **kwargs)
         except BaseException as exc:
             at = time.monotonic()
@@ -176,7 +180,13 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                 ),
                 time.monotonic(),
             )
-        return Done(blob, group_count=compat.process_group_count(), grouped=_harness_group_up())
+        leaked = watch.findings()
+        return Done(
+            blob,
+            group_count=compat.process_group_count(),
+            grouped=_harness_group_up(),
+            leaks=leaked,
+        )
     finally:
         if redirection:
             redirection.stop()
@@ -265,6 +275,19 @@ def _watch(lifeline: Connection, cov: Any) -> NoReturn:
     _exit(cov, 0)
 
 
+def _own_process_group() -> None:
+    # The rank leads a process group of its own, which whatever it starts joins (a
+    # subprocess a test left running, and that one's children): the controller kills the
+    # group once the rank has stopped (spawn.stop_ranks), so none of it outlives the World.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        return  # a session leader (never, as started here): the group is not ours to lead
+    # Out of the terminal's foreground group, a write to the terminal (pytest -s) would
+    # stop the rank under `stty tostop`; with SIGTTOU ignored the write goes through.
+    signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+
+
 def _die_with_parent() -> None:
     # Our parent is the forkserver (or the controller with spawn), which exits with the
     # controller. The lifeline covers the controller itself; this covers a killed server.
@@ -285,4 +308,5 @@ def _exit(cov: Any, code: int) -> NoReturn:
     _exiting.acquire()  # a second caller waits here until the first one's os._exit
     flush_std_streams()
     coverage.save(cov)
+    leaks.kill_children()
     os._exit(code)

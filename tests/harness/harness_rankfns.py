@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 import unittest
@@ -367,3 +368,63 @@ def change_torch_state() -> None:
 
 def draw() -> list[float]:
     return torch.rand(2).tolist()
+
+
+# ---------------------------------------------------------------- leaks
+
+_kept: list[Any] = []
+"""What a leaking call keeps referenced in its rank (so that only the leak check sees it)."""
+
+
+def leak_thread(name: str) -> None:
+    """Start a thread that never ends, and return (the report names the line that starts
+    it)."""
+    stop = threading.Event()
+    _kept.append(stop)
+    threading.Thread(target=stop.wait, name=name, daemon=True).start()
+
+
+def join_thread() -> None:
+    """Start a thread and join it: nothing is left behind."""
+    worker = threading.Thread(target=sum, args=([1, 2],), name="joined", daemon=False)
+    worker.start()
+    worker.join()
+
+
+def leak_sleep() -> int:
+    """Start ``sleep 1000`` and return its pid without waiting for it."""
+    child = subprocess.Popen(["sleep", "1000"])
+    _kept.append(child)
+    return child.pid
+
+
+def leak_grandchild(pid_file: str) -> int:
+    """Start a shell that starts ``sleep 1001`` and waits for it; return the sleep's pid."""
+    path = f"{pid_file}.{dist.get_rank()}"
+    child = subprocess.Popen(
+        ["sh", "-c", f"sleep 1001 & echo $! > {path}.tmp; mv {path}.tmp {path}; wait"]
+    )
+    _kept.append(child)
+    while not os.path.exists(path):  # the shell writes it at once; no timing involved
+        time.sleep(0.01)
+    with open(path) as handle:
+        return int(handle.read())
+
+
+def leak_file(directory: str) -> str:
+    """Open a file of this rank's and keep it open; return its path."""
+    path = os.path.join(directory, f"leaked-{dist.get_rank()}.txt")
+    _kept.append(open(path, "w"))  # noqa: SIM115 - left open on purpose
+    return path
+
+
+def use_subgroup() -> float:
+    """Make a group of every rank and all_reduce on it; the harness destroys it later."""
+    group = dist.new_group(list(range(dist.get_world_size())))
+    total = torch.ones(1)
+    dist.all_reduce(total, group=group)
+    return total.item()
+
+
+def kill_self() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -13,8 +13,15 @@ import unittest
 
 import pytest
 
-from harness.controller.outcome import Died, Outcome, Reply, classify
-from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
+from harness.controller.outcome import (
+    Died,
+    Outcome,
+    Reply,
+    classify,
+    leak_error,
+    leak_report,
+)
+from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED, MAIN_GUARD_HINT, RankFailure
 from harness.protocol.messages import Done, Failed, Ready, Skipped
 
@@ -439,3 +446,58 @@ def test_without_a_harness_group_the_groups_a_call_leaves_never_make_it_unfit() 
     assert (outcome.reusable, outcome.regroup, outcome.notice) == (True, False, "")
     unfit = {0: Done(pickle.dumps(0), False, grouped=False), 1: Done(pickle.dumps(1))}
     assert classify(unfit, 2, timeout=None, init=False).reusable is False
+
+
+THREAD = "thread 'worker-1' started at test_x.py:12 is still alive"
+
+
+def test_what_ranks_left_behind_is_kept_by_rank_and_reported_once_per_finding() -> None:
+    replies: dict[int, Reply] = {
+        0: Done(pickle.dumps(0), leaks=(THREAD, "child process 41 (sleep 1000) is still running")),
+        1: Done(pickle.dumps(1), leaks=(THREAD,)),
+        2: Done(pickle.dumps(2)),
+    }
+    outcome = classify(replies, 3, timeout=None)
+    assert outcome.error is None
+    assert outcome.values == [0, 1, 2]
+    assert outcome.reusable is True  # a leak alone does not rebuild the world ("warn")
+    assert outcome.leaks == {
+        0: (THREAD, "child process 41 (sleep 1000) is still running"),
+        1: (THREAD,),
+    }
+    assert leak_report(outcome.leaks, "test test_x.py::test_a") == (
+        "test test_x.py::test_a left behind what the harness cannot undo in a reused rank: "
+        f"ranks 0, 1: {THREAD}; rank 0: child process 41 (sleep 1000) is still running"
+    )
+    clean = {rank: Done(pickle.dumps(rank)) for rank in (0, 1)}
+    assert classify(clean, 2, timeout=None).leaks == {}
+
+
+def test_leaks_as_an_error_name_the_call_the_ranks_and_each_finding() -> None:
+    replies: dict[int, Reply] = {
+        0: Done(pickle.dumps(0), leaks=(THREAD, "file descriptor 17 (/tmp/f) is still open")),
+        1: Done(pickle.dumps(1), leaks=(THREAD,)),
+    }
+    outcome = classify(replies, 2, timeout=None)
+    outcome.outputs = {0: ("out", ""), 1: ("", "")}
+    failed = leak_error(outcome, "test test_x.py::test_a")
+    assert failed.values is None
+    assert failed.reusable is False
+    assert failed.outputs == outcome.outputs
+    error = failed.error
+    assert isinstance(error, RankLeak)
+    assert isinstance(error, DistributedError)
+    assert error.summary == (
+        f"test test_x.py::test_a left behind on ranks 0, 1: {THREAD} (and 1 more, below); "
+        "the ranks were stopped"
+    )
+    assert list(error.failures) == [0, 1]
+    assert error.failures[0] == RankFailure(
+        0,
+        "RankLeak",
+        f"{THREAD}; file descriptor 17 (/tmp/f) is still open",
+        f"{THREAD}\nfile descriptor 17 (/tmp/f) is still open\n",
+    )
+    assert f"---------- rank 1 ----------\n{THREAD}" in str(error)
+    with pytest.raises(RankLeak):
+        failed.result()

@@ -468,3 +468,50 @@ def test_the_readmes_mesh_fixture(pytester: pytest.Pytester) -> None:
         """
     )
     pytester.runpytest("-p", "no:randomly").assert_outcomes(passed=2)
+
+
+def test_what_a_wider_scoped_rank_fixture_keeps_open_is_no_leak(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeini(
+        """
+        [pytest]
+        dist_leaks = error
+        """
+    )
+    pytester.makepyfile(
+        """
+        import threading
+
+        import pytest
+
+        import harness
+
+        @harness.fixture(scope="module")
+        def service(tmp_path_factory, rank):
+            stop = threading.Event()
+            worker = threading.Thread(target=stop.wait, name=f"service-{rank}")
+            worker.start()
+            log = open(tmp_path_factory.getbasetemp() / f"service-{rank}.log", "w")
+            yield log
+            stop.set()
+            worker.join()
+            log.close()
+
+        @pytest.mark.distributed(world_size=2)
+        def test_one(service):
+            service.write("one\\n")
+
+        @pytest.mark.distributed(world_size=2)
+        def test_two(service):
+            service.write("two\\n")
+
+        @pytest.mark.distributed(world_size=2)
+        def test_leaks_its_own(rank):
+            threading.Thread(target=threading.Event().wait, name="forgotten", daemon=True).start()
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    # The module's service lives across its tests; the test's own thread is its leak.
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*thread 'forgotten' started at*"])

@@ -1,0 +1,287 @@
+"""What a call leaves running or open in its rank that no reset can undo: runs inside a rank.
+
+:mod:`harness.rank.reset` puts back the state a call may change; some things a call may
+leave behind cannot be put back without knowing what they are for. They are reported
+instead (spec section 5), each finding one line that the controller shows with the call
+and the rank:
+
+* **threads** the call started (``threading.Thread.start``, daemon or not) that are still
+  alive when it returns, with where each was started: the first frame outside the standard
+  library, so a ``ThreadPoolExecutor`` worker points at the test line that submitted to it;
+* **child processes** of the rank that were not there before the call and still run
+  (zombies run nothing and are left out), with their command line;
+* **file descriptors** opened during the call and still open that point at a file or
+  directory, with its path.
+
+Left out on purpose: sockets, pipes and anonymous inodes (epoll, eventfd). The backends open
+them for each process group (Gloo: a self-pipe, an epoll instance and one socket per peer),
+and the groups a call leaves are destroyed only when the next call starts (see
+:func:`harness.rank.loop._call`), so they are still open when the call returns; a pipe to a
+subprocess is reported through the subprocess. Device files under ``/dev`` are left out too:
+CUDA and NCCL open them (and shared memory in ``/dev/shm``) once per process, in whichever
+call first needs them. A descriptor is compared by number: one closed and reopened during the
+call is not seen.
+
+Child processes and file descriptors are read from ``/proc`` (Linux); elsewhere only threads
+are checked. Per call the check costs two listings of ``/proc/self/fd`` and two ``waitid``
+calls (``/proc`` is read for children only when the rank has any).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import signal
+import sysconfig
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+_FD_DIR = "/proc/self/fd"
+_TASK_DIR = "/proc/self/task"
+
+_PROC = os.path.isdir(_TASK_DIR)
+"""Whether this system has ``/proc`` (Linux); elsewhere only threads are checked."""
+
+_CHILDREN_FILES = _PROC and os.path.exists(f"{_TASK_DIR}/{os.getpid()}/children")
+"""Whether the kernel lists each thread's children (a build option, on in common kernels)."""
+
+_THREADING_FILE = threading.__file__
+_OWN_FILE = __file__
+
+
+def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The standard library's directories, and the site-packages inside them (not stdlib)."""
+    paths = sysconfig.get_paths()
+    stdlib = tuple({os.path.join(paths[k], "") for k in ("stdlib", "platstdlib") if k in paths})
+    site = tuple({os.path.join(paths[k], "") for k in ("purelib", "platlib") if k in paths})
+    return stdlib, site
+
+
+_STDLIB, _SITE = _library_dirs()
+
+# The watch of the call in progress (see Watch.threads), for lasting().
+_current: Watch | None = None
+
+
+@contextmanager
+def lasting() -> Iterator[None]:
+    """What the block starts or opens is meant to outlive the call (a wider-scoped
+    fixture's threads, files, processes: they end with its scope): not a leak of the call."""
+    watch = _current
+    if watch is None or not watch._enabled:
+        yield
+        return
+    before = set(watch._started)
+    try:
+        yield
+    finally:
+        watch.accept(set(watch._started) - before)
+
+
+class Watch:
+    """The leaks of one call: made just before the call runs, read once it has returned.
+
+    Construction takes the snapshot (open file descriptors, live child processes);
+    :meth:`threads` must surround the call itself; :meth:`findings` compares.
+
+    Args:
+        enabled: False makes every step a no-op that finds nothing (the caller asked for
+            no leak check).
+    """
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self._enabled = enabled
+        self._fds = _open_fds() if enabled else set()
+        self._children = _live_children() if enabled else set()
+        self._started: dict[threading.Thread, str] = {}
+
+    @contextmanager
+    def threads(self) -> Iterator[None]:
+        """Record where each thread started inside the block was started.
+
+        ``threading.Thread.start`` is wrapped for the block only: outside calls the rank's
+        own threads (its watchdog, the output pumps) start unobserved and unattributed, and
+        a rank between calls runs plain Python. Restored on the way out, whatever the call
+        did (also when it raised).
+        """
+        if not self._enabled:
+            yield
+            return
+        original: Callable[..., Any] = threading.Thread.start
+        started = self._started
+
+        def start(thread: threading.Thread, /) -> None:
+            started[thread] = _where_started(inspect.currentframe())
+            original(thread)
+
+        threading.Thread.start = start  # type: ignore[method-assign, assignment]
+        global _current
+        _current = self
+        try:
+            yield
+        finally:
+            _current = None
+            threading.Thread.start = original  # type: ignore[method-assign]
+
+    def accept(self, threads: set[threading.Thread]) -> None:
+        """Take what is open and running now, and these threads, as the call's starting
+        point: made on purpose to outlive the call."""
+        for thread in threads:
+            self._started.pop(thread, None)
+        self._fds |= _open_fds()
+        self._children |= _live_children()
+
+    def findings(self) -> tuple[str, ...]:
+        """What the call left behind, one line each (empty when nothing).
+
+        A thread that has finished, or that the call joined, is not a leak; nothing here
+        waits for a thread to finish: one alive now outlives the call.
+        """
+        if not self._enabled:
+            return ()
+        found = [
+            f"thread {thread.name!r} started at {where} is still alive"
+            for thread, where in self._started.items()
+            if thread.is_alive()
+        ]
+        self._started.clear()  # holds no thread beyond the call
+        for pid in sorted(_live_children() - self._children):
+            found.append(f"child process {pid} ({_command(pid)}) is still running")
+        for fd in sorted(_open_fds() - self._fds):
+            target = _file_target(fd)
+            if target is not None:
+                found.append(f"file descriptor {fd} ({target}) is still open")
+        return tuple(found)
+
+
+def kill_children() -> None:
+    """SIGKILL this process's live children (as the rank exits: a subprocess a test left
+    running must not outlive it, also when the controller that would kill it is gone)."""
+    for pid in _live_children():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass  # gone meanwhile, or no longer ours to kill
+
+
+def _where_started(frame: FrameType | None) -> str:
+    """``file:line`` of the first caller outside the standard library (else outside
+    ``threading``); paths under the working directory are shown relative to it."""
+    fallback = None
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name not in (_THREADING_FILE, _OWN_FILE):
+            if fallback is None:
+                fallback = frame
+            if not (name.startswith(_STDLIB) and not name.startswith(_SITE)):
+                break
+        frame = frame.f_back
+    chosen = frame or fallback
+    if chosen is None:
+        return "<unknown>"
+    name = chosen.f_code.co_filename
+    relative = os.path.relpath(name)
+    return f"{name if relative.startswith('..') else relative}:{chosen.f_lineno}"
+
+
+def _open_fds() -> set[int]:
+    """This process's open file descriptors."""
+    if not _PROC:
+        return set()
+    fds = {int(entry) for entry in os.listdir(_FD_DIR)}
+    if not fds:
+        return fds
+    # The listing holds the descriptor it read the directory through, closed by now. It was
+    # the lowest free one then, and is again: a dup finds it (or fails, if it was the top
+    # one). Left in, a file the call opens would take that number and go unnoticed.
+    top = max(fds)
+    try:
+        own = os.dup(top)
+    except OSError:
+        fds.discard(top)
+    else:
+        os.close(own)
+        fds.discard(own)
+    return fds
+
+
+def _file_target(fd: int) -> str | None:
+    """The path ``fd`` points at, when that is a file or directory outside ``/dev``."""
+    try:
+        target = os.readlink(f"{_FD_DIR}/{fd}")
+    except OSError:
+        return None  # closed since (the listing's own descriptor, say)
+    if not target.startswith("/") or target.startswith("/dev/"):
+        return None
+    return target
+
+
+def _live_children() -> set[int]:
+    """Pids of this process's children that have not exited (zombies are left out)."""
+    if not _PROC or not _has_children():
+        return set()
+    pids = _children_of_tasks() if _CHILDREN_FILES else _children_by_scan()
+    return {pid for pid in pids if _running(pid)}
+
+
+def _has_children() -> bool:
+    """Whether this process has any child, exited or not: one system call, where reading
+    ``/proc`` costs one read per thread (and most calls leave no child at all)."""
+    try:
+        # WNOWAIT: a child that exited stays unreaped, for whoever waits for it.
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _children_of_tasks() -> set[int]:
+    """Children as the kernel lists them for each thread (``/proc/self/task/*/children``):
+    a listing and a few small reads."""
+    pids: set[int] = set()
+    for task in os.listdir(_TASK_DIR):
+        try:
+            with open(f"{_TASK_DIR}/{task}/children", "rb") as handle:
+                pids.update(int(pid) for pid in handle.read().split())
+        except OSError:
+            continue  # the thread ended meanwhile
+    return pids
+
+
+def _children_by_scan() -> set[int]:
+    """Children found by reading every process's parent from ``/proc`` (the slow way, where
+    the kernel was built without the per-thread ``children`` files)."""
+    me = str(os.getpid())
+    return {
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and _stat_fields(int(entry))[1:2] == [me]
+    }
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after the command name: state, ppid, ... ([] when gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    return text.rsplit(")", 1)[-1].split()
+
+
+def _running(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "<gone>"
+    return text or "<no command line>"
