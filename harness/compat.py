@@ -13,6 +13,7 @@ the controller.
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import os
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ __all__ = [
     "asserts_rewritten",
     "bootstrapping",
     "coverage_config_file",
+    "environ_bytes",
     "fixture_defs",
     "forget_forkserver",
     "forkserver_pid",
@@ -108,6 +110,18 @@ def coverage_config_file(cov: Any) -> str | bool:
     """
     path = cov.config.config_file
     return path if isinstance(path, str) and path else False
+
+
+def environ_bytes() -> Mapping[bytes, bytes]:
+    """The live ``os.environ`` as the bytes mapping it keeps (read it, never write it).
+
+    Comparing or copying ``os.environ`` goes through its Mapping methods, decoding every key
+    and value: ~1 µs per variable, paid by every rank at every call to put the environment
+    back. ``os.environ._data`` is the dict of bytes those methods read, copied and compared
+    at C speed; there is no public equivalent.
+    """
+    data: Mapping[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
+    return data
 
 
 # -- pytest ----------------------------------------------------------------------------------
@@ -232,6 +246,13 @@ def _probe_inheriting() -> object:
     return source
 
 
+def _probe_environ_bytes() -> object:
+    data = environ_bytes()
+    if not isinstance(data, dict) or (data and not isinstance(next(iter(data)), bytes)):
+        raise TypeError("os.environ._data is no longer a dict of bytes")
+    return data
+
+
 def _probe_coverage_config() -> object:
     import coverage
 
@@ -299,6 +320,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
     "multiprocessing.current_process()._inheriting": _probe_inheriting,
+    "os.environ._data (the bytes behind os.environ)": _probe_environ_bytes,
     "coverage.Coverage.config.config_file": _probe_coverage_config,
     "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
     "_pytest.skipping.xfailed_key": _probe_xfailed_key,

@@ -313,7 +313,8 @@ class World:
         workdir = os.path.join(self._state.root, f"g{self._generation}")
         os.mkdir(workdir, 0o700)
         self._state.workdir = workdir
-        self._environ = dict(os.environ)  # what the ranks inherit; calls send only changes
+        # What the ranks inherit; calls send only changes.
+        self._environ = dict(compat.environ_bytes())
         self._state.ranks = spawn.start_ranks(
             self.world_size, self.backend, workdir, coverage.settings(), init=self.init
         )
@@ -418,11 +419,16 @@ def run(
         return world.run(fn, args=args, kwargs=kwargs, timeout=timeout)
 
 
-def _environ_changes(started: dict[str, str]) -> dict[str, str | None] | None:
-    """How ``os.environ`` differs from ``started``: new values, None for removed variables."""
-    now = os.environ
-    changes: dict[str, str | None] = {k: v for k, v in now.items() if started.get(k) != v}
-    changes.update((k, None) for k in started.keys() - now.keys())
+def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
+    """How ``os.environ`` differs from ``started`` (its bytes, see ``compat.environ_bytes``):
+    new values, None for removed variables. Compared as bytes: this runs at every call."""
+    now = compat.environ_bytes()
+    if now == started:
+        return None
+    changes: dict[str, str | None] = {
+        os.fsdecode(k): os.fsdecode(v) for k, v in now.items() if started.get(k) != v
+    }
+    changes.update((os.fsdecode(k), None) for k in started if k not in now)
     return changes or None
 
 

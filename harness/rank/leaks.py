@@ -70,15 +70,11 @@ _current: Watch | None = None
 def lasting() -> Iterator[None]:
     """What the block starts or opens is meant to outlive the call (a wider-scoped
     fixture's threads, files, processes: they end with its scope): not a leak of the call."""
-    watch = _current
-    if watch is None or not watch._enabled:
+    if _current is None:
         yield
         return
-    before = set(watch._started)
-    try:
+    with _current.lasting():
         yield
-    finally:
-        watch.accept(set(watch._started) - before)
 
 
 class Watch:
@@ -126,13 +122,21 @@ class Watch:
             _current = None
             threading.Thread.start = original  # type: ignore[method-assign]
 
-    def accept(self, threads: set[threading.Thread]) -> None:
-        """Take what is open and running now, and these threads, as the call's starting
-        point: made on purpose to outlive the call."""
-        for thread in threads:
-            self._started.pop(thread, None)
-        self._fds |= _open_fds()
-        self._children |= _live_children()
+    @contextmanager
+    def lasting(self) -> Iterator[None]:
+        """See the module's :func:`lasting`: what the block starts or opens is the call's
+        starting point, not its leak."""
+        if not self._enabled:
+            yield
+            return
+        before = set(self._started)
+        try:
+            yield
+        finally:
+            for thread in set(self._started) - before:
+                del self._started[thread]
+            self._fds |= _open_fds()
+            self._children |= _live_children()
 
     def findings(self) -> tuple[str, ...]:
         """What the call left behind, one line each (empty when nothing).

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from harness import compat
+
 
 @dataclass
 class ProcessState:
@@ -32,7 +34,7 @@ class ProcessState:
     threads: int
     sys_path: list[str]
     cwd: str
-    environ: dict[str, str]
+    environ: dict[bytes, bytes]
     log_level: int
     log_handlers: list[logging.Handler] = field(default_factory=list)
 
@@ -47,14 +49,13 @@ class ProcessState:
             threads=torch.get_num_threads(),
             sys_path=list(sys.path),
             cwd=os.getcwd(),
-            environ=dict(os.environ),
+            environ=dict(compat.environ_bytes()),
             log_level=root.level,
             log_handlers=list(root.handlers),
         )
 
-    def restore(self, environ: Mapping[str, str] | None = None) -> None:
-        """Put everything back; ``environ`` is the environment to restore, when a call had its
-        own (see ``Call.env``). Only what differs is touched: this runs after every call."""
+    def restore(self) -> None:
+        """Put everything back. Only what differs is touched: this runs after every call."""
         if torch.get_default_dtype() != self.dtype:
             torch.set_default_dtype(self.dtype)
         if torch.is_grad_enabled() != self.grad:
@@ -75,9 +76,22 @@ class ProcessState:
             root.setLevel(self.log_level)
         if root.handlers != self.log_handlers:
             root.handlers[:] = self.log_handlers
-        update_environ(environ if environ is not None else self.environ, exact=True)
+        _restore_environ(self.environ)
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
+
+
+def _restore_environ(saved: dict[bytes, bytes]) -> None:
+    # Compared as the bytes os.environ keeps: equal (one C-level comparison) after most
+    # calls, and otherwise only the variables that differ are decoded and set.
+    now = compat.environ_bytes()
+    if now == saved:
+        return
+    for key in [key for key in now if key not in saved]:
+        del os.environ[os.fsdecode(key)]
+    for key, value in saved.items():
+        if now.get(key) != value:
+            os.environ[os.fsdecode(key)] = os.fsdecode(value)
 
 
 def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
@@ -85,14 +99,13 @@ def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> 
 
     Only what differs is touched: setting a whole environment costs milliseconds.
     """
-    now = dict(os.environ)
     if exact:
-        for key in now.keys() - wanted.keys():
+        for key in [key for key in os.environ if key not in wanted]:
             del os.environ[key]
     for key, value in wanted.items():
         if value is None:
             os.environ.pop(key, None)
-        elif now.get(key) != value:
+        elif os.environ.get(key) != value:
             os.environ[key] = value
 
 
