@@ -385,7 +385,7 @@ def test_a_failing_rank_fixture_is_the_tests_setup_or_teardown_error(
     result.stdout.fnmatch_lines(
         [
             "*ERROR at setup of test_setup_fails*",
-            "*rank 1 (root cause)*",
+            "*- rank 1*",
             "*RuntimeError: cannot set up on rank 1*",
             "*ERROR at teardown of test_teardown_fails*",
             "*RuntimeError: cannot tear down on rank 0*",
