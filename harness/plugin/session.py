@@ -113,7 +113,8 @@ class DistSession:
     def prepare(self, item: pytest.Function) -> None:
         """Before pytest sets up the test's fixtures: take those that run in the ranks out of
         pytest's hands (see :mod:`harness.plugin.rank_fixtures`)."""
-        item.stash[_RANK_SIDE] = rank_fixtures.split(item)
+        if _RANK_SIDE not in item.stash:  # once: a rerun finds pytest's part already trimmed
+            item.stash[_RANK_SIDE] = rank_fixtures.split(item)
 
     def run_item(self, item: pytest.Function) -> None:
         """Run a marked test on its ranks (pytest's setup phase, fixtures set up); raise what
