@@ -94,7 +94,7 @@ class RankFiles:
 
     def capture(self) -> OutputCapture:
         """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files (see
-        :class:`OutputCapture`)."""
+        :class:`OutputCapture`; make one per process and reuse it)."""
         return OutputCapture(self.path("out"), self.path("err"))
 
     # -- read by the controller ----------------------------------------------------------
@@ -131,19 +131,29 @@ class OutputCapture:
 
     File descriptors rather than ``sys.stdout``: output of C++ code, subprocesses and
     ``os.write`` is captured too, and what was written before a crash is on disk.
+    A rank makes one and uses it for every captured call: the files are opened once and
+    kept open, and ``start`` empties only a file the last call wrote to, because opening
+    and truncating both files at every call is a measurable part of a test's cost.
     """
 
     def __init__(self, out: str, err: str) -> None:
         self._paths = (out, err)
+        self._files: list[int] = []
         self._saved: list[int] = []
 
     def start(self) -> None:
         flush_std_streams()
-        for fd, path in zip((1, 2), self._paths, strict=True):
-            target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if not self._files:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            self._files = [os.open(path, flags, 0o600) for path in self._paths]
+        else:
+            for target in self._files:
+                if os.lseek(target, 0, os.SEEK_END):  # the last call wrote to it
+                    os.ftruncate(target, 0)
+                    os.lseek(target, 0, os.SEEK_SET)
+        for fd, target in zip((1, 2), self._files, strict=True):
             self._saved.append(os.dup(fd))
-            os.dup2(target, fd)
-            os.close(target)
+            os.dup2(target, fd)  # fd 1 and 2 themselves are inherited by subprocesses
 
     def stop(self) -> None:
         flush_std_streams()

@@ -78,10 +78,17 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
+_capture: tuple[RankFiles, OutputCapture] | None = None
+"""This rank's capture, made at its first captured call and kept (it keeps its files open)."""
+
+
 def redirect(output: str, files: RankFiles, rank: int) -> OutputCapture | PrefixedOutput | None:
     """The redirection a call asked for, not yet started; None for ``inherit``."""
+    global _capture
     if output == OUTPUT_CAPTURE:
-        return files.capture()
+        if _capture is None or _capture[0] != files:
+            _capture = (files, files.capture())
+        return _capture[1]
     if output == OUTPUT_PREFIX:
         return PrefixedOutput(rank)
     return None

@@ -428,3 +428,9 @@ def use_subgroup() -> float:
 
 def kill_self() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def print_lines(out: str, err: str) -> None:
+    """Write ``out`` to stdout (Python's) and ``err`` to file descriptor 2 (C-level)."""
+    print(out, end="")
+    os.write(2, err.encode())

@@ -35,6 +35,18 @@ def test_torch_settings_and_sys_path_a_run_changes_are_put_back(world2: harness.
     assert world2.run(fns.torch_state) == before
 
 
+def test_captured_output_is_each_calls_own(world2: harness.World) -> None:
+    # The capture files are kept open between calls: a call that writes less than the one
+    # before, or nothing, must not show what is left of the earlier output.
+    long = world2.call(fns.print_lines, ("a long first line\n", "err 1\n"), output="capture")
+    assert long.outputs == dict.fromkeys((0, 1), ("a long first line\n", "err 1\n"))
+    short = world2.call(fns.print_lines, ("x\n", ""), output="capture")
+    assert short.outputs == dict.fromkeys((0, 1), ("x\n", ""))
+    assert world2.call(fns.print_lines, ("", ""), output="capture").outputs == dict.fromkeys(
+        (0, 1), ("", "")
+    )
+
+
 def test_a_seeded_call_draws_what_a_fresh_rank_seeded_alike_draws(world2: harness.World) -> None:
     first = world2.call(fns.draw, seed=1234).result()
     world2.run(fns.draw)  # moves the generators on
