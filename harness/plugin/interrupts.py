@@ -142,7 +142,9 @@ def print_interrupt(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseExc
     forget_interrupt_note(interrupt)
     blocks = [(f"rank {rank}", text) for rank, text in sorted(stacks.items())]
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is None:  # a pytest-xdist worker has none: its stderr is the terminal's
+    if reporter is None or hasattr(config, "workerinput"):
+        # A pytest-xdist worker's terminal output goes nowhere (its stdout is the channel to
+        # the controller), but its stderr is the terminal's: Ctrl-C reached it there too.
         out = sys.stderr
         out.write(f"\n{summary}\n")
         for heading, text in blocks:
