@@ -81,6 +81,27 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     assert "from pytest-timeout" not in output
 
 
+def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytester) -> None:
+    # Its timer thread would end the whole pytest process (os._exit) when it fires: a run of
+    # its own, and the session must go on to test_after.
+    pytester.makepyfile(test_hang=HANG.format(marks=""))
+    result = pytester.runpytest_subprocess(
+        "-p", "no:randomly", "--dist-timeout", "3600", "--timeout", str(LIMIT_S),
+        "--timeout-method", "thread",
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"WorldTimeout: the run did not finish within {LIMIT_S} s: ranks 0, 1 still running*",
+            "*-- rank 0 --*",
+            "*threading.Event().wait()",
+            "*-- rank 1 --*",
+            "*threading.Event().wait()",
+        ]
+    )
+    assert "+ Timeout +" not in result.stdout.str()
+
+
 def test_pytest_timeout_below_the_harness_timeout_leaves_the_harnesss_own(
     pytester: pytest.Pytester,
 ) -> None:
