@@ -228,8 +228,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 # so pytest-timeout still arms its timer: the harness pauses it only while the ranks run.
 @pytest.hookimpl(optionalhook=True, tryfirst=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
-    if find_mark(item) is not None and launcher_world() is None:
-        interrupts.timer_armed(item, settings)
+    # Every test's, not only distributed ones': a wider-scoped rank fixture may end in the
+    # teardown of any test (see DistSession._end_scope).
+    interrupts.timer_armed(item, settings)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    interrupts.test_started(item)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

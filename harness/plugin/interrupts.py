@@ -7,9 +7,11 @@ the harness's supervision loop (``selectors.py poll``) and nothing of the ranks.
   (``pytest_timeout_set_timer`` / ``pytest_timeout_cancel_timer``). While the ranks run, the
   harness pauses that timer and takes pytest-timeout's limit over as the test's deadline
   (the smaller of it and the harness's own ``timeout``; the limit counts from the start of
-  the test, setup included, as pytest-timeout counts it). A hang is then the harness's own
-  ``WorldTimeout`` report with every rank's stack. Afterwards the timer is armed again for
-  what is left of the limit, so a hanging teardown in the pytest process is still caught.
+  the test, setup included, as pytest-timeout counts it, but not the start of a world,
+  which has a bound of its own). A hang is then the harness's own ``WorldTimeout`` report
+  with every rank's stack. Afterwards the timer is armed again for what is left of the
+  limit, so a hanging teardown in the pytest process is still caught. The same holds when a
+  wider-scoped rank fixture ends, in the teardown of whichever test runs then.
 * **Ctrl-C.** ``World.call`` takes the ranks' stacks before it stops them and attaches them
   to the ``KeyboardInterrupt`` (:func:`harness.errors.interrupt_stacks`); the plugin prints
   them before pytest's KeyboardInterrupt summary.
@@ -28,16 +30,23 @@ from harness import compat
 from harness.errors import forget_interrupt_note, interrupt_stacks
 
 _ARMED = pytest.StashKey[tuple[Any, float]]()
+_RUNNING = pytest.StashKey[pytest.Item]()
 
 
 def timer_armed(item: pytest.Item, settings: Any) -> None:
-    """Note that pytest-timeout arms its timer for a distributed test, and when.
+    """Note that pytest-timeout arms its timer for a test, and when.
 
     Args:
         item: The test.
         settings: pytest-timeout's ``Settings`` for it (``timeout``, ``method``, ...).
     """
     item.stash[_ARMED] = (settings, time.monotonic())
+
+
+def test_started(item: pytest.Item) -> None:
+    """Note the test pytest runs now: a wider-scoped rank fixture ends in its teardown, under
+    its pytest-timeout timer, whichever test set the fixture up."""
+    item.config.stash[_RUNNING] = item
 
 
 class PytestTimeout:
@@ -68,14 +77,33 @@ class PytestTimeout:
             ranks ran), from its settings, counted from now.
         """
         armed = item.stash.get(_ARMED, None)
-        if armed is not None:
-            del item.stash[_ARMED]
+        # Under func_only the timer is armed in the call phase: such a note is a previous
+        # run's (pytest-rerunfailures). Without it, pytest-timeout notes each run afresh.
+        if armed is not None and not armed[0].func_only:
             settings, started = armed
             return cls(item, settings, started, armed=True)
         settings = compat.pytest_timeout_settings(item)
         if settings is None or not settings.timeout or settings.timeout <= 0:
             return None
         return cls(item, settings, time.monotonic(), armed=False)
+
+    @classmethod
+    def in_teardown(cls, config: pytest.Config) -> PytestTimeout | None:
+        """The pytest-timeout timer armed for the test whose teardown runs now, or None.
+
+        Args:
+            config: The pytest configuration.
+
+        Returns:
+            The limit, when pytest-timeout's timer covers that teardown (not under
+            ``func_only``, whose timer ends with the call phase).
+        """
+        item = config.stash.get(_RUNNING, None)
+        armed = item.stash.get(_ARMED, None) if item is not None else None
+        if item is None or armed is None or armed[0].func_only:
+            return None
+        settings, started = armed
+        return cls(item, settings, started, armed=True)
 
     def bound(self, timeout: float) -> float:
         """The deadline of the ranks' run: the smaller of ``timeout`` and what is left of the
@@ -97,11 +125,12 @@ class PytestTimeout:
         bound, rather than a second timeout failure the moment it starts)."""
         if not self._armed:
             return
-        left = self.end - time.monotonic()
+        now = time.monotonic()
+        left = self.end - now
         settings = self._settings._replace(timeout=left if left > 0 else self.limit)
         self._item.config.hook.pytest_timeout_set_timer(item=self._item, settings=settings)
-        if _ARMED in self._item.stash:  # noted again by that call: not a new test's timer
-            del self._item.stash[_ARMED]
+        # That call noted the shortened limit; keep pytest-timeout's own and its end instead.
+        self._item.stash[_ARMED] = (self._settings, self.end - self.limit if left > 0 else now)
 
     def hint(self) -> str:
         """What a ``WorldTimeout`` at this deadline says about it."""

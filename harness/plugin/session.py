@@ -229,6 +229,12 @@ class DistSession:
 
     def _end_scope(self, item: pytest.Function, scope_key: str, timeout: float) -> None:
         errors = []
+        # Run in some test's teardown, under its pytest-timeout timer, if any: as in run_item.
+        limit = interrupts.PytestTimeout.in_teardown(self.config)
+        own_timeout = timeout
+        if limit is not None:
+            timeout = limit.bound(timeout)
+            limit.pause()
         for world in self._scopes.pop(scope_key, set()):
             if world.closed or world.broken:
                 continue  # its processes, and the fixtures in them, are gone already
@@ -236,6 +242,11 @@ class DistSession:
             report.add_output_sections(item, outcome.outputs)
             if outcome.error is not None:
                 errors.append(outcome.error)
+        if limit is not None:
+            limit.resume()
+            for error in errors:
+                if isinstance(error, WorldTimeout) and timeout < own_timeout:
+                    error.hint = limit.hint()
         if errors:
             raise errors[0]
 

@@ -81,6 +81,50 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     assert "from pytest-timeout" not in output
 
 
+def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
+    pytester: pytest.Pytester,
+) -> None:
+    # A module-scoped rank fixture ends in the teardown of the module's last test, in a call
+    # of its own: what is left of that test's pytest-timeout limit is its deadline. (The
+    # first test starts the world, so that the second has most of its limit left.)
+    pytester.makepyfile(
+        test_scoped="""
+        import threading
+
+        import harness
+        import pytest
+
+
+        @harness.fixture(scope="module")
+        def resource(rank):
+            yield rank
+            threading.Event().wait()
+
+
+        @pytest.mark.distributed(world_size=2)
+        def test_before(rank):
+            pass
+
+
+        @pytest.mark.distributed(world_size=2)
+        def test_uses(resource):
+            pass
+        """
+    )
+    result = pytester.runpytest(
+        "-p", "no:randomly", "--dist-timeout", "3600", "--timeout", str(LIMIT_S)
+    )  # fmt: skip
+    result.assert_outcomes(passed=2, errors=1)
+    text = reports(result, "teardown")["test_uses"].longreprtext
+    assert text.startswith("WorldTimeout: the run did not finish within"), text
+    for rank in (0, 1):
+        section = text.split(f"-- rank {rank} --", 1)[1]
+        assert 'test_scoped.py", line 10, in resource' in section, text
+        assert "threading.Event().wait()" in section, text
+    assert f"pytest-timeout's limit of {LIMIT_S} s" in text
+    assert "+ Timeout +" not in result.stdout.str()
+
+
 def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytester) -> None:
     # Its timer thread would end the whole pytest process (os._exit) when it fires: a run of
     # its own, and the session must go on to test_after.
