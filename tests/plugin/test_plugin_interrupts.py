@@ -30,16 +30,20 @@ import time
 import pytest
 
 
+# Ample limits of their own: the first imports the module in the ranks, the last runs on
+# the fresh ranks of the rebuilt world, and neither should race the short limit.
+@pytest.mark.timeout(300)
 @pytest.mark.distributed(world_size=2)
 def test_before(rank):
     pass
 
 
-@pytest.mark.distributed(world_size=2){marks}
+@pytest.mark.distributed(world_size=2{dist}){marks}
 def test_hang(rank):
     threading.Event().wait()
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.distributed(world_size=2)
 def test_after(rank):
     pass
@@ -51,7 +55,7 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     marks = f"\n@pytest.mark.timeout({LIMIT_S})" if how == "marker" else ""
-    path = pytester.makepyfile(test_hang=HANG.format(marks=marks))
+    path = pytester.makepyfile(test_hang=HANG.format(dist="", marks=marks))
     hang_line = path.read_text().splitlines().index("    threading.Event().wait()") + 1
     args = ["-p", "no:randomly", "--dist-timeout", "3600"]
     if how == "option":
@@ -101,6 +105,7 @@ def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
             threading.Event().wait()
 
 
+        @pytest.mark.timeout(300)
         @pytest.mark.distributed(world_size=2)
         def test_before(rank):
             pass
@@ -128,7 +133,7 @@ def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
 def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytester) -> None:
     # Its timer thread would end the whole pytest process (os._exit) when it fires: a run of
     # its own, and the session must go on to test_after.
-    pytester.makepyfile(test_hang=HANG.format(marks=""))
+    pytester.makepyfile(test_hang=HANG.format(dist="", marks=""))
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--dist-timeout", "3600", "--timeout", str(LIMIT_S),
         "--timeout-method", "thread",
@@ -151,8 +156,8 @@ def test_pytest_timeout_below_the_harness_timeout_leaves_the_harnesss_own(
 ) -> None:
     # The harness's own timeout is the smaller one here: it is the deadline, as without
     # pytest-timeout, and the report says nothing about pytest-timeout.
-    pytester.makepyfile(test_hang=HANG.format(marks=""))
-    result = pytester.runpytest("-p", "no:randomly", "--dist-timeout", "2", "--timeout", "3600")
+    pytester.makepyfile(test_hang=HANG.format(dist=", timeout=2", marks=""))
+    result = pytester.runpytest("-p", "no:randomly", "--timeout", "3600")
     result.assert_outcomes(passed=2, failed=1)
     text = reports(result)["test_hang"].longreprtext
     assert text.startswith("WorldTimeout: the run did not finish within 2 s"), text
@@ -167,6 +172,7 @@ def test_an_unmarked_test_keeps_pytest_timeouts_own_behaviour(pytester: pytest.P
         import pytest
 
 
+        @pytest.mark.timeout(300)
         @pytest.mark.distributed(world_size=2)
         def test_distributed(rank):
             pass
