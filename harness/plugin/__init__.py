@@ -235,7 +235,7 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item) -> None:
-    interrupts.test_started(item)
+    interrupts.runtest_started(item)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -43,7 +43,7 @@ def timer_armed(item: pytest.Item, settings: Any) -> None:
     item.stash[_ARMED] = (settings, time.monotonic())
 
 
-def test_started(item: pytest.Item) -> None:
+def runtest_started(item: pytest.Item) -> None:
     """Note the test pytest runs now: a wider-scoped rank fixture ends in its teardown, under
     its pytest-timeout timer, whichever test set the fixture up."""
     item.config.stash[_RUNNING] = item
