@@ -32,6 +32,7 @@ __all__ = [
     "live_process_groups",
     "monkeypatch",
     "process_group_count",
+    "pytest_timeout_settings",
     "rewrite_asserts",
     "skip_at_test",
     "test_argnames",
@@ -194,6 +195,22 @@ def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
     return tuple(raises), str(xfailed.reason or "")
 
 
+def pytest_timeout_settings(item: Any) -> Any:
+    """pytest-timeout's settings for a test (``timeout``, ``method``, ``func_only``, ...), or
+    None when pytest-timeout is not active.
+
+    pytest-timeout resolves the marker, ``--timeout``, ``PYTEST_TIMEOUT`` and ini ``timeout``
+    in its private ``_get_item_settings``. Its public hook ``pytest_timeout_set_timer`` hands
+    the settings over when it arms its timer, which is enough at the start of a test; under
+    ``func_only`` it arms the timer only in the call phase, after the harness ran the ranks
+    (in the setup phase), so the settings are read here first.
+    """
+    plugin = item.config.pluginmanager.get_plugin("timeout")
+    if plugin is None:
+        return None
+    return plugin._get_item_settings(item)
+
+
 ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
 """The module :func:`rewrite_asserts` imports (the forkserver preloads it under pytest)."""
 
@@ -315,6 +332,15 @@ def _probe_py_builtins() -> object:
     return names
 
 
+def _probe_pytest_timeout() -> object:
+    import importlib
+
+    getter = importlib.import_module("pytest_timeout")._get_item_settings
+    if not callable(getter):
+        raise TypeError("pytest_timeout._get_item_settings is no longer a function")
+    return getter
+
+
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
@@ -331,6 +357,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "pytest.Config._parser._inidict": _probe_inidict,
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
+    "pytest_timeout._get_item_settings (pytest-timeout)": _probe_pytest_timeout,
 }
 """Each private API above, named as a reader would look it up, with a probe that raises
 (AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

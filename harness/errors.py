@@ -112,3 +112,66 @@ class RankLeak(DistributedError):
 
     Each failing rank's section lists its findings, one per line.
     """
+
+
+_INTERRUPT_ATTR = "__harness_interrupt__"
+
+
+def note_interrupt(interrupt: BaseException, summary: str, stacks: dict[int, str]) -> None:
+    """Attach the ranks' stacks to a ``KeyboardInterrupt`` that stopped a run.
+
+    The interrupt itself is re-raised unchanged (``except KeyboardInterrupt`` and pytest's
+    handling of Ctrl-C must keep working); the stacks travel with it as a note, which the
+    interpreter prints after the traceback (PEP 678, Python 3.11+), and as data for
+    :func:`interrupt_stacks`.
+
+    Args:
+        interrupt: The exception being raised.
+        summary: One line: what was interrupted and what became of the ranks.
+        stacks: Each rank's readable stacks at the interrupt ('' for a rank already gone).
+    """
+    setattr(interrupt, _INTERRUPT_ATTR, (summary, dict(stacks)))
+    parts = [summary]
+    for rank, text in sorted(stacks.items()):
+        parts += [f"---------- rank {rank} ----------", _stack_text(text)]
+    note = "\n".join(parts)
+    notes = getattr(interrupt, "__notes__", None)
+    if isinstance(notes, list):
+        notes.append(note)
+    else:
+        # What BaseException.add_note does on 3.11+; on 3.10 the attribute is only data.
+        interrupt.__notes__ = [note]  # type: ignore[attr-defined]
+
+
+def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
+    """The summary and the ranks' stacks a ``KeyboardInterrupt`` carries from a run it stopped
+    (see :func:`note_interrupt`), or None when it stopped none.
+
+    Args:
+        exc: The caught exception.
+
+    Returns:
+        ``(summary, {rank: stacks})``, or None.
+    """
+    found = getattr(exc, _INTERRUPT_ATTR, None)
+    if not isinstance(found, tuple):
+        return None
+    summary, stacks = found
+    return str(summary), dict(stacks)
+
+
+def forget_interrupt_note(exc: BaseException) -> None:
+    """Drop the note :func:`note_interrupt` added, once the stacks were shown otherwise
+    (pytest folds an exception's notes into its one-line KeyboardInterrupt summary)."""
+    found = interrupt_stacks(exc)
+    notes = getattr(exc, "__notes__", None)
+    if found is None or not isinstance(notes, list):
+        return
+    summary = found[0]
+    notes[:] = [note for note in notes if not (isinstance(note, str) and note.startswith(summary))]
+    if not notes:
+        del exc.__notes__  # type: ignore[attr-defined]
+
+
+def _stack_text(text: str) -> str:
+    return text.rstrip("\n") if text.strip() else "(no stack: the process had already ended)"

@@ -117,7 +117,9 @@ def _private_names(tree: ast.AST) -> list[str]:
             and node.attr.startswith("_")
             and not node.attr.startswith("__")
             and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
-            and node.attr != "_exit"  # os._exit is public
+            # os._exit is public, and so are a namedtuple's _replace (pytest-timeout's
+            # Settings) and _asdict: the underscore only keeps them apart from field names.
+            and node.attr not in ("_exit", "_replace", "_asdict")
         ):
             found.append(f".{node.attr}")
     return found

@@ -26,6 +26,7 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.outcome import Outcome, classify, leak_error, leak_report
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
+from harness.errors import note_interrupt
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Regroup
 from harness.protocol.rank_files import rendezvous_path
@@ -194,6 +195,9 @@ class World:
             DistributedError: ``fn``, an argument or a return value could not be pickled,
                 or the world could not be rebuilt after an earlier failure.
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
+            KeyboardInterrupt: Ctrl-C while the ranks ran: re-raised once every rank's stack
+                was taken (attached to it as a note, which the interpreter prints after the
+                traceback) and the ranks were stopped.
         """
         return self.call(fn, args, kwargs, timeout=timeout).result()
 
@@ -228,6 +232,7 @@ class World:
             RuntimeError: The World is closed.
             ValueError: ``timeout`` or ``output`` is invalid.
             DistributedError: The call does not pickle, or the world could not be rebuilt.
+            KeyboardInterrupt: As :meth:`run`.
         """
         if self.closed:
             raise RuntimeError("this World is closed; create a new one")
@@ -271,8 +276,23 @@ class World:
             )
             if outcome.leaks and self.leaks == "error":
                 outcome = leak_error(outcome, name or _call_name(fn))
+        except KeyboardInterrupt as interrupt:
+            # Ctrl-C: say where each rank was, as a timeout does, then stop them all. A
+            # second Ctrl-C while the stacks are taken still stops them (the finally).
+            self._broken = True
+            try:
+                stacks = supervise.stacks_now(ranks)
+            finally:
+                _stop(self._state)
+            note_interrupt(
+                interrupt,
+                f"{name or _call_name(fn)} was interrupted (KeyboardInterrupt); each rank's "
+                "stack at the interrupt follows (the ranks were then stopped)",
+                stacks,
+            )
+            raise
         except BaseException:
-            # KeyboardInterrupt or a bug of ours: never leave ranks mid-call behind.
+            # A bug of ours: never leave ranks mid-call behind.
             self._broken = True
             _stop(self._state)
             raise

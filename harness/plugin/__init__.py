@@ -14,6 +14,7 @@ pytest (:mod:`harness.controller`). The rest of the plugin:
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
+* :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
 
 A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`.
 """
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.plugin import report
+from harness.plugin import interrupts, report
 from harness.plugin.launcher import launcher_world
 from harness.plugin.marker import (
     DEFAULT_TIMEOUT_S,
@@ -114,6 +115,7 @@ def pytest_configure(config: pytest.Config) -> None:
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     leaks_setting(config)  # a bad dist_leaks too
     config.pluginmanager.register(report, "harness-report")
+    config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -220,6 +222,20 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
         return None
     _session(pyfuncitem.config).finish_call(pyfuncitem)
     return True
+
+
+# pytest-timeout's hook (optional: pytest-timeout may not be installed). Nothing is returned,
+# so pytest-timeout still arms its timer: the harness pauses it only while the ranks run.
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
+    # Every test's, not only distributed ones': a wider-scoped rank fixture may end in the
+    # teardown of any test (see DistSession._end_scope).
+    interrupts.timer_armed(item, settings)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    interrupts.runtest_started(item)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

@@ -20,8 +20,8 @@ import pytest
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
-from harness.errors import DistributedError
-from harness.plugin import rank_fixtures, report
+from harness.errors import DistributedError, WorldTimeout
+from harness.plugin import interrupts, rank_fixtures, report
 from harness.plugin.launcher import LauncherRank, launcher_world
 from harness.plugin.marker import (
     BACKEND_PARAM,
@@ -143,6 +143,13 @@ class DistSession:
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
         name = f"test {item.nodeid}"
+        # pytest-timeout's limit, if any, is this test's deadline; its timer must not fire
+        # while the ranks run (it would show our frames, not theirs): see plugin.interrupts.
+        limit = interrupts.PytestTimeout.of(item)
+        own_timeout = timeout
+        if limit is not None:
+            timeout = limit.bound(timeout)
+            limit.pause()
         if isolate:
             with World(world_size, backend=backend, init=init, leaks=self.leaks) as world:
                 outcome = world.call(
@@ -158,7 +165,11 @@ class DistSession:
                 run_test, (ref, plan), timeout=timeout, output=output, seed=seed, name=name
             )
             if outcome.error is None:
-                self._keep_scopes(item, plan, world, timeout)
+                self._keep_scopes(item, plan, world, own_timeout)
+        if limit is not None:
+            limit.resume()
+            if isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
+                outcome.error.hint = limit.hint()
         report.add_output_sections(item, outcome.outputs)
         phase = _phase(outcome.error)
         if outcome.error is not None and phase == "setup":
@@ -218,6 +229,12 @@ class DistSession:
 
     def _end_scope(self, item: pytest.Function, scope_key: str, timeout: float) -> None:
         errors = []
+        # Run in some test's teardown, under its pytest-timeout timer, if any: as in run_item.
+        limit = interrupts.PytestTimeout.in_teardown(self.config)
+        own_timeout = timeout
+        if limit is not None:
+            timeout = limit.bound(timeout)
+            limit.pause()
         for world in self._scopes.pop(scope_key, set()):
             if world.closed or world.broken:
                 continue  # its processes, and the fixtures in them, are gone already
@@ -225,6 +242,11 @@ class DistSession:
             report.add_output_sections(item, outcome.outputs)
             if outcome.error is not None:
                 errors.append(outcome.error)
+        if limit is not None:
+            limit.resume()
+            for error in errors:
+                if isinstance(error, WorldTimeout) and timeout < own_timeout:
+                    error.hint = limit.hint()
         if errors:
             raise errors[0]
 
