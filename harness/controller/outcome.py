@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness import compat
-from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
+from harness.controller import verdicts
+from harness.errors import (
+    CollectiveMismatch,
+    DistributedError,
+    RankCrash,
+    RankError,
+    RankLeak,
+    WorldTimeout,
+)
 from harness.protocol.failures import (
     EXIT_MAIN_REIMPORTED,
     MAIN_GUARD_HINT,
@@ -24,6 +32,7 @@ from harness.protocol.failures import (
     ranks_phrase,
 )
 from harness.protocol.messages import Done, Failed, RankMessage, Ready, Skipped
+from harness.protocol.traces import RankTrace
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,8 @@ def classify(
     stacks: Mapping[int, str] | None = None,
     starting: str | None = None,
     init: bool = True,
+    traces: Mapping[int, RankTrace | None] | None = None,
+    check_collectives: bool = True,
 ) -> Outcome:
     """Decide what a call (or the start of a world) amounts to.
 
@@ -114,13 +125,19 @@ def classify(
         init: Whether the world has a harness default group. Without one, the groups a call
             leaves (and their counters) are all destroyed before the next call, so they
             never make it unfit.
+        traces: The collective traces of ranks that had not answered, taken on request
+            (the others' come with their reply); None for a rank that gave none.
+        check_collectives: Whether a call that returned on every rank has its ranks'
+            collectives compared (the desync check; their ``Done`` then carries them).
 
     Returns:
         For a call: the values when every rank returned; the skip when every rank skipped;
         otherwise the error. ``RankError`` / ``RankCrash`` (whichever the first failure in
         time was) list that failure first, then later failures, then skips, and name the
         ranks torn down; a skip on some ranks only is a ``RankError``; ranks that did not
-        answer with no failure at all are a ``WorldTimeout`` with every rank's stacks.
+        answer with no failure at all are a ``WorldTimeout`` with every rank's stacks. An
+        error carries the ranks' collectives and the verdicts on them. A call that returned
+        everywhere but whose collectives differ between ranks is a ``CollectiveMismatch``.
         For a start: no error when every rank is ``Ready``, else a ``DistributedError``
         listing the ranks that did not come up, by rank.
     """
@@ -130,9 +147,25 @@ def classify(
     done = {r: m for r, m in replies.items() if isinstance(m, Done)}
     skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
     if len(done) == world_size:
-        return _values(done, init)
+        outcome = _values(done, init)
+        if check_collectives and outcome.error is None:
+            outcome = _desync_check(outcome, done, world_size)
+        return outcome
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
+    outcome = _failed(replies, world_size, timeout, stacks, skipped)
+    if outcome.error is not None:
+        _add_collectives(outcome.error, replies, traces or {}, world_size)
+    return outcome
+
+
+def _failed(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    timeout: float | None,
+    stacks: Mapping[int, str],
+    skipped: dict[int, Skipped],
+) -> Outcome:
     silent = [rank for rank in range(world_size) if rank not in replies]
     events = sorted(
         ((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died))),
@@ -157,6 +190,59 @@ def classify(
             failures,
             {rank: stacks.get(rank, "") for rank in range(world_size)},
         )
+    )
+
+
+def _add_collectives(
+    error: DistributedError,
+    replies: Mapping[int, Reply],
+    fetched: Mapping[int, RankTrace | None],
+    world_size: int,
+) -> None:
+    """Give a failed call's error each rank's collectives and the verdicts on them."""
+    traces: dict[int, RankTrace | None] = {}
+    states: dict[int, str] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, (Done, Failed, Skipped)):
+            traces[rank] = reply.trace
+            states[rank] = verdicts.DONE if isinstance(reply, Done) else verdicts.FAILED
+        elif isinstance(reply, Died):
+            traces[rank], states[rank] = None, verdicts.DIED
+        else:
+            traces[rank], states[rank] = fetched.get(rank), verdicts.RUNNING
+    if not any(trace is not None and trace.recent for trace in traces.values()):
+        return  # the call issued no collective: nothing to show
+    error.collectives = traces
+    error.verdicts = verdicts.find(traces, states, world_size)
+
+
+def _desync_check(outcome: Outcome, done: dict[int, Done], world_size: int) -> Outcome:
+    """The desync check of a call that returned on every rank: its outcome, or a
+    ``CollectiveMismatch`` when the ranks' collectives differ."""
+    traces = {rank: reply.trace for rank, reply in done.items()}
+    if any(trace is None for trace in traces.values()) or verdicts.fast_equal(traces):
+        return outcome
+    states = dict.fromkeys(traces, verdicts.DONE)
+    found = verdicts.find(traces, states, world_size)
+    if not found:
+        return outcome  # differences that are right (a subgroup's members, split sizes)
+    keep = verdicts.in_step(traces, world_size)
+    summary = (
+        "the call returned on every rank, but the ranks' collectives do not match (its "
+        f"results may be wrong): {found[0]}"
+    )
+    if not keep:
+        summary += "; the world is rebuilt before the next call"
+    error = CollectiveMismatch(summary)
+    error.collectives = dict(traces)
+    error.verdicts = found
+    return Outcome(
+        error=error,
+        reusable=outcome.reusable and keep,
+        notice=outcome.notice,
+        regroup=outcome.regroup and keep,
+        leaks=outcome.leaks,
     )
 
 
