@@ -228,12 +228,11 @@ def _desync_check(outcome: Outcome, done: dict[int, Done], world_size: int) -> O
     if not found:
         return outcome  # differences that are right (a subgroup's members, split sizes)
     keep = verdicts.in_step(traces, world_size)
+    rebuilt = "" if keep else "; the world is rebuilt before the next call"
     summary = (
-        "the call returned on every rank, but the ranks' collectives do not match (its "
-        f"results may be wrong): {found[0]}"
+        "every rank returned, but their collectives do not match, so the results may be "
+        f"wrong{rebuilt}: {found[0]}"
     )
-    if not keep:
-        summary += "; the world is rebuilt before the next call"
     error = CollectiveMismatch(summary)
     error.collectives = dict(traces)
     error.verdicts = found

@@ -178,14 +178,18 @@ def _missing(
 
 def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTrace]) -> str:
     """``"wait in"`` when every one of ``ranks`` is inside collective ``#top`` of the group
-    (``"were in"`` when they raised there: a peer left); '' otherwise."""
+    (``"were in"`` when they raised there: a peer left; singular for one rank); ''
+    otherwise."""
     states = set()
     for rank in ranks:
         last = known[rank].last(group)
         if last is None or last.seq != top or last.state not in (IN_FLIGHT, RAISED):
             return ""
         states.add(last.state)
-    return "wait in" if states == {IN_FLIGHT} else "were in"
+    many = len(ranks) > 1
+    if states == {IN_FLIGHT}:
+        return "wait in" if many else "waits in"
+    return "were in" if many else "was in"
 
 
 def _where(rank: int, trace: RankTrace, group: str) -> str:
