@@ -73,6 +73,8 @@ class Outcome:
         leaks: What a successful call left behind in each rank that no reset undoes, by
             rank, one line per finding (ranks that left nothing are absent); see
             :func:`leak_report` and :func:`leak_error`.
+        suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
+            their traces and completes the desync check with :func:`desync`.
     """
 
     values: list[Any] | None = None
@@ -83,6 +85,7 @@ class Outcome:
     notice: str = ""
     regroup: bool = False
     leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    suspect: bool = False
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -125,10 +128,12 @@ def classify(
         init: Whether the world has a harness default group. Without one, the groups a call
             leaves (and their counters) are all destroyed before the next call, so they
             never make it unfit.
-        traces: The collective traces of ranks that had not answered, taken on request
-            (the others' come with their reply); None for a rank that gave none.
+        traces: The collective traces, taken on request, of the ranks that had not answered
+            or that returned while others failed (a failure's own reply carries its trace);
+            None for a rank that gave none.
         check_collectives: Whether a call that returned on every rank has its ranks'
-            collectives compared (the desync check; their ``Done`` then carries them).
+            fingerprints of their collectives compared (the desync check's first half; see
+            ``Outcome.suspect`` and :func:`desync`).
 
     Returns:
         For a call: the values when every rank returned; the skip when every rank skipped;
@@ -137,7 +142,7 @@ def classify(
         ranks torn down; a skip on some ranks only is a ``RankError``; ranks that did not
         answer with no failure at all are a ``WorldTimeout`` with every rank's stacks. An
         error carries the ranks' collectives and the verdicts on them. A call that returned
-        everywhere but whose collectives differ between ranks is a ``CollectiveMismatch``.
+        everywhere but whose ranks' fingerprints differ is marked ``suspect``.
         For a start: no error when every rank is ``Ready``, else a ``DistributedError``
         listing the ranks that did not come up, by rank.
     """
@@ -148,8 +153,9 @@ def classify(
     skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
     if len(done) == world_size:
         outcome = _values(done, init)
+        prints = {rank: reply.collectives for rank, reply in done.items()}
         if check_collectives and outcome.error is None:
-            outcome = _desync_check(outcome, done, world_size)
+            outcome.suspect = not verdicts.agree(prints, world_size)
         return outcome
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
@@ -204,9 +210,10 @@ def _add_collectives(
     states: dict[int, str] = {}
     for rank in range(world_size):
         reply = replies.get(rank)
-        if isinstance(reply, (Done, Failed, Skipped)):
-            traces[rank] = reply.trace
-            states[rank] = verdicts.DONE if isinstance(reply, Done) else verdicts.FAILED
+        if isinstance(reply, Done):
+            traces[rank], states[rank] = fetched.get(rank), verdicts.DONE
+        elif isinstance(reply, (Failed, Skipped)):
+            traces[rank], states[rank] = reply.trace, verdicts.FAILED
         elif isinstance(reply, Died):
             traces[rank], states[rank] = None, verdicts.DIED
         else:
@@ -217,16 +224,30 @@ def _add_collectives(
     error.verdicts = verdicts.find(traces, states, world_size)
 
 
-def _desync_check(outcome: Outcome, done: dict[int, Done], world_size: int) -> Outcome:
-    """The desync check of a call that returned on every rank: its outcome, or a
-    ``CollectiveMismatch`` when the ranks' collectives differ."""
-    traces = {rank: reply.trace for rank, reply in done.items()}
-    if any(trace is None for trace in traces.values()) or verdicts.fast_equal(traces):
-        return outcome
-    states = dict.fromkeys(traces, verdicts.DONE)
+def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size: int) -> Outcome:
+    """The second half of the desync check, for an outcome whose ranks' fingerprints
+    disagreed (``Outcome.suspect``): compare their whole traces, taken after the call.
+
+    Args:
+        outcome: The successful outcome of a call that returned on every rank.
+        traces: Each rank's trace of that call (None where it could not be read).
+        world_size: The number of ranks.
+
+    Returns:
+        ``outcome`` when the traces agree after all (a checksum collision; differences
+        that are right); otherwise a ``CollectiveMismatch`` outcome, reusable only when the
+        ranks' groups are still in step (see :func:`verdicts.in_step`).
+    """
+    states = dict.fromkeys(range(world_size), verdicts.DONE)
     found = verdicts.find(traces, states, world_size)
+    if not found and all(trace is not None for trace in traces.values()):
+        return outcome
     if not found:
-        return outcome  # differences that are right (a subgroup's members, split sizes)
+        missing = [rank for rank, trace in traces.items() if trace is None]
+        found = [
+            "the ranks' collectives differ (their counts or ops per group), but "
+            f"{ranks_phrase(missing)} did not say which"
+        ]
     keep = verdicts.in_step(traces, world_size)
     rebuilt = "" if keep else "; the world is rebuilt before the next call"
     summary = (
@@ -238,6 +259,7 @@ def _desync_check(outcome: Outcome, done: dict[int, Done], world_size: int) -> O
     error.verdicts = found
     return Outcome(
         error=error,
+        outputs=outcome.outputs,
         reusable=outcome.reusable and keep,
         notice=outcome.notice,
         regroup=outcome.regroup and keep,

@@ -23,6 +23,7 @@ from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
     RAISED,
+    Fingerprint,
     GroupHistory,
     RankTrace,
     group_names,
@@ -76,20 +77,31 @@ def find(
     return verdicts
 
 
-def fast_equal(traces: Mapping[int, RankTrace | None]) -> bool:
-    """Whether every rank issued exactly the same collectives on the same groups: the
-    desync check's common case, decided without looking at single collectives."""
-    first: tuple[object, ...] | None = None
-    for trace in traces.values():
-        if trace is None:
-            return False
-        summary = tuple(
-            (group, h.count, h.op_ids, tuple(op.key for op in h.ops))
-            for group, h in sorted(trace.groups.items())
-        )
-        if first is None:
-            first = summary
-        elif summary != first:
+def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
+    """The desync check's first half: whether every member of every group issued as many
+    collectives on it, with the same ops in the same order (equal checksums), as the
+    other members. Ranks outside a group are not compared for it.
+
+    Args:
+        prints: Each rank's fingerprint (None: the rank did not send one, nothing to check).
+        world_size: The number of ranks.
+    """
+    if any(found is None for found in prints.values()):
+        return True
+    values = list(prints.values())
+    if all(found == values[0] for found in values):
+        return True  # the common case: one comparison per rank
+    seen: dict[str, tuple[int, ...] | None] = {}
+    per_rank: dict[int, dict[str, tuple[int, int]]] = {}
+    for rank, found in prints.items():
+        assert found is not None
+        per_rank[rank] = {}
+        for group, ranks, count, checksum in found:
+            seen.setdefault(group, ranks)
+            per_rank[rank][group] = (count, checksum)
+    for group, ranks in seen.items():
+        members = ranks if ranks is not None else range(world_size)
+        if len({per_rank.get(rank, {}).get(group, (0, 0)) for rank in members}) > 1:
             return False
     return True
 

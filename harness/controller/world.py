@@ -23,12 +23,19 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import Outcome, classify, leak_error, leak_report
+from harness.controller.outcome import Outcome, classify, desync, leak_error, leak_report
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.errors import CollectiveMismatch
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Regroup
+from harness.protocol.messages import (
+    OUTPUT_CAPTURE,
+    OUTPUT_INHERIT,
+    OUTPUTS,
+    Call,
+    Done,
+    Regroup,
+)
 from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0
@@ -281,10 +288,12 @@ class World:
                     pass  # died while idle; its sentinel reports it
             deadline = time.monotonic() + timeout if timeout is not None else None
             replies, timed_out = supervise.gather(ranks, deadline)
-            # What the ranks that did not answer were doing: their collectives (asked first,
-            # answered at once by their watchdog), then their stacks.
-            silent = [proc for proc in ranks if proc.rank not in replies]
-            traces = supervise.traces_now(silent) if silent else {}
+            # A failed call: what the ranks that did not answer, or returned, were doing:
+            # their collectives (asked first, answered at once by their watchdog), then
+            # their stacks. A failure's own reply carries its collectives.
+            done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
+            asked = [proc for proc in ranks if proc.rank not in replies] + done
+            traces = supervise.traces_now(asked) if len(done) < len(ranks) and asked else {}
             stacks = supervise.stacks_now(ranks) if timed_out else {}
             outcome = classify(
                 replies,
@@ -295,6 +304,9 @@ class World:
                 traces=traces,
                 check_collectives=check_collectives,
             )
+            if outcome.suspect:
+                # The ranks' fingerprints differ: their traces say how (kept since the call).
+                outcome = desync(outcome, supervise.traces_now(ranks), self.world_size)
             if outcome.leaks and self.leaks == "error" and outcome.error is None:
                 outcome = leak_error(outcome, name or _call_name(fn))
         except BaseException:

@@ -27,9 +27,9 @@ rank's watchdog thread; when the controller closes it (or dies) that thread save
 and ends the rank, also while its main thread is stuck in a collective. Stack dumps: the
 controller sends ``STACKS_SIGNAL`` and reads the dump from the rank's files
 (:mod:`harness.protocol.rank_files`), which works while the rank's main thread is blocked.
-Collective traces of a rank that has not answered: the controller writes
-``TRACE_REQUEST`` on the lifeline, and the watchdog thread writes what the call in progress
-has issued so far into the rank's ``trace`` file; this too works while the main thread is
+Collective traces: the controller writes ``TRACE_REQUEST`` on the lifeline, and the
+watchdog thread writes what the call in progress has issued so far (between calls: what the
+last call issued) into the rank's ``trace`` file; this works while the main thread is
 blocked in a collective or a sleep (they release the GIL), where a Python signal handler
 would never run.
 
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.protocol.failures import RankFailure
-from harness.protocol.traces import RankTrace
+from harness.protocol.traces import Fingerprint, RankTrace
 
 STACKS_SIGNAL = signal.SIGUSR1
 """The signal on which a rank dumps every thread's stack into its ``stacks`` file."""
@@ -118,9 +118,9 @@ class Call:
     None in a world with a harness group.
     ``check_leaks``: whether the rank looks for what the call leaves behind (threads,
     child processes, open files; see ``Done.leaks``).
-    ``check_collectives``: whether the rank sends the collectives it issued in its ``Done``
-    (``Done.trace``), for the controller's desync check. They are recorded either way, and
-    always sent with ``Failed`` and ``Skipped``.
+    ``check_collectives``: whether the rank sends the fingerprint of the collectives it
+    issued in its ``Done`` (``Done.collectives``), for the controller's desync check. They
+    are recorded either way, and always sent whole with ``Failed`` and ``Skipped``.
     """
 
     payload: bytes
@@ -177,8 +177,11 @@ class Done:
     ``leaks`` is what the call left running or open in the rank, one line each
     (``"thread 'worker' started at test_x.py:12 is still alive"``; see
     :mod:`harness.rank.leaks`); empty when nothing, or when the call did not ask.
-    ``trace`` is what collectives the call issued (see :mod:`harness.protocol.traces`),
-    when the call asked for the desync check (``Call.check_collectives``); else None.
+    ``collectives`` is the fingerprint of the collectives the call issued (see
+    :data:`harness.protocol.traces.Fingerprint`), when the call asked for the desync check
+    (``Call.check_collectives``); else None. Where the ranks' fingerprints differ, the
+    controller asks for their whole traces (``TRACE_REQUEST``), which the ranks keep until
+    their next call.
     """
 
     value: bytes
@@ -186,7 +189,7 @@ class Done:
     group_count: int = 0
     grouped: bool = True
     leaks: tuple[str, ...] = ()
-    trace: RankTrace | None = None
+    collectives: Fingerprint | None = None
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ __all__ = [
     "ISSUED",
     "RAISED",
     "Collective",
+    "Fingerprint",
     "GroupHistory",
     "Op",
     "RankTrace",
@@ -190,6 +191,12 @@ class RankTrace:
 
 EMPTY = RankTrace()
 """The trace of a call that issued nothing."""
+
+Fingerprint = tuple[tuple[str, tuple[int, ...] | None, int, int], ...]
+"""What a rank sends after a passing call for the desync check, instead of its whole trace:
+per process group it issued collectives on, ``(group id, member ranks or None for the
+default group, count, checksum)``, the checksum covering each collective's ``Op.key`` in
+order. Members of a group whose counts or checksums differ are asked for their traces."""
 
 
 def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:

@@ -198,7 +198,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             group_count=compat.process_group_count(),
             grouped=_harness_group_up(),
             leaks=leaked,
-            trace=recorder.trace() if call.check_collectives else None,
+            collectives=recorder.fingerprint() if call.check_collectives else None,
         )
     finally:
         if redirection:

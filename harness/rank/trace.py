@@ -45,6 +45,7 @@ import os
 import sys
 import sysconfig
 import threading
+import zlib
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -64,6 +65,7 @@ from harness.protocol.traces import (
     RAISED,
     SEQUENCE_CAP,
     Collective,
+    Fingerprint,
     GroupHistory,
     Op,
     RankTrace,
@@ -196,9 +198,9 @@ class Recorder:
     def __init__(self) -> None:
         # The threads inside a recorded collective: what they call from there is torch's.
         self.busy: set[int] = set()
-        self._groups: dict[Any, Any] = {}
+        self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
+        self._ended: list[_Group] | None = None  # the call's groups, once the block ended
         self._recent: deque[list[Any]] = deque(maxlen=RECENT)
-        self._trace: RankTrace | None = None
 
     def __enter__(self) -> Recorder:
         global _current
@@ -208,27 +210,45 @@ class Recorder:
     def __exit__(self, *exc_info: object) -> None:
         global _current, _last
         _current = None
-        self._trace = self.trace()
-        _last = self._trace
-        # The call's groups are destroyed before the next call: hold none of them.
+        _last = self
+        # The call's groups are destroyed before the next call: hold none of their handles.
+        # What was recorded becomes a trace only if asked for (a failure, or a desync).
+        self._ended = self._records()
+        for group in self._ended:
+            group.group = None
         self._groups.clear()
+
+    def _records(self) -> list[_Group]:
+        if self._ended is not None:
+            return self._ended
+        # list(): one C-level copy, safe while the main thread records (the GIL).
+        found = [g for g in list(self._groups.values()) if isinstance(g, _Group)]
+        return list(dict.fromkeys(found))
 
     def trace(self) -> RankTrace:
         """What was recorded so far (after the block: what the call issued)."""
-        if self._trace is not None:
-            return self._trace
-        # list(): one C-level copy each, safe while the main thread records (the GIL).
         records = list(self._recent)
-        groups = [g for g in list(self._groups.values()) if isinstance(g, _Group)]
         if not records:
             return EMPTY
         recent = []
         for group, seq, op, place, state in records:
             file, line = place
             recent.append(Collective(group.id, seq, op, file, line, state))
-        return RankTrace(
-            tuple(recent), {g.id: g.history() for g in dict.fromkeys(groups) if g.count}
-        )
+        return RankTrace(tuple(recent), {g.id: g.history() for g in self._records() if g.count})
+
+    def fingerprint(self) -> Fingerprint:
+        """Per group, what the desync check compares: the group's id and member ranks, how
+        many collectives the call issued on it, and a checksum of their ops in order (see
+        :data:`harness.protocol.traces.Fingerprint`). A few microseconds: what the ranks
+        send after every passing call."""
+        prints = []
+        for group in self._records():
+            if not group.count:
+                continue
+            keys = "\0".join(op.key for op in group.op_list).encode()
+            checksum = zlib.crc32(group.op_ids, zlib.crc32(keys))
+            prints.append((group.id, group.ranks, group.count, checksum))
+        return tuple(prints)
 
     def call(self, spec: _Spec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Record ``fn(*args, **kwargs)`` and call it."""
@@ -260,9 +280,12 @@ class Recorder:
             group = self._groups[handle] = self._group(handle)
         if group is _NOT_MEMBER:
             return None  # torch returns at once on a rank outside the group: nothing issued
+        given = len(args)
         raw = tuple(
-            _raw(kind, args[pos] if pos < len(args) else kwargs.get(name, default))
-            for kind, pos, name, default, _, _ in spec.parts
+            [
+                _raw(kind, args[pos] if pos < given else kwargs.get(name, default))
+                for kind, pos, name, default, _, _ in spec.parts
+            ]
         )
         key = (spec.name, raw)  # the name's hash is cached: cheaper than the spec's
         op_id = group.ops.get(key)
@@ -307,8 +330,8 @@ class Recorder:
 _current: Recorder | None = None
 """The recorder of the call in progress; None between calls (wrappers then call through)."""
 
-_last: RankTrace = EMPTY
-"""The trace of the last call that ended."""
+_last: Recorder | None = None
+"""The recorder of the last call that ended."""
 
 
 def snapshot(main_thread: int) -> RankTrace:
@@ -321,7 +344,7 @@ def snapshot(main_thread: int) -> RankTrace:
     """
     recorder = _current
     if recorder is None:
-        return _last
+        return _last.trace() if _last is not None else EMPTY
     trace = recorder.trace()
     where = _position(main_thread)
     return dataclasses.replace(trace, blocked_at=where) if where else trace
@@ -425,6 +448,10 @@ def _spec(name: str, fn: Callable[..., Any]) -> _Spec:
     return _Spec(name, p2p, tuple(parts), position.get("group", -1))
 
 
+_REDUCE_NAMES: dict[int, tuple[Any, str]] = {}
+"""``id(op) -> (op, name)`` of the reduce ops seen (the op is held so its id stays its own)."""
+
+
 def _raw(kind: str, value: Any) -> Any:
     """A hashable description of one argument, cheap to make: nothing is formatted."""
     if value is None:
@@ -440,11 +467,16 @@ def _raw(kind: str, value: Any) -> Any:
     if kind == "objects":
         return len(value)
     if kind == "op":
-        try:
-            hash(value)
-        except TypeError:
-            return _reduce_name(value)
-        return value
+        # A ReduceOp hashes and compares through pybind (about 1 us each): its name,
+        # cached by identity, is what the op table is keyed by.
+        cached = _REDUCE_NAMES.get(id(value))
+        if cached is not None and cached[0] is value:
+            return cached[1]
+        if len(_REDUCE_NAMES) > 64:
+            _REDUCE_NAMES.clear()  # ReduceOp objects made per call (premul_sum): bounded
+        name = _reduce_name(value)
+        _REDUCE_NAMES[id(value)] = (value, name)
+        return name
     if kind == "p2p":
         return tuple(
             (
@@ -547,7 +579,11 @@ def _reduce_name(op: Any) -> str:
 
 def _call_site() -> tuple[str, int]:
     """The first frame outside torch and the harness: where the user called the collective."""
-    frame: FrameType | None = inspect.currentframe()
+    try:
+        # Past this function, Recorder._enter, Recorder.call and the wrapper.
+        frame: FrameType | None = sys._getframe(4)
+    except ValueError:
+        frame = None
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
         frame = frame.f_back
     if frame is None:
