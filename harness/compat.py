@@ -26,6 +26,7 @@ __all__ = [
     "coverage_config_file",
     "environ_bytes",
     "fixture_defs",
+    "flight_recorder_entries",
     "forget_forkserver",
     "forkserver_pid",
     "ini_names",
@@ -67,6 +68,45 @@ def process_group_count() -> int:
 
 
 # -- CPython ---------------------------------------------------------------------------------
+
+
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The variables that turn torch's flight recorder on (set before the process group is made)."""
+
+
+def flight_recorder_entries() -> list[dict[str, Any]]:
+    """What torch's flight recorder holds of this process's collectives, oldest first; empty
+    where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
+
+    Private: ``torch._C._distributed_c10d._dump_fr_trace`` (Gloo and others; torch 2.13
+    records Gloo, including the all-reduces DDP issues from C++) and ``_dump_nccl_trace``
+    (NCCL, CUDA builds only; untested here: no GPU), each a pickled dict whose
+    ``"entries"`` hold ``pg_id``, ``collective_seq_id``, ``profiling_name``
+    (``"gloo:all_reduce"``), ``input_sizes``, ``input_dtypes``, ``state``, ``frames`` and
+    ``time_created_ns`` (wall clock). torch has no public API for it.
+    """
+    if not any(os.environ.get(name, "0") not in ("", "0") for name in FLIGHT_RECORDER_VARIABLES):
+        return []
+    import importlib
+    import pickle
+
+    try:
+        c10d = importlib.import_module("torch._C._distributed_c10d")
+    except ImportError:
+        return []  # torch built without distributed
+    entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = pickle.loads(dump(True, True, False))
+        except Exception:
+            continue  # the recorder of that backend is not set up in this process
+        for entry in data.get("entries", []) if isinstance(data, dict) else []:
+            key = (entry.get("pg_id"), entry.get("record_id"), entry.get("profiling_name"))
+            entries.setdefault(key, entry)
+    return sorted(entries.values(), key=lambda entry: entry.get("time_created_ns", 0))
 
 
 def forkserver_pid() -> int | None:
@@ -315,6 +355,21 @@ def _probe_py_builtins() -> object:
     return names
 
 
+def _probe_flight_recorder() -> object:
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            data = pickle.loads(dump(True, True, False))
+            if not isinstance(data, dict) or "entries" not in data:
+                raise TypeError(f"{name} no longer returns a dict with 'entries'")
+            return data
+    return None  # a torch without a flight recorder: flight_recorder_entries() is empty
+
+
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
@@ -331,6 +386,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "pytest.Config._parser._inidict": _probe_inidict,
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
+    "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
 }
 """Each private API above, named as a reader would look it up, with a probe that raises
 (AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

@@ -169,7 +169,7 @@ def _missing(
         if places:
             text += "; " + "; ".join(places)
         return text
-    after = f"after #{low}" if low else "before its first collective"
+    after = f"after #{low}" if low else "before #1"
     on_group = "" if group == DEFAULT_GROUP else f" on {name}"
     if state == {DONE}:
         what = f"{who} finished the call {after}{on_group}"

@@ -162,11 +162,17 @@ class RankTrace:
         blocked_at: Where the rank's main thread was when the trace was taken while the call
             ran (``"time.sleep at test_x.py:30"``, ``"Event.wait at test_x.py:12"``); ''
             for a trace taken after the call, or when only harness code was running.
+        recorded: What torch's flight recorder holds of the call that the wrapper did not
+            see (collectives torch issued from C++, such as DDP's all-reduces), one line
+            each, oldest first: ``"all_reduce float32[20] on pg 0, #5 (scheduled) at
+            test_x.py:12"``; empty unless the user turned the recorder on
+            (``TORCH_FR_BUFFER_SIZE``).
     """
 
     recent: tuple[Collective, ...] = ()
     groups: dict[str, GroupHistory] = field(default_factory=dict)
     blocked_at: str = ""
+    recorded: tuple[str, ...] = ()
 
     @property
     def in_flight(self) -> Collective | None:
@@ -262,7 +268,7 @@ def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None
     """
     ranks = sorted(set(traces) | set(range(world_size or 0)))
     known = [t for t in traces.values() if t is not None]
-    if not any(t.recent for t in known):
+    if not any(t.recent or t.recorded for t in known):
         return ""
     ids = {g for t in known for g in t.groups} | {c.group for t in known for c in t.recent}
     members = {g: h.ranks for t in known for g, h in t.groups.items()}
@@ -273,8 +279,9 @@ def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None
         if trace is None:
             lines.append(f"rank {rank}: unknown (the rank died or did not answer)")
             continue
+        recorded = [f"  torch's flight recorder: {line}" for line in trace.recorded[-SHOWN:]]
         if not trace.recent:
-            lines.append(f"rank {rank}: none")
+            lines += [f"rank {rank}: none", *recorded]
             continue
         counts = ", ".join(
             f"{h.count} on {names[g]}" for g, h in sorted(trace.groups.items()) if h.count
@@ -291,6 +298,7 @@ def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None
                 f"  {number}{record.op.text}{group} at {record.where}"
                 + ("" if record.state == COMPLETED else f"  [{record.state}]")
             )
+        lines += recorded
     return "\n".join(lines)
 
 

@@ -1,6 +1,6 @@
 """Which collectives a call issues: this module runs INSIDE each rank process, never in the
-controller. It may import the stdlib, torch and the protocol (:mod:`harness.protocol.traces`);
-never the controller, nor pytest.
+controller. It may import the stdlib, torch, the protocol (:mod:`harness.protocol.traces`)
+and ``harness.compat`` (torch's flight recorder is private); never the controller, nor pytest.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
 ``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank, in
@@ -27,7 +27,9 @@ preloaded in the forkserver). torch's flight recorder sees those (measured on to
 with ``TORCH_FR_BUFFER_SIZE`` set, Gloo records DDP's backward all-reduce too), but only
 through private APIs that change between releases and only when the user turned it on
 before the group was made; this wrapper works from torch 2.4 to 2.13 with public functions
-only, and is the source the desync check relies on.
+only, and is the source the desync check relies on. Where the user turned the recorder on,
+a failure's trace adds what it holds of the call that the wrapper did not see
+(``RankTrace.recorded``, through ``harness.compat``).
 
 While the rank's main thread is blocked (in a collective that never completes, or a
 ``time.sleep``) the harness's watchdog thread answers the controller with
@@ -45,6 +47,7 @@ import os
 import sys
 import sysconfig
 import threading
+import time
 import zlib
 from array import array
 from collections import deque
@@ -56,6 +59,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from harness import compat
 from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
@@ -201,9 +205,12 @@ class Recorder:
         self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
         self._recent: deque[list[Any]] = deque(maxlen=RECENT)
+        self.started_ns = 0
 
     def __enter__(self) -> Recorder:
         global _current
+        # torch's flight recorder stamps its entries with the wall clock.
+        self.started_ns = time.time_ns()
         _current = self
         return self
 
@@ -228,13 +235,15 @@ class Recorder:
     def trace(self) -> RankTrace:
         """What was recorded so far (after the block: what the call issued)."""
         records = list(self._recent)
-        if not records:
+        recorded = _flight_recorder(self.started_ns, {(r[2].name, r[3]) for r in records})
+        if not records and not recorded:
             return EMPTY
         recent = []
         for group, seq, op, place, state in records:
             file, line = place
             recent.append(Collective(group.id, seq, op, file, line, state))
-        return RankTrace(tuple(recent), {g.id: g.history() for g in self._records() if g.count})
+        groups = {g.id: g.history() for g in self._records() if g.count}
+        return RankTrace(tuple(recent), groups, recorded=recorded)
 
     def fingerprint(self) -> Fingerprint:
         """Per group, what the desync check compares: the group's id and member ranks, how
@@ -359,6 +368,47 @@ def _library(path: str) -> bool:
     if path.startswith(_SKIPPED_DIRS):
         return True
     return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
+
+
+def _flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tuple[str, ...]:
+    """The collectives torch's flight recorder holds of the call (entries created since
+    ``since_ns``) that the wrapper did not record (``seen``: its ops' names and call
+    sites), one line each; empty where the recorder is off (the usual case: a dict lookup)."""
+    try:
+        entries = compat.flight_recorder_entries()
+    except Exception:
+        return ()  # a private API that changed: the wrapper's record stands alone
+    lines = []
+    for entry in entries:
+        if entry.get("time_created_ns", 0) < since_ns:
+            continue
+        name = str(entry.get("profiling_name", "?")).rpartition(":")[2]
+        place = ("?", 0)
+        for frame in entry.get("frames") or []:
+            path = str(frame.get("filename", ""))
+            if not _library(path):
+                place = (path, int(frame.get("line", 0)))
+                break
+        if (name, place) in seen:
+            continue
+        dtypes = [str(d).lower() for d in entry.get("input_dtypes") or []]
+        sizes = entry.get("input_sizes") or []
+        tensors = ", ".join(
+            f"{_FR_DTYPES.get(d, d)}[{', '.join(map(str, size))}]"
+            for d, size in zip(dtypes, sizes, strict=False)
+        )
+        seq = entry.get("collective_seq_id") or entry.get("p2p_seq_id") or 0
+        where = f"{os.path.basename(place[0])}:{place[1]}" if place[1] else "?"
+        lines.append(
+            f"{name}({tensors}) on pg {entry.get('pg_id', '?')}, #{seq} "
+            f"({entry.get('state', '?')}) at {where}"
+        )
+    return tuple(lines)
+
+
+_FR_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
+              "int": "int32", "bfloat16": "bfloat16", "bool": "bool", "byte": "uint8"}  # fmt: skip
+"""The flight recorder names dtypes as C++ does (``Float``); the wrapper as Python does."""
 
 
 def _position(thread: int) -> str:

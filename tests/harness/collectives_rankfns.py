@@ -125,3 +125,13 @@ def many(count: int) -> None:
     tensor = torch.ones(1)
     for _ in range(count):
         dist.all_reduce(tensor)
+
+
+def ddp_backward_then_fail() -> None:
+    """DDP's constructor and backward issue collectives the wrapper does not see (torch
+    calls them from C++ and private helpers); torch's flight recorder does, when on."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 5))
+    model(torch.ones(2, 4)).sum().backward()  # backward
+    if dist.get_rank() == 1:
+        raise ValueError("after backward")
+    dist.barrier()

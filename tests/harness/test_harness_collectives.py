@@ -11,6 +11,7 @@ import harness_rankfns
 import pytest
 
 import harness
+from harness import compat
 from harness.protocol.traces import COMPLETED, DEFAULT_GROUP, IN_FLIGHT
 
 HANG_S = 5.0
@@ -196,3 +197,20 @@ def test_a_call_without_collectives_has_no_collectives_section(world2: harness.W
         world2.run(harness_rankfns.sleep_forever, timeout=1)
     assert info.value.collectives == {}
     assert "collectives" not in str(info.value)
+
+
+def test_torchs_flight_recorder_adds_what_the_wrapper_cannot_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if compat._probe_flight_recorder() is None:
+        pytest.skip("this torch has no flight recorder")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")  # the ranks inherit it
+    with harness.World(2, backend="gloo", timeout=60) as world:
+        with pytest.raises(harness.RankError) as info:
+            world.run(fns.ddp_backward_then_fail)
+    trace = info.value.collectives[1]
+    assert trace is not None
+    # DDP's gradient all-reduce (4x5 weights + 5 biases), issued from C++ during backward.
+    expected = f"all_reduce(float32[25]) on pg 0, #4 (scheduled) at {fns.line_of('backward')}"
+    assert expected in trace.recorded
+    assert f"torch's flight recorder: {expected}" in str(info.value)
