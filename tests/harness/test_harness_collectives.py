@@ -205,9 +205,11 @@ def test_torchs_flight_recorder_adds_what_the_wrapper_cannot_see(
     if compat._probe_flight_recorder() is None:
         pytest.skip("this torch has no flight recorder")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")  # the ranks inherit it
-    with harness.World(2, backend="gloo", timeout=60) as world:
-        with pytest.raises(harness.RankError) as info:
-            world.run(fns.ddp_backward_then_fail)
+    with (
+        harness.World(2, backend="gloo", timeout=60) as world,
+        pytest.raises(harness.RankError) as info,
+    ):
+        world.run(fns.ddp_backward_then_fail)
     trace = info.value.collectives[1]
     assert trace is not None
     # DDP's gradient all-reduce (4x5 weights + 5 biases), issued from C++ during backward.
