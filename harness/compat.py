@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import multiprocessing.forkserver
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, NoReturn
 
 __all__ = [
@@ -29,6 +30,8 @@ __all__ = [
     "flight_recorder_entries",
     "forget_forkserver",
     "forkserver_pid",
+    "frame",
+    "frame_of_thread",
     "ini_names",
     "live_process_groups",
     "monkeypatch",
@@ -68,6 +71,22 @@ def process_group_count() -> int:
 
 
 # -- CPython ---------------------------------------------------------------------------------
+
+
+def frame(depth: int) -> FrameType | None:
+    """The frame ``depth`` calls above the caller (0: the caller's own), None past the
+    outermost. Private: ``sys._getframe``; ``inspect.stack()`` formats every frame
+    (milliseconds), far too slow for a call site taken at every collective."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:
+        return None
+
+
+def frame_of_thread(ident: int) -> FrameType | None:
+    """The frame a thread is running now (another thread's too, while it is blocked in C),
+    or None. Private: ``sys._current_frames``; ``faulthandler`` writes text, not frames."""
+    return sys._current_frames().get(ident)
 
 
 FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
@@ -355,6 +374,17 @@ def _probe_py_builtins() -> object:
     return names
 
 
+def _probe_frames() -> object:
+    import threading
+
+    here = frame(0)
+    if here is None or here.f_code.co_name != "_probe_frames":
+        raise AttributeError("sys._getframe no longer returns the caller's frame")
+    if frame_of_thread(threading.get_ident()) is None:
+        raise AttributeError("sys._current_frames no longer lists this thread")
+    return here
+
+
 def _probe_flight_recorder() -> object:
     import pickle
 
@@ -387,6 +417,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
     "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
+    "sys._getframe, sys._current_frames": _probe_frames,
 }
 """Each private API above, named as a reader would look it up, with a probe that raises
 (AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

@@ -44,7 +44,6 @@ import functools
 import inspect
 import linecache
 import os
-import sys
 import sysconfig
 import threading
 import time
@@ -415,7 +414,7 @@ def _position(thread: int) -> str:
     """Where ``thread`` is, as a reader names it: ``"Event.wait at test_x.py:12"`` (the
     library function the user's code called), ``"time.sleep at test_x.py:30"`` (a C
     function: named from the source line), or '' when only library code is running."""
-    frame: FrameType | None = sys._current_frames().get(thread)
+    frame = compat.frame_of_thread(thread)
     callee: FrameType | None = None
     while frame is not None and _library(frame.f_code.co_filename):
         callee, frame = frame, frame.f_back
@@ -629,11 +628,8 @@ def _reduce_name(op: Any) -> str:
 
 def _call_site() -> tuple[str, int]:
     """The first frame outside torch and the harness: where the user called the collective."""
-    try:
-        # Past this function, Recorder._enter, Recorder.call and the wrapper.
-        frame: FrameType | None = sys._getframe(4)
-    except ValueError:
-        frame = None
+    # Past this function, Recorder._enter, Recorder.call and the wrapper.
+    frame = compat.frame(4)
     while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
         frame = frame.f_back
     if frame is None:
