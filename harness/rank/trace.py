@@ -454,11 +454,11 @@ def install() -> list[str]:
     """
     modules = [dist, dist.distributed_c10d]
     wrapped = []
-    for name in TRACED:
+    for name, spec in _SPECS.items():
         original = getattr(dist, name, None)
         if original is None or hasattr(original, _ORIGINAL):
             continue
-        wrapper = _wrap(original, _spec(name, original))
+        wrapper = _wrap(original, spec)
         for module in modules:
             if getattr(module, name, None) is original:
                 setattr(module, name, wrapper)
@@ -467,6 +467,18 @@ def install() -> list[str]:
 
 
 _ORIGINAL = "__harness_traced__"
+
+
+def _specs() -> dict[str, _Spec]:
+    """How to record each function this torch has; reading the signatures takes a few ms,
+    so it is done at import, which is in the forkserver: every rank forked from it starts
+    with them."""
+    specs = {}
+    for name in TRACED:
+        fn = getattr(dist, name, None)
+        if fn is not None:
+            specs[name] = _spec(name, getattr(fn, _ORIGINAL, fn))
+    return specs
 
 
 def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
@@ -635,3 +647,6 @@ def _call_site() -> tuple[str, int]:
     if frame is None:
         return ("?", 0)
     return (frame.f_code.co_filename, frame.f_lineno)
+
+
+_SPECS = _specs()
