@@ -5,6 +5,7 @@ timeout that only has to be longer than reaching a collective (no timing is asse
 from __future__ import annotations
 
 import re
+from array import array
 
 import collectives_rankfns as fns
 import harness_rankfns
@@ -12,7 +13,18 @@ import pytest
 
 import harness
 from harness import compat
-from harness.protocol.traces import COMPLETED, DEFAULT_GROUP, IN_FLIGHT
+from harness.controller import verdicts
+from harness.protocol.traces import (
+    COMPLETED,
+    DEFAULT_GROUP,
+    IN_FLIGHT,
+    SHOWN,
+    Collective,
+    GroupHistory,
+    Op,
+    RankTrace,
+    render,
+)
 
 HANG_S = 5.0
 """Bound on a run that hangs on purpose: the ranks reach their collective long before."""
@@ -216,3 +228,87 @@ def test_torchs_flight_recorder_adds_what_the_wrapper_cannot_see(
     expected = f"all_reduce(float32[25]) on pg 0, #4 (scheduled) at {fns.line_of('backward')}"
     assert expected in trace.recorded
     assert f"torch's flight recorder: {expected}" in str(info.value)
+
+
+# ---------------------------------------------------------------- verdicts on plain data
+
+
+def _history(group: str, ranks: tuple[int, ...] | None, ops: list[Op]) -> GroupHistory:
+    distinct = list(dict.fromkeys(ops))
+    ids = array("I", [distinct.index(op) for op in ops]).tobytes()
+    return GroupHistory(
+        group, ranks, len(ops), tuple(distinct), ids, (("/x/test_x.py", 7),), bytes(4 * len(ops))
+    )
+
+
+def _trace(*histories: GroupHistory, last_state: str = COMPLETED) -> RankTrace:
+    recent = []
+    for history in histories:
+        for seq in range(1, history.count + 1):
+            found = history.at(seq)
+            assert found is not None
+            state = last_state if seq == history.count else COMPLETED
+            recent.append(Collective(history.group, seq, found[0], "/x/test_x.py", 7, state))
+    return RankTrace(tuple(recent), {h.group: h for h in histories})
+
+
+SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
+MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")
+GATHER = Op("all_gather", "all_gather(float32[4])", "all_gather([float32[4] x 4])")
+
+
+def test_verdict_groups_ranks_that_agree() -> None:
+    traces = {
+        rank: _trace(_history(DEFAULT_GROUP, None, [SUM, MAX if rank == 2 else SUM]))
+        for rank in range(4)
+    }
+    found = verdicts.find(traces, dict.fromkeys(traces, verdicts.DONE), 4)
+    assert found == [
+        "collective #2 on the default group differs: ranks 0, 1, 3 all_reduce(SUM, float32[4]) "
+        "at test_x.py:7; rank 2 all_reduce(MAX, float32[4]) at test_x.py:7"
+    ]
+    assert verdicts.in_step(traces, 4)  # only a reduce op differs
+
+
+def test_verdict_finished_early_and_ranks_spans() -> None:
+    traces = {
+        rank: _trace(
+            _history(DEFAULT_GROUP, None, [SUM] * 4 + ([GATHER] if rank < 3 else [])),
+            last_state=IN_FLIGHT if rank < 3 else COMPLETED,
+        )
+        for rank in range(4)
+    }
+    states = {0: verdicts.RUNNING, 1: verdicts.RUNNING, 2: verdicts.RUNNING, 3: verdicts.DONE}
+    assert verdicts.find(traces, states, 4) == [
+        "rank 3 finished the call after #4; ranks 0-2 wait in #5 (all_gather)"
+    ]
+    assert not verdicts.in_step(traces, 4)
+
+
+def test_unknown_and_outside_ranks_are_not_compared() -> None:
+    pair = _history("0,1/1", (0, 1), [SUM, SUM])
+    traces = {
+        0: _trace(pair, _history(DEFAULT_GROUP, None, [SUM])),
+        1: _trace(pair, _history(DEFAULT_GROUP, None, [SUM])),
+        2: _trace(_history(DEFAULT_GROUP, None, [SUM])),
+        3: None,  # died: unknown, never a verdict of its own
+    }
+    assert verdicts.find(traces, dict.fromkeys(traces, verdicts.DONE), 4) == []
+
+
+def test_fingerprints_compare_members_only() -> None:
+    everyone = (DEFAULT_GROUP, None, 1, 11)
+    pair = ("0,1/1", (0, 1), 2, 22)
+    prints = {0: (everyone, pair), 1: (everyone, pair), 2: (everyone,)}
+    assert verdicts.agree(prints, 3)
+    assert not verdicts.agree({**prints, 1: (everyone, ("0,1/1", (0, 1), 2, 23))}, 3)
+    assert not verdicts.agree({**prints, 1: (everyone,)}, 3)  # a member that issued none
+    assert verdicts.agree({0: None, 1: (everyone,)}, 2)  # the check was off
+
+
+def test_rendered_section_shows_the_one_in_flight_last() -> None:
+    text = render({0: _trace(_history(DEFAULT_GROUP, None, [SUM] * 8), last_state=IN_FLIGHT)})
+    lines = text.splitlines()
+    assert lines[0] == "rank 0: (8 on the default group)"
+    assert len(lines) == 1 + SHOWN
+    assert lines[-1] == "  #8 all_reduce(SUM, float32[4]) at test_x.py:7  [in flight]"
