@@ -2,10 +2,13 @@
 
 A rank records every collective (and point-to-point op) its call issues through
 ``torch.distributed``'s public functions (:mod:`harness.rank.trace`) and reports it as a
-:class:`RankTrace`: in its ``Done``, ``Failed`` or ``Skipped`` reply, or, while its main thread
-is blocked (a hang), in its ``trace`` file on the controller's request
-(:mod:`harness.protocol.rank_files`). The controller compares the ranks' traces
-(:mod:`harness.controller.verdicts`) and shows them (:func:`render`).
+:class:`RankTrace`: in its ``Failed`` or ``Skipped`` reply, or in its ``trace`` file on the
+controller's request (:mod:`harness.protocol.rank_files`), which the rank answers also while
+its main thread is blocked (a hang) and, between calls, with the last call's trace. After a
+passing call its ``Done`` carries only a :data:`Fingerprint` (a count and checksum per
+group): the desync check asks for whole traces only where those differ. The controller
+compares the ranks' traces (:mod:`harness.controller.verdicts`) and shows them
+(:func:`render`).
 
 Per process group, a trace holds the full sequence of what was issued (as ids into a table
 of distinct :class:`Op`, so a loop of a million identical all-reduces costs 4 bytes each),
