@@ -221,7 +221,7 @@ def _add_collectives(
     if not any(trace is not None and trace.recent for trace in traces.values()):
         return  # the call issued no collective: nothing to show
     error.collectives = traces
-    error.verdicts = verdicts.find(traces, states, world_size)
+    error.verdicts = _verdicts(traces, states, world_size)
 
 
 def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size: int) -> Outcome:
@@ -239,7 +239,7 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
         ranks' groups are still in step (see :func:`verdicts.in_step`).
     """
     states = dict.fromkeys(range(world_size), verdicts.DONE)
-    found = verdicts.find(traces, states, world_size)
+    found = _verdicts(traces, states, world_size)
     if not found and all(trace is not None for trace in traces.values()):
         return outcome
     if not found:
@@ -248,7 +248,10 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
             "the ranks' collectives differ (their counts or ops per group), but "
             f"{ranks_phrase(missing)} did not say which"
         ]
-    keep = verdicts.in_step(traces, world_size)
+    try:
+        keep = verdicts.in_step(traces, world_size)
+    except Exception:
+        keep = False  # not sure the ranks are in step: fresh ones are
     rebuilt = "" if keep else "; the world is rebuilt before the next call"
     summary = (
         "every rank returned, but their collectives do not match, so the results may be "
@@ -265,6 +268,17 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
         regroup=outcome.regroup and keep,
         leaks=outcome.leaks,
     )
+
+
+def _verdicts(
+    traces: Mapping[int, RankTrace | None], states: Mapping[int, str], world_size: int
+) -> list[str]:
+    """``verdicts.find``, which must never turn the user's failure into one of ours: the
+    traces come from the ranks, whatever state their code left them in."""
+    try:
+        return verdicts.find(traces, states, world_size)
+    except Exception as exc:
+        return [f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"]
 
 
 def _failure_of(rank: int, reply: Reply) -> RankFailure:

@@ -180,14 +180,19 @@ class _Group:
         self.place_ids = array("I")
 
     def history(self) -> GroupHistory:
+        # Taken from another thread while the main thread may still record: the ids first,
+        # then the tables they index (a new op or place is added before its id), so every
+        # id copied has its entry.
+        count = self.count
+        op_ids, place_ids = self.op_ids.tobytes(), self.place_ids.tobytes()
         return GroupHistory(
             self.id,
             self.ranks,
-            self.count,
+            count,
             tuple(self.op_list),
-            self.op_ids.tobytes(),
+            op_ids,
             tuple(self.places),
-            self.place_ids.tobytes(),
+            place_ids,
         )
 
 

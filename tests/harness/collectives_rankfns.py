@@ -135,3 +135,10 @@ def ddp_backward_then_fail() -> None:
     if dist.get_rank() == 1:
         raise ValueError("after backward")
     dist.barrier()
+
+
+def all_reduce_forever() -> None:
+    """Both ranks keep issuing collectives: their traces are taken while they record."""
+    tensor = torch.ones(1)
+    while True:
+        dist.all_reduce(tensor)

@@ -204,6 +204,17 @@ def test_rank_error_carries_the_collectives(world2: harness.World) -> None:
     assert set(error.collectives) == {0, 1}
 
 
+def test_traces_taken_while_the_ranks_still_record(world2: harness.World) -> None:
+    error = _timeout(world2, fns.all_reduce_forever)
+    # Where each rank was at that moment is a race; that both traces arrive, whole, is not.
+    for rank in (0, 1):
+        trace = error.collectives[rank]
+        assert trace is not None
+        assert trace.count(DEFAULT_GROUP) > 0
+        assert trace.recent[-1].op.text == "all_reduce(SUM, float32[1])"
+    assert "---------- collectives ----------" in str(error)
+
+
 def test_a_call_without_collectives_has_no_collectives_section(world2: harness.World) -> None:
     with pytest.raises(harness.WorldTimeout) as info:
         world2.run(harness_rankfns.sleep_forever, timeout=1)
