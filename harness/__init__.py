@@ -22,6 +22,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import (
+    CollectiveMismatch,
     DistributedError,
     RankCrash,
     RankError,
@@ -50,6 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CollectiveMismatch",
     "DistributedError",
     "RankCrash",
     "RankError",

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import multiprocessing.forkserver
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import Any, NoReturn
 
 __all__ = [
@@ -26,8 +27,11 @@ __all__ = [
     "coverage_config_file",
     "environ_bytes",
     "fixture_defs",
+    "flight_recorder_entries",
     "forget_forkserver",
     "forkserver_pid",
+    "frame",
+    "frame_of_thread",
     "ini_names",
     "live_process_groups",
     "monkeypatch",
@@ -68,6 +72,61 @@ def process_group_count() -> int:
 
 
 # -- CPython ---------------------------------------------------------------------------------
+
+
+def frame(depth: int) -> FrameType | None:
+    """The frame ``depth`` calls above the caller (0: the caller's own), None past the
+    outermost. Private: ``sys._getframe``; ``inspect.stack()`` formats every frame
+    (milliseconds), far too slow for a call site taken at every collective."""
+    try:
+        return sys._getframe(depth + 1)
+    except ValueError:
+        return None
+
+
+def frame_of_thread(ident: int) -> FrameType | None:
+    """The frame a thread is running now (another thread's too, while it is blocked in C),
+    or None. Private: ``sys._current_frames``; ``faulthandler`` writes text, not frames."""
+    return sys._current_frames().get(ident)
+
+
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The variables that turn torch's flight recorder on (set before the process group is made)."""
+
+
+def flight_recorder_entries() -> list[dict[str, Any]]:
+    """What torch's flight recorder holds of this process's collectives, oldest first; empty
+    where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
+
+    Private: ``torch._C._distributed_c10d._dump_fr_trace`` (Gloo and others; torch 2.13
+    records Gloo, including the all-reduces DDP issues from C++) and ``_dump_nccl_trace``
+    (NCCL, CUDA builds only; untested here: no GPU), each a pickled dict whose
+    ``"entries"`` hold ``pg_id``, ``collective_seq_id``, ``profiling_name``
+    (``"gloo:all_reduce"``), ``input_sizes``, ``input_dtypes``, ``state``, ``frames`` and
+    ``time_created_ns`` (wall clock). torch has no public API for it.
+    """
+    if not any(os.environ.get(name, "0") not in ("", "0") for name in FLIGHT_RECORDER_VARIABLES):
+        return []
+    import importlib
+    import pickle
+
+    try:
+        c10d = importlib.import_module("torch._C._distributed_c10d")
+    except ImportError:
+        return []  # torch built without distributed
+    entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = pickle.loads(dump(True, True, False))
+        except Exception:
+            continue  # the recorder of that backend is not set up in this process
+        for entry in data.get("entries", []) if isinstance(data, dict) else []:
+            key = (entry.get("pg_id"), entry.get("record_id"), entry.get("profiling_name"))
+            entries.setdefault(key, entry)
+    return sorted(entries.values(), key=lambda entry: entry.get("time_created_ns", 0))
 
 
 def forkserver_pid() -> int | None:
@@ -341,6 +400,32 @@ def _probe_pytest_timeout() -> object:
     return getter
 
 
+def _probe_frames() -> object:
+    import threading
+
+    here = frame(0)
+    if here is None or here.f_code.co_name != "_probe_frames":
+        raise AttributeError("sys._getframe no longer returns the caller's frame")
+    if frame_of_thread(threading.get_ident()) is None:
+        raise AttributeError("sys._current_frames no longer lists this thread")
+    return here
+
+
+def _probe_flight_recorder() -> object:
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            data = pickle.loads(dump(True, True, False))
+            if not isinstance(data, dict) or "entries" not in data:
+                raise TypeError(f"{name} no longer returns a dict with 'entries'")
+            return data
+    return None  # a torch without a flight recorder: flight_recorder_entries() is empty
+
+
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
@@ -358,6 +443,8 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
     "pytest_timeout._get_item_settings (pytest-timeout)": _probe_pytest_timeout,
+    "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
+    "sys._getframe, sys._current_frames": _probe_frames,
 }
 """Each private API above, named as a reader would look it up, with a probe that raises
 (AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

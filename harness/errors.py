@@ -10,8 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from harness.protocol.failures import RankFailure, sections
+from harness.protocol.traces import RankTrace, render
 
 __all__ = [
+    "CollectiveMismatch",
     "DistributedError",
     "RankCrash",
     "RankError",
@@ -29,6 +31,13 @@ class DistributedError(Exception):
         failures: The failing ranks, root cause first (``dict`` order): the rank that failed
             first in time leads, ranks that failed after it follow.
         hint: What to do about it, when the harness knows ('' otherwise); shown last.
+        collectives: Per rank, the collectives it issued during the call (see
+            :class:`harness.protocol.traces.RankTrace`: the last few with their state, the
+            one in flight, and the full sequence per process group); None for a rank whose
+            trace is unknown (it died, or did not answer); empty when the call issued none.
+        verdicts: Where the ranks' collectives disagree, one line per finding (``collective
+            #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
+            test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``).
     """
 
     root_cause_first = False
@@ -42,14 +51,32 @@ class DistributedError(Exception):
         self.summary = message
         self.failures: dict[int, RankFailure] = dict(failures or {})
         self.hint = hint
+        self.collectives: dict[int, RankTrace | None] = {}
+        self.verdicts: list[str] = []
+
+    def report(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """How the error reads after its summary, for ``str()`` and the pytest report alike.
+
+        Returns:
+            The verdict lines not already in the summary, and the sections: each failing
+            rank's traceback (``"rank 1 (root cause)"``, root cause first), then the
+            ``"collectives"`` section (per rank, its last collectives) when any were issued.
+        """
+        lines = [verdict for verdict in self.verdicts if verdict not in self.summary]
+        parts = sections(self.failures, root_cause_first=self.root_cause_first)
+        collectives = render(self.collectives) if self.collectives else ""
+        if collectives:
+            parts.append(("collectives", collectives))
+        return lines, parts
 
     def __str__(self) -> str:
-        parts = [self.summary]
-        for heading, text in sections(self.failures, root_cause_first=self.root_cause_first):
-            parts += [f"\n---------- {heading} ----------", text]
+        lines, parts = self.report()
+        out = [self.summary, *lines]
+        for heading, text in parts:
+            out += [f"\n---------- {heading} ----------", text]
         if self.hint:
-            parts += ["", self.hint]
-        return "\n".join(parts)
+            out += ["", self.hint]
+        return "\n".join(out)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Subclasses add attributes; the instance dict carries them across a pickle.
@@ -111,6 +138,18 @@ class RankLeak(DistributedError):
     what they leaked with them; the next call gets fresh ones.
 
     Each failing rank's section lists its findings, one per line.
+    """
+
+
+class CollectiveMismatch(DistributedError):
+    """The call returned on every rank, but the ranks' collectives did not match (the
+    desync check, on by default; ``check_collectives=False`` turns it off): a collective
+    with another op, reduce op, root, shape or dtype on some ranks, or more collectives on
+    some ranks than on others. Nothing hung, but the results may be wrong: Gloo completes
+    ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
+
+    ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
+    rank's trace; there is no traceback (no rank raised).
     """
 
 

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from harness import compat
-from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
+from harness.controller import verdicts
+from harness.errors import (
+    CollectiveMismatch,
+    DistributedError,
+    RankCrash,
+    RankError,
+    RankLeak,
+    WorldTimeout,
+)
 from harness.protocol.failures import (
     EXIT_MAIN_REIMPORTED,
     MAIN_GUARD_HINT,
@@ -24,6 +32,7 @@ from harness.protocol.failures import (
     ranks_phrase,
 )
 from harness.protocol.messages import Done, Failed, RankMessage, Ready, Skipped
+from harness.protocol.traces import RankTrace
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,8 @@ class Outcome:
         leaks: What a successful call left behind in each rank that no reset undoes, by
             rank, one line per finding (ranks that left nothing are absent); see
             :func:`leak_report` and :func:`leak_error`.
+        suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
+            their traces and completes the desync check with :func:`desync`.
     """
 
     values: list[Any] | None = None
@@ -74,6 +85,7 @@ class Outcome:
     notice: str = ""
     regroup: bool = False
     leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    suspect: bool = False
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -99,6 +111,8 @@ def classify(
     stacks: Mapping[int, str] | None = None,
     starting: str | None = None,
     init: bool = True,
+    traces: Mapping[int, RankTrace | None] | None = None,
+    check_collectives: bool = True,
 ) -> Outcome:
     """Decide what a call (or the start of a world) amounts to.
 
@@ -114,13 +128,21 @@ def classify(
         init: Whether the world has a harness default group. Without one, the groups a call
             leaves (and their counters) are all destroyed before the next call, so they
             never make it unfit.
+        traces: The collective traces, taken on request, of the ranks that had not answered
+            or that returned while others failed (a failure's own reply carries its trace);
+            None for a rank that gave none.
+        check_collectives: Whether a call that returned on every rank has its ranks'
+            fingerprints of their collectives compared (the desync check's first half; see
+            ``Outcome.suspect`` and :func:`desync`).
 
     Returns:
         For a call: the values when every rank returned; the skip when every rank skipped;
         otherwise the error. ``RankError`` / ``RankCrash`` (whichever the first failure in
         time was) list that failure first, then later failures, then skips, and name the
         ranks torn down; a skip on some ranks only is a ``RankError``; ranks that did not
-        answer with no failure at all are a ``WorldTimeout`` with every rank's stacks.
+        answer with no failure at all are a ``WorldTimeout`` with every rank's stacks. An
+        error carries the ranks' collectives and the verdicts on them. A call that returned
+        everywhere but whose ranks' fingerprints differ is marked ``suspect``.
         For a start: no error when every rank is ``Ready``, else a ``DistributedError``
         listing the ranks that did not come up, by rank.
     """
@@ -130,9 +152,26 @@ def classify(
     done = {r: m for r, m in replies.items() if isinstance(m, Done)}
     skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
     if len(done) == world_size:
-        return _values(done, init)
+        outcome = _values(done, init)
+        prints = {rank: reply.collectives for rank, reply in done.items()}
+        if check_collectives and outcome.error is None:
+            outcome.suspect = not verdicts.agree(prints, world_size)
+        return outcome
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
+    outcome = _failed(replies, world_size, timeout, stacks, skipped)
+    if outcome.error is not None:
+        _add_collectives(outcome.error, replies, traces or {}, world_size)
+    return outcome
+
+
+def _failed(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    timeout: float | None,
+    stacks: Mapping[int, str],
+    skipped: dict[int, Skipped],
+) -> Outcome:
     silent = [rank for rank in range(world_size) if rank not in replies]
     events = sorted(
         ((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died))),
@@ -158,6 +197,88 @@ def classify(
             {rank: stacks.get(rank, "") for rank in range(world_size)},
         )
     )
+
+
+def _add_collectives(
+    error: DistributedError,
+    replies: Mapping[int, Reply],
+    fetched: Mapping[int, RankTrace | None],
+    world_size: int,
+) -> None:
+    """Give a failed call's error each rank's collectives and the verdicts on them."""
+    traces: dict[int, RankTrace | None] = {}
+    states: dict[int, str] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, Done):
+            traces[rank], states[rank] = fetched.get(rank), verdicts.DONE
+        elif isinstance(reply, (Failed, Skipped)):
+            traces[rank], states[rank] = reply.trace, verdicts.FAILED
+        elif isinstance(reply, Died):
+            traces[rank], states[rank] = None, verdicts.DIED
+        else:
+            traces[rank], states[rank] = fetched.get(rank), verdicts.RUNNING
+    if not any(trace is not None and trace.recent for trace in traces.values()):
+        return  # the call issued no collective: nothing to show
+    error.collectives = traces
+    error.verdicts = _verdicts(traces, states, world_size)
+
+
+def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size: int) -> Outcome:
+    """The second half of the desync check, for an outcome whose ranks' fingerprints
+    disagreed (``Outcome.suspect``): compare their whole traces, taken after the call.
+
+    Args:
+        outcome: The successful outcome of a call that returned on every rank.
+        traces: Each rank's trace of that call (None where it could not be read).
+        world_size: The number of ranks.
+
+    Returns:
+        ``outcome`` when the traces agree after all (a checksum collision; differences
+        that are right); otherwise a ``CollectiveMismatch`` outcome, reusable only when the
+        ranks' groups are still in step (see :func:`verdicts.in_step`).
+    """
+    states = dict.fromkeys(range(world_size), verdicts.DONE)
+    found = _verdicts(traces, states, world_size)
+    if not found and all(trace is not None for trace in traces.values()):
+        return outcome
+    if not found:
+        missing = [rank for rank, trace in traces.items() if trace is None]
+        found = [
+            "the ranks' collectives differ (their counts or ops per group), but "
+            f"{ranks_phrase(missing)} did not say which"
+        ]
+    try:
+        keep = verdicts.in_step(traces, world_size)
+    except Exception:
+        keep = False  # not sure the ranks are in step: fresh ones are
+    rebuilt = "" if keep else "; the world is rebuilt before the next call"
+    summary = (
+        "every rank returned, but their collectives do not match, so the results may be "
+        f"wrong{rebuilt}: {found[0]}"
+    )
+    error = CollectiveMismatch(summary)
+    error.collectives = dict(traces)
+    error.verdicts = found
+    return Outcome(
+        error=error,
+        outputs=outcome.outputs,
+        reusable=outcome.reusable and keep,
+        notice=outcome.notice,
+        regroup=outcome.regroup and keep,
+        leaks=outcome.leaks,
+    )
+
+
+def _verdicts(
+    traces: Mapping[int, RankTrace | None], states: Mapping[int, str], world_size: int
+) -> list[str]:
+    """``verdicts.find``, which must never turn the user's failure into one of ours: the
+    traces come from the ranks, whatever state their code left them in."""
+    try:
+        return verdicts.find(traces, states, world_size)
+    except Exception as exc:
+        return [f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"]
 
 
 def _failure_of(rank: int, reply: Reply) -> RankFailure:

@@ -74,8 +74,10 @@ def _user_frames(frames: list[tuple[str, int, str]], code_dir: str) -> list[tupl
     # Drop the outermost frames that belong to multiprocessing's bootstrap or the rank loop;
     # keep everything from the first frame of user code on. A thread that is all harness
     # (the rank waiting for work) keeps its frames, so the reader still sees where it waits.
+    # Past the first user frame, the rank side's frames are its collective-recording
+    # wrapper (harness.rank.trace) between the user's call and torch's: left out too.
     harness = (_MULTIPROCESSING_DIR, "<", code_dir)
     for index, (path, _, _) in enumerate(frames):
         if not path.startswith(harness):
-            return frames[index:] if index else frames
+            return [frame for frame in frames[index:] if not frame[0].startswith(code_dir)]
     return frames

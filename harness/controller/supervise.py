@@ -16,7 +16,8 @@ from typing import Any
 from harness.controller import spawn, stacks
 from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.protocol.messages import Done, Ready, Skipped
+from harness.protocol.messages import TRACE_REQUEST, Done, Ready, Skipped
+from harness.protocol.traces import RankTrace
 
 FAILURE_GRACE_S = 0.5
 """After the first failure, how long the other ranks get to report before they are torn down."""
@@ -74,6 +75,32 @@ def stacks_now(ranks: list[RankProcess]) -> dict[int, str]:
     """Every rank's readable stacks, taken now ('' for a rank that is gone)."""
     dumps = spawn.dump_stacks(ranks)
     return {proc.rank: readable(proc, dumps.get(proc.rank, "")) for proc in ranks}
+
+
+def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, RankTrace | None]:
+    """The collectives each of ``ranks`` has issued in the call in progress, taken now by
+    its watchdog thread (which answers while the main thread is blocked in a collective or
+    a sleep); None for a rank that is gone or did not answer within ``timeout_s``."""
+    pending = {}
+    for proc in ranks:
+        if proc.alive() and proc.lifeline is not None:
+            proc.files.forget_trace()
+            try:
+                proc.lifeline.send_bytes(TRACE_REQUEST)
+            except OSError:
+                continue
+            pending[proc.rank] = proc
+    traces: dict[int, RankTrace | None] = {proc.rank: None for proc in ranks}
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        for rank, proc in list(pending.items()):
+            trace = proc.files.trace()  # written whole (os.replace): never half read
+            if trace is not None:
+                traces[rank] = trace
+                del pending[rank]
+        if pending:
+            time.sleep(0.005)
+    return traces
 
 
 def readable(proc: RankProcess, dump: str) -> str:

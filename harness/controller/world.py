@@ -23,12 +23,19 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import Outcome, classify, leak_error, leak_report
+from harness.controller.outcome import Outcome, classify, desync, leak_error, leak_report
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
-from harness.errors import note_interrupt
+from harness.errors import CollectiveMismatch, note_interrupt
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Regroup
+from harness.protocol.messages import (
+    OUTPUT_CAPTURE,
+    OUTPUT_INHERIT,
+    OUTPUTS,
+    Call,
+    Done,
+    Regroup,
+)
 from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0
@@ -176,6 +183,7 @@ class World:
         args: Iterable[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
         timeout: float | None = None,
+        check_collectives: bool = True,
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` once on every rank; return the results by rank.
 
@@ -184,6 +192,9 @@ class World:
             args: Positional arguments, pickled and sent to every rank.
             kwargs: Keyword arguments, pickled and sent to every rank.
             timeout: Bound in seconds for this run; None uses the World's timeout.
+            check_collectives: Whether the ranks' collectives are compared after a call
+                that returned on every rank (the desync check; see
+                :class:`~harness.errors.CollectiveMismatch`).
 
         Returns:
             ``[result of rank 0, result of rank 1, ...]``.
@@ -192,14 +203,20 @@ class World:
             RankError: Code raised on one or more ranks (root cause first).
             WorldTimeout: The run did not finish in time; carries every rank's stack.
             RankCrash: A rank process died during the run.
+            CollectiveMismatch: Every rank returned, but their collectives differ (another
+                op, reduce op, root, shape or dtype, or more collectives on some ranks);
+                with ``check_collectives=False`` the values are returned instead.
             DistributedError: ``fn``, an argument or a return value could not be pickled,
                 or the world could not be rebuilt after an earlier failure.
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
             KeyboardInterrupt: Ctrl-C while the ranks ran: re-raised once every rank's stack
                 was taken (attached to it as a note, which the interpreter prints after the
                 traceback) and the ranks were stopped.
+            TypeError: ``check_collectives`` is not a bool.
         """
-        return self.call(fn, args, kwargs, timeout=timeout).result()
+        return self.call(
+            fn, args, kwargs, timeout=timeout, check_collectives=check_collectives
+        ).result()
 
     def call(
         self,
@@ -211,6 +228,7 @@ class World:
         output: str = OUTPUT_INHERIT,
         seed: int | None = None,
         name: str | None = None,
+        check_collectives: bool = True,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -224,6 +242,7 @@ class World:
                 CPU and CUDA, ``random``, numpy's); None leaves them as they are.
             name: How messages name the call (the plugin passes ``"test <node id>"``);
                 None: ``"the call of <fn's qualified name>"``.
+            check_collectives: As :meth:`run`.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -231,6 +250,7 @@ class World:
         Raises:
             RuntimeError: The World is closed.
             ValueError: ``timeout`` or ``output`` is invalid.
+            TypeError: ``check_collectives`` is not a bool.
             DistributedError: The call does not pickle, or the world could not be rebuilt.
             KeyboardInterrupt: As :meth:`run`.
         """
@@ -241,6 +261,7 @@ class World:
             raise ValueError(
                 f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}"
             )
+        check_collectives = validate.flag(check_collectives, "check_collectives")
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             self._rebuild()
@@ -261,6 +282,7 @@ class World:
                     seed,
                     rendezvous,
                     self.leaks != "off",
+                    check_collectives,
                 )
             )
             for proc in ranks:
@@ -270,11 +292,26 @@ class World:
                     pass  # died while idle; its sentinel reports it
             deadline = time.monotonic() + timeout if timeout is not None else None
             replies, timed_out = supervise.gather(ranks, deadline)
+            # A failed call: what the ranks that did not answer, or returned, were doing:
+            # their collectives (asked first, answered at once by their watchdog), then
+            # their stacks. A failure's own reply carries its collectives.
+            done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
+            asked = [proc for proc in ranks if proc.rank not in replies] + done
+            traces = supervise.traces_now(asked) if len(done) < len(ranks) and asked else {}
             stacks = supervise.stacks_now(ranks) if timed_out else {}
             outcome = classify(
-                replies, self.world_size, timeout=timeout, stacks=stacks, init=self.init
+                replies,
+                self.world_size,
+                timeout=timeout,
+                stacks=stacks,
+                init=self.init,
+                traces=traces,
+                check_collectives=check_collectives,
             )
-            if outcome.leaks and self.leaks == "error":
+            if outcome.suspect:
+                # The ranks' fingerprints differ: their traces say how (kept since the call).
+                outcome = desync(outcome, supervise.traces_now(ranks), self.world_size)
+            if outcome.leaks and self.leaks == "error" and outcome.error is None:
                 outcome = leak_error(outcome, name or _call_name(fn))
         except KeyboardInterrupt as interrupt:
             # Ctrl-C: say where each rank was, as a timeout does, then stop them all. A
@@ -296,7 +333,10 @@ class World:
             self._broken = True
             _stop(self._state)
             raise
-        if outcome.error is not None or not outcome.reusable:
+        # A desync found after every rank returned leaves the ranks usable when their groups
+        # are in step (outcome.reusable says so); any other error stops them.
+        kept = isinstance(outcome.error, CollectiveMismatch)
+        if (outcome.error is not None and not kept) or not outcome.reusable:
             self._broken = True
             _stop(self._state)
         elif outcome.regroup:
@@ -407,6 +447,7 @@ def run(
     backend: str = "auto",
     timeout: float | None = None,
     init: bool = True,
+    check_collectives: bool = True,
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks.
 
@@ -427,6 +468,8 @@ def run(
         backend: ``"auto"`` (NCCL when CUDA is available, else Gloo), ``"gloo"`` or ``"nccl"``.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
         init: Whether the ranks start in a default process group (True) or without one.
+        check_collectives: Whether the ranks' collectives are compared once every rank
+            returned (the desync check, see ``World.run``).
 
     Returns:
         The return values, index = rank.
@@ -436,7 +479,9 @@ def run(
         TypeError, ValueError, RuntimeError: As ``World``.
     """
     with World(world_size, backend=backend, init=init) as world:
-        return world.run(fn, args=args, kwargs=kwargs, timeout=timeout)
+        return world.run(
+            fn, args=args, kwargs=kwargs, timeout=timeout, check_collectives=check_collectives
+        )
 
 
 def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:

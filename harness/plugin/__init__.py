@@ -76,6 +76,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"else {DEFAULT_TIMEOUT_S:g})",
     )
     group.addoption(
+        "--dist-no-collective-check",
+        action="store_true",
+        default=False,
+        help="do not compare the ranks' collectives after a distributed test that passed "
+        "(the desync check: another op, reduce op, root, shape or dtype on some ranks fails "
+        "the test)",
+    )
+    group.addoption(
         "--dist-isolate",
         action="store_true",
         default=False,
@@ -108,9 +116,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
-            "init=True): run the test body on every rank of a torch.distributed world (lists "
-            "of world sizes or backends parametrize the test; init=False: the ranks have the "
-            "torchrun environment but no process group, the test makes its own)",
+            "init=True, check_collectives=True): run the test body on every rank of a "
+            "torch.distributed world (lists of world sizes or backends parametrize the test; "
+            "init=False: the ranks have the torchrun environment but no process group, the "
+            "test makes its own; check_collectives=False: a passing test's collectives are "
+            "not compared between ranks)",
         )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     leaks_setting(config)  # a bad dist_leaks too

@@ -35,6 +35,7 @@ class MarkSpec:
     timeout: Any = None
     isolate: Any = False
     init: Any = True
+    check_collectives: Any = True
 
 
 _CLAIMED = pytest.StashKey["str | None"]()
@@ -73,7 +74,8 @@ def find_mark(node: pytest.Item) -> pytest.Mark | None:
 
 
 def parse_mark(mark: pytest.Mark) -> MarkSpec:
-    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate, init)``.
+    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate, init,
+    check_collectives)``.
 
     Raises:
         ValueError: For unknown or surplus arguments.
@@ -88,11 +90,12 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
         if "world_size" in kwargs:
             raise ValueError(f"@pytest.mark.{mark.name} got world_size twice")
         kwargs["world_size"] = mark.args[0]
-    unknown = sorted(set(kwargs) - {"world_size", "backend", "timeout", "isolate", "init"})
+    valid = ("world_size", "backend", "timeout", "isolate", "init", "check_collectives")
+    unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise ValueError(
             f"@pytest.mark.{mark.name} got unknown argument(s) {', '.join(unknown)}; "
-            "valid: world_size, backend, timeout, isolate, init"
+            f"valid: {', '.join(valid)}"
         )
     return MarkSpec(**kwargs)
 

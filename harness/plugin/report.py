@@ -2,8 +2,9 @@
 
 pytest would show a ``DistributedError`` as a traceback through the harness's own code. The
 report instead shows what a reader needs: one line that says which rank failed and how,
-then each failing rank's traceback under a ``rank N`` heading, root cause first (laid out by
-:func:`harness.protocol.failures.sections`, as ``str()`` of the error is). The ranks'
+the verdicts on the ranks' collectives when they disagree, then each failing rank's
+traceback under a ``rank N`` heading, root cause first, and a ``collectives`` section (laid
+out by ``DistributedError.report``, as ``str()`` of the error is). The ranks'
 captured output is attached as report sections ``rank N stdout`` / ``rank N stderr``.
 """
 
@@ -17,7 +18,6 @@ from typing import Any, Protocol
 import pytest
 
 from harness.errors import DistributedError
-from harness.protocol.failures import sections
 
 
 class _Writer(Protocol):
@@ -61,11 +61,16 @@ class DistributedFailureRepr:
     def toterminal(self, tw: _Writer) -> None:
         error = self.error
         tw.line(self._headline, red=True, bold=True)
-        for heading, text in sections(error.failures, root_cause_first=error.root_cause_first):
+        verdicts, parts = error.report()
+        for verdict in verdicts:
+            tw.line(verdict, red=True)
+        for heading, text in parts:
             tw.sep("-", heading)
             lines = text.splitlines()
+            # A traceback's last line is its exception; the collectives section has none.
+            last = len(lines) - 1 if heading != "collectives" else -1
             for number, line in enumerate(lines):
-                tw.line(line, red=number == len(lines) - 1)
+                tw.line(line, red=number == last)
         if error.hint:
             tw.line()
             tw.line(error.hint, bold=True)

@@ -54,6 +54,7 @@ class DistSession:
         self.isolate_all: bool = bool(config.getoption("dist_isolate"))
         self.default_timeout = timeout_setting(config)
         self.leaks = leaks_setting(config)
+        self.check_collectives = not config.getoption("dist_no_collective_check", False)
         launched = launcher_world()
         self.launcher = (
             LauncherRank(launched[1], self.default_timeout) if launched is not None else None
@@ -122,7 +123,7 @@ class DistSession:
         mark = find_mark(item)
         assert mark is not None
         try:
-            world_size, backend, timeout, isolate, init = self._resolve(item, mark)
+            world_size, backend, timeout, isolate, init, check = self._resolve(item, mark)
             key = (world_size, backend)
             if key not in self._unavailable:
                 self._unavailable[key] = unavailable_reason(backend, world_size)
@@ -153,7 +154,13 @@ class DistSession:
         if isolate:
             with World(world_size, backend=backend, init=init, leaks=self.leaks) as world:
                 outcome = world.call(
-                    run_test, (ref, plan), timeout=timeout, output=output, seed=seed, name=name
+                    run_test,
+                    (ref, plan),
+                    timeout=timeout,
+                    output=output,
+                    seed=seed,
+                    name=name,
+                    check_collectives=check,
                 )
                 if outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
                     # The world ends with this test: so do its wider-scoped rank fixtures.
@@ -162,7 +169,13 @@ class DistSession:
         else:
             world = self.world(world_size, backend, init)
             outcome = world.call(
-                run_test, (ref, plan), timeout=timeout, output=output, seed=seed, name=name
+                run_test,
+                (ref, plan),
+                timeout=timeout,
+                output=output,
+                seed=seed,
+                name=name,
+                check_collectives=check,
             )
             if outcome.error is None:
                 self._keep_scopes(item, plan, world, own_timeout)
@@ -193,7 +206,7 @@ class DistSession:
         if self.launcher is not None:
             mark = find_mark(item)
             assert mark is not None
-            world_size, backend, _, _, init = self._resolve(item, mark)
+            world_size, backend, _, _, init, _ = self._resolve(item, mark)
             self.launcher.run_item(item, world_size, backend, init=init)
             return
         skip = item.stash.get(_CALL_SKIP, None)
@@ -278,7 +291,7 @@ class DistSession:
 
     def _resolve(
         self, item: pytest.Function, mark: pytest.Mark
-    ) -> tuple[int, str, float, bool, bool]:
+    ) -> tuple[int, str, float, bool, bool, bool]:
         problem = None
         try:
             spec = parse_mark(mark)
@@ -294,6 +307,7 @@ class DistSession:
                 else validate.seconds(spec.timeout, "timeout", optional=True)
             )
             init = validate.flag(spec.init, "init")
+            check = validate.flag(spec.check_collectives, "check_collectives")
         except (TypeError, ValueError) as exc:
             problem = str(exc)
         if problem is not None:  # raised here, not in the except: no chained traceback
@@ -304,6 +318,7 @@ class DistSession:
             timeout if timeout is not None else self.default_timeout,
             bool(spec.isolate) or self.isolate_all,
             init,
+            check and self.check_collectives,
         )
 
 

@@ -6,6 +6,8 @@
   output, stack dumps, crash dumps): their paths, and how each is written and read
 * :mod:`~harness.protocol.failures`    how a failure on a rank is described (built from an
   exception, or from how a process ended) and rendered for a reader
+* :mod:`~harness.protocol.traces`      the collectives a rank issued during a call, and how
+  they read in a report
 
 Nothing here imports torch, pytest or any other part of the harness (an import-linter contract
 in ``pyproject.toml`` enforces it), so both sides can rely on it and it can be read on its own.

@@ -95,7 +95,9 @@ class RankFailure:
         except Exception:
             message = f"<unprintable {type(exc).__qualname__} object>"
         try:
-            text = "".join(traceback.format_exception(type(exc), exc, tb))
+            text = _without_frames(
+                "".join(traceback.format_exception(type(exc), exc, tb)), hidden_dir
+            )
         except Exception:
             text = f"{type(exc).__qualname__}: {message}\n"
         if context:
@@ -134,6 +136,25 @@ class RankFailure:
             return self.message.replace("the process ", "", 1)
         first = self.message.splitlines()[0] if self.message.strip() else ""
         return f"raised {self.exc_type}" + (f": {first}" if first else "")
+
+
+def _without_frames(text: str, hidden_dir: str) -> str:
+    """A formatted traceback without the frames of files under ``hidden_dir`` that sit
+    between the user's and the library's (the rank's collective-recording wrapper): each
+    is a ``  File "..."`` line and the indented lines (source, carets) below it."""
+    marker = f'  File "{hidden_dir}'
+    if marker not in text:
+        return text
+    kept: list[str] = []
+    skipping = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("  File "):
+            skipping = line.startswith(marker)
+        elif not line.startswith("    "):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    return "".join(kept)
 
 
 def sections(

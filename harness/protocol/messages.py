@@ -22,11 +22,16 @@ rank -> controller
 User objects travel pre-pickled as ``bytes``: the messages themselves always pickle, and a
 failure to (un)pickle user data is reported by the side that saw it, naming the object.
 
-Two things need no message. Stopping: a second pipe, the rank's lifeline, carries nothing at
-all; when the controller closes it (or dies) the rank's watchdog thread saves coverage and
-ends the rank, also while its main thread is stuck in a collective. Stack dumps: the
+Three things need no message. Stopping: a second pipe, the rank's lifeline, is read by the
+rank's watchdog thread; when the controller closes it (or dies) that thread saves coverage
+and ends the rank, also while its main thread is stuck in a collective. Stack dumps: the
 controller sends ``STACKS_SIGNAL`` and reads the dump from the rank's files
 (:mod:`harness.protocol.rank_files`), which works while the rank's main thread is blocked.
+Collective traces: the controller writes ``TRACE_REQUEST`` on the lifeline, and the
+watchdog thread writes what the call in progress has issued so far (between calls: what the
+last call issued) into the rank's ``trace`` file; this works while the main thread is
+blocked in a collective or a sleep (they release the GIL), where a Python signal handler
+would never run.
 
 A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` (where the test
 is) and a ``FixturePlan`` (its arguments: controller fixture values, and the fixtures that run
@@ -41,9 +46,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.protocol.failures import RankFailure
+from harness.protocol.traces import Fingerprint, RankTrace
 
 STACKS_SIGNAL = signal.SIGUSR1
 """The signal on which a rank dumps every thread's stack into its ``stacks`` file."""
+
+TRACE_REQUEST = b"trace"
+"""Written on a rank's lifeline: the rank writes its collective trace into its ``trace`` file."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,9 @@ class Call:
     None in a world with a harness group.
     ``check_leaks``: whether the rank looks for what the call leaves behind (threads,
     child processes, open files; see ``Done.leaks``).
+    ``check_collectives``: whether the rank sends the fingerprint of the collectives it
+    issued in its ``Done`` (``Done.collectives``), for the controller's desync check. They
+    are recorded either way, and always sent whole with ``Failed`` and ``Skipped``.
     """
 
     payload: bytes
@@ -117,6 +129,7 @@ class Call:
     seed: int | None = None
     rendezvous: dict[str, str] | None = None
     check_leaks: bool = True
+    check_collectives: bool = True
 
 
 @dataclass(frozen=True)
@@ -164,6 +177,11 @@ class Done:
     ``leaks`` is what the call left running or open in the rank, one line each
     (``"thread 'worker' started at test_x.py:12 is still alive"``; see
     :mod:`harness.rank.leaks`); empty when nothing, or when the call did not ask.
+    ``collectives`` is the fingerprint of the collectives the call issued (see
+    :data:`harness.protocol.traces.Fingerprint`), when the call asked for the desync check
+    (``Call.check_collectives``); else None. Where the ranks' fingerprints differ, the
+    controller asks for their whole traces (``TRACE_REQUEST``), which the ranks keep until
+    their next call.
     """
 
     value: bytes
@@ -171,6 +189,7 @@ class Done:
     group_count: int = 0
     grouped: bool = True
     leaks: tuple[str, ...] = ()
+    collectives: Fingerprint | None = None
 
 
 @dataclass(frozen=True)
@@ -179,22 +198,25 @@ class Failed:
 
     ``at`` is ``time.monotonic()`` when the exception was caught; the monotonic clock is
     shared by all processes of a machine, so the controller can tell which rank failed first.
+    ``trace`` is what collectives the call had issued (None for a failed start-up).
     """
 
     failure: RankFailure
     at: float
+    trace: RankTrace | None = None
 
 
 @dataclass(frozen=True)
 class Skipped:
     """The call raised a skip exception; ``kind`` is ``"pytest"`` or ``"unittest"``;
     ``phase`` is the pytest phase it belongs to (``"setup"`` when a rank-side fixture
-    skipped, see ``PHASE_ATTR``)."""
+    skipped, see ``PHASE_ATTR``); ``trace`` what collectives the call had issued."""
 
     reason: str
     kind: str
     at: float
     phase: str = "call"
+    trace: RankTrace | None = None
 
 
 RankMessage = Ready | Done | Failed | Skipped

@@ -9,6 +9,8 @@ read by the controller, both through this module.
     <workdir>/rank<N>.out, .err     rank N's stdout / stderr during a captured call
     <workdir>/rank<N>.stacks        rank N's stacks, dumped on request (a timeout)
     <workdir>/rank<N>.crash         rank N's stacks, dumped by Python on a fatal signal
+    <workdir>/rank<N>.trace         rank N's collective trace, written on request (a pickled
+                                    RankTrace; see harness.protocol.traces)
     <workdir>/.coverage.rank<N>.*   rank N's coverage data, merged by the controller
 
 Files are used rather than pipes because they survive the process: the controller reads a
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import glob
 import os
+import pickle
 import sys
 import time
 from dataclasses import dataclass
 from typing import TextIO
+
+from harness.protocol.traces import RankTrace
 
 __all__ = [
     "OutputCapture",
@@ -92,6 +97,18 @@ class RankFiles:
             raise
         return crash, stacks
 
+    def write_trace(self, trace: RankTrace) -> None:
+        """Replace the ``trace`` file with ``trace``, at once (the controller never reads
+        half of it).
+
+        Raises:
+            OSError: The directory is gone.
+        """
+        path = self.path("trace")
+        with open(path + ".tmp", "wb") as handle:
+            pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(path + ".tmp", path)
+
     def capture(self) -> OutputCapture:
         """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files (see
         :class:`OutputCapture`; make one per process and reuse it)."""
@@ -106,6 +123,22 @@ class RankFiles:
     def stack_dump(self) -> str:
         """The last stack dump taken on request ('' when none)."""
         return _read(self.path("stacks"))
+
+    def forget_trace(self) -> None:
+        """Remove the ``trace`` file (before asking for a fresh one)."""
+        try:
+            os.unlink(self.path("trace"))
+        except OSError:
+            pass
+
+    def trace(self) -> RankTrace | None:
+        """The trace the rank last wrote on request, or None when there is none."""
+        try:
+            with open(self.path("trace"), "rb") as handle:
+                trace = pickle.load(handle)
+        except (OSError, EOFError, pickle.UnpicklingError):
+            return None
+        return trace if isinstance(trace, RankTrace) else None
 
     def crash_dump(self) -> str:
         """What Python wrote on a fatal signal ('' when nothing)."""

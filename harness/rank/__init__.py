@@ -4,6 +4,8 @@
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes (threads,
   child processes, open files), reported to the controller
+* :mod:`~harness.rank.trace`        which collectives a call issues (recorded per process
+  group, for failure reports and the desync check)
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.collectives`  the collective checks of ``python -m harness check``

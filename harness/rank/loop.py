@@ -34,6 +34,7 @@ from harness import compat
 from harness.protocol.failures import PHASE_ATTR, RankFailure
 from harness.protocol.messages import (
     STACKS_SIGNAL,
+    TRACE_REQUEST,
     Call,
     Done,
     Failed,
@@ -44,7 +45,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
-from harness.rank import coverage, fixtures, leaks, output, reset
+from harness.rank import coverage, fixtures, leaks, output, reset, trace
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 """The rank side's directory: its frames (the rank loop, the test-body runner) are left out
@@ -88,8 +89,14 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     except OSError:
         os._exit(1)  # our directory is gone: the controller gave up on this world
     cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
+    # Before any user module is imported here: one that does `from torch.distributed import
+    # all_reduce` then holds the recording wrapper.
+    trace.install()
     watchdog = threading.Thread(
-        target=_watch, args=(lifeline, cov), name="harness-watchdog", daemon=True
+        target=_watch,
+        args=(lifeline, cov, files, threading.get_ident()),
+        name="harness-watchdog",
+        daemon=True,
     )
     watchdog.start()
     wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
@@ -158,16 +165,20 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             )
         # After the output redirection started: its pumps and descriptors are the harness's.
         watch = leaks.Watch(enabled=call.check_leaks)
+        recorder = trace.Recorder()
         try:
-            # The call's warning filters end with it; so does the watch on its threads.
-            with warnings.catch_warnings(), watch.threads():
+            # The call's warning filters end with it; so does the watch on its threads, and
+            # the recording of its collectives.
+            with warnings.catch_warnings(), watch.threads(), recorder:
                 value = fn(*args, **kwargs)
         except BaseException as exc:
             at = time.monotonic()
             skip = _skip_kind(exc)
+            issued = recorder.trace()
             if skip:
-                return Skipped(_skip_reason(exc), skip, at, getattr(exc, PHASE_ATTR, "call"))
-            return Failed(_failure(exc, setup.rank), at)
+                phase = getattr(exc, PHASE_ATTR, "call")
+                return Skipped(_skip_reason(exc), skip, at, phase, issued)
+            return Failed(_failure(exc, setup.rank), at, issued)
         try:
             blob = pickle.dumps(value)
         except BaseException as exc:
@@ -179,6 +190,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
                     f"({type(value).__qualname__} object)",
                 ),
                 time.monotonic(),
+                recorder.trace(),
             )
         leaked = watch.findings()
         return Done(
@@ -186,6 +198,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
             group_count=compat.process_group_count(),
             grouped=_harness_group_up(),
             leaks=leaked,
+            collectives=recorder.fingerprint() if call.check_collectives else None,
         )
     finally:
         if redirection:
@@ -266,12 +279,20 @@ def _install_dumps(files: RankFiles) -> list[TextIO]:
     return [crash, stacks]
 
 
-def _watch(lifeline: Connection, cov: Any) -> NoReturn:
-    """Watchdog thread: end the rank when the controller closes the lifeline or dies."""
-    try:
-        lifeline.recv_bytes()
-    except (EOFError, OSError):
-        pass
+def _watch(lifeline: Connection, cov: Any, files: RankFiles, main_thread: int) -> NoReturn:
+    """Watchdog thread: answer trace requests (``TRACE_REQUEST``) while the main thread is
+    busy or blocked; end the rank when the controller closes the lifeline or dies."""
+    while True:
+        try:
+            request = lifeline.recv_bytes()
+        except (EOFError, OSError):
+            break
+        if request != TRACE_REQUEST:
+            break
+        try:
+            files.write_trace(trace.snapshot(main_thread))
+        except Exception:
+            pass  # the controller reads no trace for this rank, and says so
     _exit(cov, 0)
 
 

@@ -1,0 +1,253 @@
+"""Which collective went wrong: the ranks' traces compared, one verdict line per finding.
+
+Pure logic on plain data (:class:`~harness.protocol.traces.RankTrace` per rank, and what
+became of each rank), used by :mod:`harness.controller.outcome` for every failed call and,
+as the desync check, for every call that returned on all ranks. Per process group, only its
+member ranks are compared (a collective on a subgroup is nobody else's business):
+
+* the first collective whose op, reduce op, root, shapes or dtypes differ between members
+  (``collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
+  test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``);
+* otherwise, members that issued fewer collectives than others, said by what became of
+  them: still running (``rank 2 never reached collective #2 (barrier) that ranks 0, 1 wait
+  in; rank 2 is in time.sleep at test_x.py:30``), returned (``rank 3 finished the call
+  after #4; ranks 0-2 wait in #5 (all_gather)``), failed or died.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Mapping
+
+from harness.protocol.traces import (
+    DEFAULT_GROUP,
+    IN_FLIGHT,
+    RAISED,
+    Fingerprint,
+    GroupHistory,
+    RankTrace,
+    group_names,
+    ranks_span,
+)
+
+RUNNING = "running"
+"""The rank had not answered when the controller stopped waiting (blocked, or busy)."""
+DONE = "done"
+"""The rank returned from the call."""
+FAILED = "failed"
+"""The rank raised (or skipped)."""
+DIED = "died"
+"""The rank's process ended without answering."""
+
+
+def find(
+    traces: Mapping[int, RankTrace | None], states: Mapping[int, str], world_size: int
+) -> list[str]:
+    """Compare the ranks' traces of one call.
+
+    Args:
+        traces: Per rank, the collectives it issued (None or missing: unknown, the rank died
+            or did not answer the request).
+        states: Per rank, what became of it: ``RUNNING``, ``DONE``, ``FAILED`` or ``DIED``.
+        world_size: The number of ranks (the members of the default group).
+
+    Returns:
+        One line per finding, at most one per process group; empty when the ranks agree.
+    """
+    known = {rank: trace for rank, trace in traces.items() if trace is not None}
+    if len(known) < 2:
+        return []
+    members: dict[str, tuple[int, ...] | None] = {}
+    for trace in known.values():
+        for group, history in trace.groups.items():
+            members.setdefault(group, history.ranks)
+    names = group_names(sorted(members), members)
+    verdicts = []
+    for group in sorted(members):
+        ranks = members[group]
+        compared = [r for r in (ranks if ranks is not None else range(world_size)) if r in known]
+        if len(compared) < 2:
+            continue
+        histories = {rank: known[rank].groups.get(group) for rank in compared}
+        verdict = _difference(group, names[group], histories) or _missing(
+            group, names[group], histories, known, states
+        )
+        if verdict:
+            verdicts.append(verdict)
+    return verdicts
+
+
+def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
+    """The desync check's first half: whether every member of every group issued as many
+    collectives on it, with the same ops in the same order (equal checksums), as the
+    other members. Ranks outside a group are not compared for it.
+
+    Args:
+        prints: Each rank's fingerprint (None: the rank did not send one, nothing to check).
+        world_size: The number of ranks.
+    """
+    if any(found is None for found in prints.values()):
+        return True
+    values = list(prints.values())
+    if all(found == values[0] for found in values):
+        return True  # the common case: one comparison per rank
+    seen: dict[str, tuple[int, ...] | None] = {}
+    per_rank: dict[int, dict[str, tuple[int, int]]] = {}
+    for rank, found in prints.items():
+        assert found is not None
+        per_rank[rank] = {}
+        for group, ranks, count, checksum in found:
+            seen.setdefault(group, ranks)
+            per_rank[rank][group] = (count, checksum)
+    for group, ranks in seen.items():
+        members = ranks if ranks is not None else range(world_size)
+        if len({per_rank.get(rank, {}).get(group, (0, 0)) for rank in members}) > 1:
+            return False
+    return True
+
+
+def _label(seq: int, group: str, name: str) -> str:
+    """``collective #2`` (default group) or ``collective #2 on the group of ranks 0, 1``."""
+    return f"collective #{seq}" + ("" if group == DEFAULT_GROUP else f" on {name}")
+
+
+def _difference(group: str, name: str, histories: Mapping[int, GroupHistory | None]) -> str:
+    """The first collective, among those every member issued, that differs between them."""
+    keys = {rank: (h.keys() if h is not None else []) for rank, h in histories.items()}
+    common = min(len(k) for k in keys.values())
+    for index in range(common):
+        if len({k[index] for k in keys.values()}) == 1:
+            continue
+        seq = index + 1
+        by_op: dict[str, list[int]] = {}
+        for rank, history in histories.items():
+            assert history is not None  # it has collective #seq
+            found = history.at(seq)
+            assert found is not None
+            op, where = found
+            by_op.setdefault(f"{op.text} at {where}", []).append(rank)
+        parts = [f"{ranks_span(ranks)} {text}" for text, ranks in by_op.items()]
+        where_group = "on the default group" if group == DEFAULT_GROUP else f"on {name}"
+        return f"collective #{seq} {where_group} differs: " + "; ".join(parts)
+    return ""
+
+
+def _missing(
+    group: str,
+    name: str,
+    histories: Mapping[int, GroupHistory | None],
+    known: Mapping[int, RankTrace],
+    states: Mapping[int, str],
+) -> str:
+    """Members that issued fewer collectives on the group than others: what became of them,
+    and where the others are."""
+    counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
+    top = max(counts.values())
+    if len(set(counts.values())) == 1:
+        return ""
+    ahead = [rank for rank, count in counts.items() if count == top]
+    # The rank furthest behind decides the collective that is missing.
+    low = min(counts.values())
+    behind = [rank for rank, count in counts.items() if count == low]
+    seq = low + 1
+    sample = histories[ahead[0]]
+    assert sample is not None
+    found = sample.at(seq)
+    op_name = found[0].name if found is not None else "?"
+    label = _label(seq, group, name)
+    waiting = _waiting(ahead, group, top, known)
+    state = {states.get(rank, RUNNING) for rank in behind}
+    who = ranks_span(behind)
+    others = ranks_span(ahead)
+    if state == {RUNNING}:
+        if waiting and top == seq:
+            text = f"{who} never reached {label} ({op_name}) that {others} {waiting}"
+        else:
+            text = f"{who} never reached {label} ({op_name}); {others} went on to #{top}"
+        places = [_where(rank, known[rank], group) for rank in behind]
+        places = [p for p in places if p]
+        if places:
+            text += "; " + "; ".join(places)
+        return text
+    after = f"after #{low}" if low else "before #1"
+    on_group = "" if group == DEFAULT_GROUP else f" on {name}"
+    if state == {DONE}:
+        what = f"{who} finished the call {after}{on_group}"
+    elif state == {FAILED}:
+        what = f"{who} failed {after}{on_group}"
+    elif state == {DIED}:
+        what = f"{who} died {after}{on_group}"
+    else:
+        what = f"{who} stopped {after}{on_group}"
+    if waiting:
+        at_top = sample.at(top)
+        return f"{what}; {others} {waiting} #{top} ({at_top[0].name if at_top else '?'})"
+    where = f" ({found[0].text} at {found[1]})" if found is not None else ""
+    return f"{what}; {others} went on to #{seq}{where}" + (
+        f" and {top - seq} more" if top > seq else ""
+    )
+
+
+def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTrace]) -> str:
+    """``"wait in"`` when every one of ``ranks`` is inside collective ``#top`` of the group
+    (``"were in"`` when they raised there: a peer left; singular for one rank); ''
+    otherwise."""
+    states = set()
+    for rank in ranks:
+        last = known[rank].last(group)
+        if last is None or last.seq != top or last.state not in (IN_FLIGHT, RAISED):
+            return ""
+        states.add(last.state)
+    many = len(ranks) > 1
+    if states == {IN_FLIGHT}:
+        return "wait in" if many else "waits in"
+    return "were in" if many else "was in"
+
+
+def _where(rank: int, trace: RankTrace, group: str) -> str:
+    """Where a rank that is behind on ``group`` is: inside a collective of another group,
+    or in the user's code (``rank 2 is in time.sleep at test_x.py:30``)."""
+    flight = trace.in_flight
+    if flight is not None and flight.group != group:
+        return f"rank {rank} is in {flight.op.text} at {flight.where}"
+    if trace.blocked_at:
+        text = trace.blocked_at
+        return f"rank {rank} is " + (text if text.startswith("at ") else f"in {text}")
+    return ""
+
+
+def in_step(traces: Mapping[int, RankTrace | None], world_size: int) -> bool:
+    """Whether ranks whose collectives differ but all returned can serve another call.
+
+    Only when every member of every group issued as many collectives as the others, and
+    those differ at most in their reduce op: the same data then crossed the same
+    connections (Gloo's ``all_reduce`` runs alike for SUM and MAX), so the group's sequence
+    numbers are in step and nothing is left unread. Any other difference (another op, root
+    or size) may leave a message for the next call to read, or the groups out of step.
+    """
+    known = {rank: trace for rank, trace in traces.items() if trace is not None}
+    members: dict[str, tuple[int, ...] | None] = {}
+    for trace in known.values():
+        for group, history in trace.groups.items():
+            members.setdefault(group, history.ranks)
+    for group, ranks in members.items():
+        shapes: set[tuple[int, tuple[tuple[str, str, tuple[str, ...]], ...]]] = set()
+        for rank in ranks if ranks is not None else range(world_size):
+            found = known.get(rank)
+            if found is None:
+                return False
+            mine = found.groups.get(group)
+            if mine is None:
+                shapes.add((0, ()))
+                continue
+            ops = [(op.name, op.root, op.tensors) for op in mine.ops]
+            shapes.add((mine.count, tuple(ops[i] for i in _op_ids(mine))))
+        if len(shapes) > 1:
+            return False
+    return True
+
+
+def _op_ids(history: GroupHistory) -> list[int]:
+    ids = array("I")
+    ids.frombytes(history.op_ids)
+    return list(ids)

@@ -1,0 +1,315 @@
+"""What a rank records of the collectives it issues during a call, as plain data both sides use.
+
+A rank records every collective (and point-to-point op) its call issues through
+``torch.distributed``'s public functions (:mod:`harness.rank.trace`) and reports it as a
+:class:`RankTrace`: in its ``Failed`` or ``Skipped`` reply, or in its ``trace`` file on the
+controller's request (:mod:`harness.protocol.rank_files`), which the rank answers also while
+its main thread is blocked (a hang) and, between calls, with the last call's trace. After a
+passing call its ``Done`` carries only a :data:`Fingerprint` (a count and checksum per
+group): the desync check asks for whole traces only where those differ. The controller
+compares the ranks' traces (:mod:`harness.controller.verdicts`) and shows them
+(:func:`render`).
+
+Per process group, a trace holds the full sequence of what was issued (as ids into a table
+of distinct :class:`Op`, so a loop of a million identical all-reduces costs 4 bytes each),
+which is what the desync check compares; plus the last few records with their state (in
+flight, completed...), which is what a reader of a failure wants to see.
+
+Stdlib only: the controller reads these without torch, and so may a pytest report.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+__all__ = [
+    "COMPLETED",
+    "DEFAULT_GROUP",
+    "EMPTY",
+    "IN_FLIGHT",
+    "ISSUED",
+    "RAISED",
+    "Collective",
+    "Fingerprint",
+    "GroupHistory",
+    "Op",
+    "RankTrace",
+    "group_names",
+    "ranks_span",
+    "render",
+]
+
+IN_FLIGHT = "in flight"
+"""Entered and not returned: the rank is (or was, when it stopped) inside it."""
+COMPLETED = "completed"
+"""Returned."""
+ISSUED = "issued"
+"""Returned a ``Work`` handle (``async_op=True``, ``isend``/``irecv``, ``batch_isend_irecv``):
+issued, maybe not finished."""
+RAISED = "raised"
+"""Raised (a peer closed its connection, a bad argument)."""
+
+DEFAULT_GROUP = ""
+"""The id of the default process group."""
+
+SEQUENCE_CAP = 1 << 20
+"""Per group and call, how many collectives are kept in full for the desync check; beyond it
+only their number is compared (4 bytes each: at most 4 MiB per group)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """What one collective was called with, whatever the call site or the moment.
+
+    Attributes:
+        name: The function's name (``"all_reduce"``, ``"send"``, ``"batch_isend_irecv"``).
+        text: How it reads: ``"all_reduce(SUM, float32[4])"``, ``"broadcast(src=0, int64[2, 3])"``,
+            ``"broadcast_object_list(src=0, 3 objects)"``; a tensor off the CPU names its
+            device (``float32[4] cuda:0``).
+        key: What must be equal on every member rank for the collective to be right (op,
+            reduce op, root, shapes, dtypes; never a device, nor what legitimately differs
+            by role or rank, such as ``gather``'s list or ``all_to_all``'s split sizes).
+        reduce_op: ``"SUM"``, ``"MAX"``, ... ('' when the op has none).
+        root: ``"src=0"`` / ``"dst=1"`` as a global rank ('' when the op has none).
+        tensors: The tensors described, ``"float32[4]"`` each.
+        device: The first tensor's device (``"cpu"``, ``"cuda:0"``; '' when no tensor).
+        p2p: A point-to-point op (``send``, ``irecv``, ``batch_isend_irecv``...): it is not
+            numbered among the group's collectives, nor compared across ranks.
+    """
+
+    name: str
+    text: str
+    key: str
+    reduce_op: str = ""
+    root: str = ""
+    tensors: tuple[str, ...] = ()
+    device: str = ""
+    p2p: bool = False
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective a rank issued during a call.
+
+    Attributes:
+        group: The id of its process group (``DEFAULT_GROUP``, or the member ranks and the
+            group's name: ``"0,2/3"``); :func:`group_names` says how each reads.
+        seq: Its number among the group's collectives in this call, from 1 (0 for a
+            point-to-point op).
+        op: What it was called with.
+        file, line: The first stack frame outside torch and the harness that called it.
+        state: ``IN_FLIGHT``, ``COMPLETED``, ``ISSUED`` or ``RAISED``.
+    """
+
+    group: str
+    seq: int
+    op: Op
+    file: str
+    line: int
+    state: str
+
+    @property
+    def where(self) -> str:
+        """``test_x.py:14``: the call site's file name (not its path) and line."""
+        return f"{_basename(self.file)}:{self.line}"
+
+
+@dataclass(frozen=True)
+class GroupHistory:
+    """Everything a rank issued on one process group during a call, in order.
+
+    Attributes:
+        group: The group's id (see :attr:`Collective.group`).
+        ranks: Its member ranks (global), or None for the default group (every rank).
+        count: How many collectives the rank entered on it (point-to-point ops excluded).
+        ops: The distinct ops, in the order first issued.
+        op_ids: ``array("I")`` bytes: for each collective (up to ``SEQUENCE_CAP``), its index
+            in ``ops``.
+        places: The distinct call sites ``(file, line)``, in the order first seen.
+        place_ids: ``array("I")`` bytes: for each collective, its index in ``places``.
+    """
+
+    group: str
+    ranks: tuple[int, ...] | None
+    count: int
+    ops: tuple[Op, ...]
+    op_ids: bytes
+    places: tuple[tuple[str, int], ...]
+    place_ids: bytes
+
+    def keys(self) -> list[str]:
+        """The compared ``Op.key`` of each collective kept, in order."""
+        keys = [op.key for op in self.ops]
+        return [keys[i] for i in _ids(self.op_ids)]
+
+    def at(self, seq: int) -> tuple[Op, str] | None:
+        """Collective number ``seq`` (from 1): its op and where it was called (``x.py:3``);
+        None when beyond what was kept."""
+        ids, places = _ids(self.op_ids), _ids(self.place_ids)
+        if not 1 <= seq <= min(len(ids), len(places)):
+            return None
+        file, line = self.places[places[seq - 1]]
+        return self.ops[ids[seq - 1]], f"{_basename(file)}:{line}"
+
+
+@dataclass(frozen=True)
+class RankTrace:
+    """The collectives one rank issued during a call.
+
+    Attributes:
+        recent: The last few collectives and point-to-point ops, oldest first, each with its
+            state; the one in flight, if any, is last.
+        groups: Per process group id, the full sequence (see :class:`GroupHistory`).
+        blocked_at: Where the rank's main thread was when the trace was taken while the call
+            ran (``"time.sleep at test_x.py:30"``, ``"Event.wait at test_x.py:12"``); ''
+            for a trace taken after the call, or when only harness code was running.
+        recorded: What torch's flight recorder holds of the call that the wrapper did not
+            see (collectives torch issued from C++, such as DDP's all-reduces), one line
+            each, oldest first: ``"all_reduce float32[20] on pg 0, #5 (scheduled) at
+            test_x.py:12"``; empty unless the user turned the recorder on
+            (``TORCH_FR_BUFFER_SIZE``).
+    """
+
+    recent: tuple[Collective, ...] = ()
+    groups: dict[str, GroupHistory] = field(default_factory=dict)
+    blocked_at: str = ""
+    recorded: tuple[str, ...] = ()
+
+    @property
+    def in_flight(self) -> Collective | None:
+        """The collective the rank was inside (entered, not returned), or None."""
+        for record in reversed(self.recent):
+            if record.state == IN_FLIGHT:
+                return record
+        return None
+
+    def count(self, group: str) -> int:
+        """How many collectives the rank entered on ``group`` (0 when none)."""
+        history = self.groups.get(group)
+        return history.count if history is not None else 0
+
+    def last(self, group: str) -> Collective | None:
+        """The latest collective (not a point-to-point op) on ``group`` among the recent."""
+        for record in reversed(self.recent):
+            if record.group == group and record.seq:
+                return record
+        return None
+
+
+EMPTY = RankTrace()
+"""The trace of a call that issued nothing."""
+
+Fingerprint = tuple[tuple[str, tuple[int, ...] | None, int, int], ...]
+"""What a rank sends after a passing call for the desync check, instead of its whole trace:
+per process group it issued collectives on, ``(group id, member ranks or None for the
+default group, count, checksum)``, the checksum covering each collective's ``Op.key`` in
+order. Members of a group whose counts or checksums differ are asked for their traces."""
+
+
+def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:
+    """How each group reads: ``"the default group"``, ``"the group of ranks 0, 2"``; a group
+    whose ranks another group shares is told apart by its name (``"... (group 3)"``).
+
+    Args:
+        ids: The group ids to name.
+        ranks: Each id's member ranks (None for the default group).
+    """
+    ids = list(dict.fromkeys(ids))
+    shared: dict[tuple[int, ...] | None, int] = {}
+    for group in ids:
+        shared[ranks.get(group)] = shared.get(ranks.get(group), 0) + 1
+    names = {}
+    for group in ids:
+        members = ranks.get(group)
+        if group == DEFAULT_GROUP or members is None:
+            names[group] = "the default group"
+            continue
+        name = f"the group of {ranks_span(members)}"
+        if shared[members] > 1:
+            name += f" (group {group.partition('/')[2] or '?'})"
+        names[group] = name
+    return names
+
+
+def ranks_span(ranks: Iterable[int]) -> str:
+    """``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or more
+    shortened."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(r) for r in ordered[start : end + 1])
+        start = end + 1
+    many = len(ordered) > 1
+    return ("ranks " if many else "rank ") + ", ".join(parts)
+
+
+SHOWN = 5
+"""How many of a rank's last collectives :func:`render` shows (the one in flight comes on top)."""
+
+
+def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None) -> str:
+    """The **collectives** section of a report: per rank, its last few collectives and the one
+    in flight.
+
+    Args:
+        traces: Per rank, its trace; None for a rank whose trace is unknown (it died, or did
+            not answer).
+        world_size: When given, ranks missing from ``traces`` are listed as unknown too.
+
+    Returns:
+        One block per rank (``rank 0:`` then one line per collective, most recent last), or
+        '' when no rank issued anything.
+    """
+    ranks = sorted(set(traces) | set(range(world_size or 0)))
+    known = [t for t in traces.values() if t is not None]
+    if not any(t.recent or t.recorded for t in known):
+        return ""
+    ids = {g for t in known for g in t.groups} | {c.group for t in known for c in t.recent}
+    members = {g: h.ranks for t in known for g, h in t.groups.items()}
+    names = group_names(sorted(ids), members)
+    lines = []
+    for rank in ranks:
+        trace = traces.get(rank)
+        if trace is None:
+            lines.append(f"rank {rank}: unknown (the rank died or did not answer)")
+            continue
+        recorded = [f"  torch's flight recorder: {line}" for line in trace.recorded[-SHOWN:]]
+        if not trace.recent:
+            lines += [f"rank {rank}: none", *recorded]
+            continue
+        counts = ", ".join(
+            f"{h.count} on {names[g]}" for g, h in sorted(trace.groups.items()) if h.count
+        )
+        lines.append(f"rank {rank}:" + (f" ({counts})" if counts else ""))
+        shown = list(trace.recent[-SHOWN:])
+        flight = trace.in_flight
+        if flight is not None and flight not in shown:
+            shown = [*shown[1:], flight]
+        for record in shown:
+            number = f"#{record.seq} " if record.seq else ""
+            group = "" if record.group == DEFAULT_GROUP else f" on {names[record.group]}"
+            lines.append(
+                f"  {number}{record.op.text}{group} at {record.where}"
+                + ("" if record.state == COMPLETED else f"  [{record.state}]")
+            )
+        lines += recorded
+    return "\n".join(lines)
+
+
+def _ids(data: bytes) -> array[int]:
+    ids = array("I")
+    ids.frombytes(data)
+    return ids
+
+
+def _basename(path: str) -> str:
+    return path.replace("\\", "/").rsplit("/", 1)[-1]

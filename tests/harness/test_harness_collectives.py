@@ -1,0 +1,327 @@
+"""Which collective went wrong: per-rank traces, verdicts in every failure, and the desync
+check after every passing call. Real ranks, real Gloo; the runs that hang are bounded by a
+timeout that only has to be longer than reaching a collective (no timing is asserted)."""
+
+from __future__ import annotations
+
+import re
+from array import array
+
+import collectives_rankfns as fns
+import harness_rankfns
+import pytest
+
+import harness
+from harness import compat
+from harness.controller import verdicts
+from harness.protocol.traces import (
+    COMPLETED,
+    DEFAULT_GROUP,
+    IN_FLIGHT,
+    SHOWN,
+    Collective,
+    GroupHistory,
+    Op,
+    RankTrace,
+    render,
+)
+
+HANG_S = 5.0
+"""Bound on a run that hangs on purpose: the ranks reach their collective long before."""
+
+
+def _timeout(world: harness.World, fn: object) -> harness.WorldTimeout:
+    with pytest.raises(harness.WorldTimeout) as info:
+        world.run(fn, timeout=HANG_S)  # type: ignore[arg-type]
+    return info.value
+
+
+# ---------------------------------------------------------------- the desync check
+
+
+def test_sum_against_max_completes_but_fails_the_call(world2: harness.World) -> None:
+    world2.run(fns.many, args=(1,))  # a world an earlier test broke is rebuilt now
+    pids = world2.pids
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world2.run(fns.sum_against_max)
+    error = info.value
+    verdict = (
+        "collective #1 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('sum-max')}; "
+        f"rank 1 all_reduce(MAX, float32[4]) at {fns.line_of('sum-max')}"
+    )
+    assert error.verdicts == [verdict]
+    assert error.summary.endswith(verdict)
+    assert error.failures == {}
+    text = str(error)
+    assert "---------- collectives ----------" in text
+    assert "rank 1: (1 on the default group)\n  #1 all_reduce(MAX, float32[4])" in text
+    # Only the reduce op differed: the same data crossed the same connections, so the
+    # ranks stay (no rebuild) and serve the next call.
+    assert world2.run(fns.many, args=(3,)) == [None, None]
+    assert world2.pids == pids
+
+
+def test_desync_check_off_returns_the_wrong_numbers(world2: harness.World) -> None:
+    values = world2.run(fns.sum_against_max, check_collectives=False)
+    # Gloo mixes both reductions (which element gets which depends on its algorithm): the
+    # sum rank 0 asked for is never what both ranks get.
+    assert len(values) == 2
+    assert values != [[3.0, 6.0, 9.0, 12.0]] * 2
+
+
+def test_desync_check_through_harness_run() -> None:
+    with pytest.raises(harness.CollectiveMismatch):
+        harness.run(fns.sum_against_max, world_size=2, backend="gloo", timeout=60)
+    values = harness.run(
+        fns.sum_against_max, world_size=2, backend="gloo", timeout=60, check_collectives=False
+    )
+    assert len(values) == 2
+
+
+def test_differing_dtype_fails_and_rebuilds_the_world(world2: harness.World) -> None:
+    world2.run(fns.many, args=(1,))
+    pids = world2.pids
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world2.run(fns.float_against_int)
+    assert info.value.verdicts == [
+        "collective #1 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('dtype')}; "
+        f"rank 1 all_reduce(SUM, int32[4]) at {fns.line_of('dtype')}"
+    ]
+    assert "the world is rebuilt before the next call" in info.value.summary
+    assert world2.run(fns.many, args=(1,)) == [None, None]
+    assert world2.pids != pids
+
+
+def test_subgroup_collectives_are_compared_among_members_only(world3: harness.World) -> None:
+    assert world3.run(fns.subgroup_only) == [[5.0] * 4, [5.0] * 4, [5.0] * 4]
+
+
+def test_subgroup_mismatch_is_found(world3: harness.World) -> None:
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world3.run(fns.subgroup_mismatch)
+    where = fns.line_of("sub-sum-max")
+    assert info.value.verdicts == [
+        "collective #1 on the group of ranks 0, 1 differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {where}; "
+        f"rank 1 all_reduce(MAX, float32[4]) at {where}"
+    ]
+
+
+def test_point_to_point_ops_are_not_compared(world2: harness.World) -> None:
+    assert world2.run(fns.point_to_point) == [None, None]
+
+
+def test_check_collectives_must_be_a_bool(world2: harness.World) -> None:
+    with pytest.raises(TypeError, match="check_collectives must be True or False"):
+        world2.run(fns.many, args=(1,), check_collectives="no")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- failures: verdicts
+
+
+def test_differing_op_hangs_with_a_verdict_naming_both(world2: harness.World) -> None:
+    error = _timeout(world2, fns.all_reduce_against_broadcast)
+    assert error.verdicts == [
+        "collective #2 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('op-rank0')}; "
+        f"rank 1 broadcast(src=0, float32[4]) at {fns.line_of('op-rank1')}"
+    ]
+    # The verdict comes right after the summary, the collectives after the stacks.
+    lines = str(error).splitlines()
+    assert lines[1] == error.verdicts[0]
+    trace = error.collectives[1]
+    assert trace is not None
+    assert trace.in_flight is not None
+    assert trace.in_flight.op.text == "broadcast(src=0, float32[4])"
+    assert [c.state for c in trace.recent] == [COMPLETED, IN_FLIGHT]
+    assert trace.count(DEFAULT_GROUP) == 2
+
+
+def test_differing_shape(world2: harness.World) -> None:
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world2.run(fns.shapes_differ)
+    where = fns.line_of("shape")
+    assert info.value.verdicts == [
+        "collective #1 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[2, 2]) at {where}; "
+        f"rank 1 all_reduce(SUM, float32[4]) at {where}"
+    ]
+
+
+def test_differing_root(world2: harness.World) -> None:
+    error = _timeout(world2, fns.roots_differ)
+    where = fns.line_of("root")
+    assert error.verdicts == [
+        "collective #1 on the default group differs: "
+        f"rank 0 broadcast(src=0, float32[4]) at {where}; "
+        f"rank 1 broadcast(src=1, float32[4]) at {where}"
+    ]
+
+
+def test_a_rank_that_never_reaches_the_collective_is_singled_out(
+    world3: harness.World,
+) -> None:
+    error = _timeout(world3, fns.one_rank_sleeps)
+    assert error.verdicts == [
+        "rank 2 never reached collective #2 (barrier) that ranks 0, 1 wait in; "
+        f"rank 2 is in time.sleep at {fns.line_of('sleeps')}"
+    ]
+    text = str(error)
+    assert f"  #2 barrier() at {fns.line_of('barrier')}  [in flight]" in text
+    trace = error.collectives[2]
+    assert trace is not None
+    assert trace.in_flight is None
+    assert trace.blocked_at == f"time.sleep at {fns.line_of('sleeps')}"
+
+
+def test_a_rank_blocked_in_an_event_is_named_there(world3: harness.World) -> None:
+    error = _timeout(world3, fns.one_rank_waits_for_an_event)
+    assert error.verdicts == [
+        "rank 2 never reached collective #2 (barrier) that ranks 0, 1 wait in; "
+        f"rank 2 is in Event.wait at {fns.line_of('event')}"
+    ]
+
+
+def test_a_rank_that_finished_early(world3: harness.World) -> None:
+    error = _timeout(world3, fns.one_rank_returns_early)
+    assert error.verdicts == [
+        "rank 2 finished the call after #1; ranks 0, 1 wait in #2 (all_gather)"
+    ]
+    assert f"#2 all_gather(float32[4]) at {fns.line_of('gather')}  [in flight]" in str(error)
+
+
+def test_rank_error_carries_the_collectives(world2: harness.World) -> None:
+    with pytest.raises(harness.RankError) as info:
+        world2.run(fns.one_rank_raises)
+    error = info.value
+    # Rank 0 is either still in the barrier (torn down: its trace taken on request) or
+    # raised there once rank 1 was gone: either way the verdict says where it was.
+    assert len(error.verdicts) == 1
+    assert re.fullmatch(
+        r"rank 1 failed after #1; rank 0 (waits|was) in #2 \(barrier\)", error.verdicts[0]
+    )
+    assert "---------- collectives ----------" in str(error)
+    assert set(error.collectives) == {0, 1}
+
+
+def test_traces_taken_while_the_ranks_still_record(world2: harness.World) -> None:
+    error = _timeout(world2, fns.all_reduce_forever)
+    # Where each rank was at that moment is a race; that both traces arrive, whole, is not.
+    for rank in (0, 1):
+        trace = error.collectives[rank]
+        assert trace is not None
+        assert trace.count(DEFAULT_GROUP) > 0
+        assert trace.recent[-1].op.text == "all_reduce(SUM, float32[1])"
+    assert "---------- collectives ----------" in str(error)
+
+
+def test_a_call_without_collectives_has_no_collectives_section(world2: harness.World) -> None:
+    with pytest.raises(harness.WorldTimeout) as info:
+        world2.run(harness_rankfns.sleep_forever, timeout=1)
+    assert info.value.collectives == {}
+    assert "collectives" not in str(info.value)
+
+
+def test_torchs_flight_recorder_adds_what_the_wrapper_cannot_see(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    if compat._probe_flight_recorder() is None:
+        pytest.skip("this torch has no flight recorder")
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")  # the ranks inherit it
+    with (
+        harness.World(2, backend="gloo", timeout=60) as world,
+        pytest.raises(harness.RankError) as info,
+    ):
+        world.run(fns.ddp_backward_then_fail)
+    trace = info.value.collectives[1]
+    assert trace is not None
+    # DDP's gradient all-reduce (4x5 weights + 5 biases), issued from C++ during backward.
+    expected = f"all_reduce(float32[25]) on pg 0, #4 (scheduled) at {fns.line_of('backward')}"
+    assert expected in trace.recorded
+    assert f"torch's flight recorder: {expected}" in str(info.value)
+
+
+# ---------------------------------------------------------------- verdicts on plain data
+
+
+def _history(group: str, ranks: tuple[int, ...] | None, ops: list[Op]) -> GroupHistory:
+    distinct = list(dict.fromkeys(ops))
+    ids = array("I", [distinct.index(op) for op in ops]).tobytes()
+    return GroupHistory(
+        group, ranks, len(ops), tuple(distinct), ids, (("/x/test_x.py", 7),), bytes(4 * len(ops))
+    )
+
+
+def _trace(*histories: GroupHistory, last_state: str = COMPLETED) -> RankTrace:
+    recent = []
+    for history in histories:
+        for seq in range(1, history.count + 1):
+            found = history.at(seq)
+            assert found is not None
+            state = last_state if seq == history.count else COMPLETED
+            recent.append(Collective(history.group, seq, found[0], "/x/test_x.py", 7, state))
+    return RankTrace(tuple(recent), {h.group: h for h in histories})
+
+
+SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
+MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")
+GATHER = Op("all_gather", "all_gather(float32[4])", "all_gather([float32[4] x 4])")
+
+
+def test_verdict_groups_ranks_that_agree() -> None:
+    traces = {
+        rank: _trace(_history(DEFAULT_GROUP, None, [SUM, MAX if rank == 2 else SUM]))
+        for rank in range(4)
+    }
+    found = verdicts.find(traces, dict.fromkeys(traces, verdicts.DONE), 4)
+    assert found == [
+        "collective #2 on the default group differs: ranks 0, 1, 3 all_reduce(SUM, float32[4]) "
+        "at test_x.py:7; rank 2 all_reduce(MAX, float32[4]) at test_x.py:7"
+    ]
+    assert verdicts.in_step(traces, 4)  # only a reduce op differs
+
+
+def test_verdict_finished_early_and_ranks_spans() -> None:
+    traces = {
+        rank: _trace(
+            _history(DEFAULT_GROUP, None, [SUM] * 4 + ([GATHER] if rank < 3 else [])),
+            last_state=IN_FLIGHT if rank < 3 else COMPLETED,
+        )
+        for rank in range(4)
+    }
+    states = {0: verdicts.RUNNING, 1: verdicts.RUNNING, 2: verdicts.RUNNING, 3: verdicts.DONE}
+    assert verdicts.find(traces, states, 4) == [
+        "rank 3 finished the call after #4; ranks 0-2 wait in #5 (all_gather)"
+    ]
+    assert not verdicts.in_step(traces, 4)
+
+
+def test_unknown_and_outside_ranks_are_not_compared() -> None:
+    pair = _history("0,1/1", (0, 1), [SUM, SUM])
+    traces = {
+        0: _trace(pair, _history(DEFAULT_GROUP, None, [SUM])),
+        1: _trace(pair, _history(DEFAULT_GROUP, None, [SUM])),
+        2: _trace(_history(DEFAULT_GROUP, None, [SUM])),
+        3: None,  # died: unknown, never a verdict of its own
+    }
+    assert verdicts.find(traces, dict.fromkeys(traces, verdicts.DONE), 4) == []
+
+
+def test_fingerprints_compare_members_only() -> None:
+    everyone = (DEFAULT_GROUP, None, 1, 11)
+    pair = ("0,1/1", (0, 1), 2, 22)
+    prints = {0: (everyone, pair), 1: (everyone, pair), 2: (everyone,)}
+    assert verdicts.agree(prints, 3)
+    assert not verdicts.agree({**prints, 1: (everyone, ("0,1/1", (0, 1), 2, 23))}, 3)
+    assert not verdicts.agree({**prints, 1: (everyone,)}, 3)  # a member that issued none
+    assert verdicts.agree({0: None, 1: (everyone,)}, 2)  # the check was off
+
+
+def test_rendered_section_shows_the_one_in_flight_last() -> None:
+    text = render({0: _trace(_history(DEFAULT_GROUP, None, [SUM] * 8), last_state=IN_FLIGHT)})
+    lines = text.splitlines()
+    assert lines[0] == "rank 0: (8 on the default group)"
+    assert len(lines) == 1 + SHOWN
+    assert lines[-1] == "  #8 all_reduce(SUM, float32[4]) at test_x.py:7  [in flight]"
