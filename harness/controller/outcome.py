@@ -64,6 +64,9 @@ class Outcome:
         leaks: What a successful call left behind in each rank that no reset undoes, by
             rank, one line per finding (ranks that left nothing are absent); see
             :func:`leak_report` and :func:`leak_error`.
+        returned: When the call failed, the pickled return values of the ranks that had
+            returned before it did, by rank (a tool that judges ranks one by one, such as
+            the ``--dist-mptc`` check, needs them).
     """
 
     values: list[Any] | None = None
@@ -74,6 +77,7 @@ class Outcome:
     notice: str = ""
     regroup: bool = False
     leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    returned: dict[int, bytes] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -138,7 +142,10 @@ def classify(
         ((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died))),
     )
     if events:
-        return Outcome(error=_failure_error(replies, events, skipped, silent))
+        return Outcome(
+            error=_failure_error(replies, events, skipped, silent),
+            returned={rank: reply.value for rank, reply in done.items()},
+        )
     if skipped:
         return Outcome(error=_partial_skip(skipped, world_size))
     bound = f" within {timeout:g} s" if timeout is not None else ""

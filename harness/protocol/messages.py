@@ -28,6 +28,10 @@ ends the rank, also while its main thread is stuck in a collective. Stack dumps:
 controller sends ``STACKS_SIGNAL`` and reads the dump from the rank's files
 (:mod:`harness.protocol.rank_files`), which works while the rank's main thread is blocked.
 
+A unittest ``MultiProcessTestCase`` test (``--dist-mptc``) is a ``Call`` of its own runner
+with a ``CaseCall``; each rank answers ``Done`` with a ``CaseExit``, or ``Failed`` with the
+exit code in ``RankFailure.exitcode``.
+
 A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` (where the test
 is) and a ``FixturePlan`` (its arguments: controller fixture values, and the fixtures that run
 in the ranks, ``RankFixture``). A fixture wider than a function keeps living in the ranks
@@ -343,3 +347,35 @@ class FixturePlan:
     values: dict[str, Any] = field(default_factory=dict)
     request: RequestInfo | None = None
     basetemp: str | None = None
+
+
+# -- the payload of a MultiProcessTestCase test call (--dist-mptc) ---------------------------
+
+
+@dataclass(frozen=True)
+class CaseCall:
+    """One test of a ``MultiProcessTestCase`` class, as each of its processes would run it.
+
+    Attributes:
+        test: Where the class is (``cls``: its attribute path in the module) and the test
+            method's name (``function``).
+        file_name: The case's ``self.file_name``, made by its ``setUp`` in the controller.
+        kwargs: The keyword arguments the class gives each process's ``_run``.
+        environ: Variables the rank must see as the controller has them, over the rank's
+            own rendezvous (``INIT_METHOD`` when the controller sets it: a native process
+            inherits its parent's).
+    """
+
+    test: TestRef
+    file_name: str
+    kwargs: dict[str, Any]
+    environ: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CaseExit:
+    """How a rank's run of a ``CaseCall`` ended, where its process may go on: exit code 0
+    or one of the class's skip codes, and what the rank sent through its pipe."""
+
+    exitcode: int
+    messages: tuple[str, ...] = ()
