@@ -78,9 +78,7 @@ def run_pytest(args: list[str], cwd: str, env: dict[str, str], timeout: float) -
             pass
     run = Run(seconds=time.monotonic() - started, rc=child.returncode)
     lines = out.splitlines()
-    summary = next(
-        (line for line in reversed(lines) if " in " in line and _COUNT.search(line)), ""
-    )
+    summary = next((line for line in reversed(lines) if " in " in line and _COUNT.search(line)), "")
     for number, what in _COUNT.findall(summary):
         run.counts["errors" if what.startswith("error") else what] = int(number)
     # "SKIPPED [1] path:line: reason": the reason only (a skip raised by the class's check
