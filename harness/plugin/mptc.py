@@ -22,7 +22,9 @@ Every touch of torch's private test API goes through :mod:`harness.compat`.
 
 from __future__ import annotations
 
+import os
 import pickle
+import sys
 import time
 import unittest
 import warnings
@@ -32,10 +34,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness import compat
+from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
+from harness.plugin import report
 from harness.plugin.launcher import launcher_world
-from harness.plugin.report import DistributedFailureRepr
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -85,17 +87,17 @@ def pytest_runtest_makereport(
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     # A wrapper: pytest's unittest plugin moves the test's exception into call.excinfo
     # inside this hook, after the harness's own report hook has looked.
-    report = yield
+    made = yield
     excinfo = call.excinfo
     if (
-        report.failed
+        made.failed
         and selected(item)
         and excinfo is not None
         and isinstance(excinfo.value, DistributedError)
     ):
-        longrepr: Any = DistributedFailureRepr(excinfo.value, item)
-        report.longrepr = longrepr
-    return report
+        longrepr: Any = report.DistributedFailureRepr(excinfo.value, item)
+        made.longrepr = longrepr
+    return made
 
 
 class _CaseRunner:
@@ -138,11 +140,8 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             harness's account of it (root cause first, stacks on a timeout).
         Exception: The class's own failure where every rank ended normally.
     """
-    import os
-
-    from harness import validate
+    # Here, not at the top: the plugin loads in sessions that never import torch.
     from harness.controller.world import World
-    from harness.plugin import report
     from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CaseCall
     from harness.rank.mptc_body import run_case as rank_body
 
@@ -193,8 +192,6 @@ def _describe(item: pytest.Function, test_name: str) -> TestRef:
     """Where a rank finds the test's class: its module, and the attribute path to the class
     there (``__qualname__``, or the name pytest collected it under: classes made by
     ``instantiate_device_type_tests`` are module attributes under another name)."""
-    import sys
-
     from harness.protocol.messages import TestRef
 
     module = item.module
