@@ -329,6 +329,36 @@ class TestCrash(Base):
     assert killed.startswith("RankCrash: rank 0 was killed by SIGKILL"), killed
 
 
+def test_the_class_check_decides_an_exit_it_expects(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    # As torch's DistributedTest does for a test expected to crash a process: the class's
+    # own check skips the exit-code comparison, so the test passes, natively and here.
+    _suite(
+        pytester,
+        pids_dir,
+        """
+class TestExpectedExit(Base):
+    def setUp(self):
+        super().setUp()
+        self.skip_return_code_checks = [self.test_1_expected_exit.__wrapped__]
+
+    def test_1_expected_exit(self):
+        if self.rank == 0:
+            os._exit(3)
+
+    def test_2_unexpected_exit(self):
+        if self.rank == 0:
+            os._exit(3)
+""",
+    )
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-W", "default")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*test_1_expected_exit passed by its class's own check although rank 0 exited with*"]
+    )
+
+
 def test_tests_that_make_their_own_group_from_the_environment(
     pytester: pytest.Pytester, pids_dir: str
 ) -> None:
