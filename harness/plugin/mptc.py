@@ -51,6 +51,11 @@ _TERMINATED = -15
 terminates the other processes once one has failed; the harness stopped those ranks."""
 
 
+_INHERITED = ("INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+"""Variables a rank sets itself (its rendezvous, its torchrun environment) that a native
+test process would inherit from pytest's process: where that process has them, they win."""
+
+
 def enabled(config: pytest.Config) -> bool:
     """Whether ``--dist-mptc`` or ini ``dist_mptc`` is on."""
     return bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc"))
@@ -146,7 +151,9 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     from harness.rank.mptc_body import run_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
-    environ = {"INIT_METHOD": os.environ["INIT_METHOD"]} if "INIT_METHOD" in os.environ else {}
+    # A native process inherits these from its parent (set by the test's setUp, say); a rank
+    # has its own rendezvous variables, which must not hide the parent's.
+    environ = {name: os.environ[name] for name in _INHERITED if name in os.environ}
     call = CaseCall(
         test=_describe(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),

@@ -362,7 +362,8 @@ class CaseCall:
         file_name: The case's ``self.file_name``, made by its ``setUp`` in the controller.
         kwargs: The keyword arguments the class gives each process's ``_run``.
         environ: Variables the rank must see as the controller has them, over the rank's
-            own rendezvous (``INIT_METHOD`` when the controller sets it: a native process
+            own rendezvous and torchrun variables (``INIT_METHOD``, ``MASTER_ADDR``,
+            ``MASTER_PORT``, ``WORLD_SIZE`` where the controller sets them: a native process
             inherits its parent's).
     """
 

@@ -65,8 +65,8 @@ def run_case(call: CaseCall) -> CaseExit:
     for part in call.test.cls.split("."):
         cls = getattr(cls, part)
     # A native process inherits the controller's environment; the rank's own rendezvous
-    # variables must not hide the ones the test's setUp chose (the rank puts its
-    # environment back after the call).
+    # and torchrun variables must not hide the ones the controller has (its test's setUp
+    # may have chosen them). The rank puts its environment back after the call.
     os.environ.update(call.environ)
     compat.mptc_refresh_module_state()
     rank = int(os.environ["RANK"])

@@ -11,6 +11,8 @@ every test, so that suite is kept to three tests).
 from __future__ import annotations
 
 import importlib
+import os
+from collections.abc import Iterator
 
 import pytest
 from plugin_testutil import alive, read_pids, reports
@@ -22,6 +24,17 @@ def _torch_test_modules() -> None:
     modules its tests imported, and torch's test utilities cannot be imported twice in one
     process (they register operator libraries)."""
     importlib.import_module("torch.testing._internal.common_distributed")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """The inner suites' setUp methods set variables in this process's environment (as
+    torch's do: TEMP_DIR, INIT_METHOD, WORLD_SIZE, MASTER_PORT); an in-process run must not
+    leave them to the tests that follow."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 HEADER = """
@@ -407,6 +420,25 @@ class TestOwnInit(Base):
         self._round("c")
 
 
+class TestEnvInit(Base):
+    # The port chosen in pytest's process is the one the processes see, as natively.
+    def setUp(self):
+        import socket
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = os.environ["CHOSEN_PORT"] = str(sock.getsockname()[1])
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        super().setUp()
+
+    def test_env_init(self):
+        assert os.environ["MASTER_PORT"] == os.environ["CHOSEN_PORT"]
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2.0
+
+
 class TestBase(DistributedTestBase):
     @property
     def world_size(self):
@@ -420,7 +452,7 @@ class TestBase(DistributedTestBase):
 """,
     )
     result = pytester.runpytest("-p", "no:randomly", "--dist-mptc")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     pids = read_pids(pids_dir, "")
     assert pids["a-0"] == pids["b-0"] == pids["c-0"]
 
