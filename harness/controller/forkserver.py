@@ -80,7 +80,18 @@ def _preload() -> list[str]:
         modules += ["pytest", compat.ASSERT_REWRITER_MODULE, "harness.rank.pytest_body"]
     if "coverage" in sys.modules:
         modules.append("coverage")
+    if compat.MPTC_MODULE in sys.modules and not _cuda_available():
+        # The session runs MultiProcessTestCase classes (--dist-mptc): every rank imports
+        # torch's test utilities (~2 s). Not where CUDA is: importing them asks CUDA for its
+        # devices, and a server that has initialized CUDA cannot fork usable ranks.
+        modules += [compat.MPTC_MODULE, "harness.rank.mptc_body"]
     return modules
+
+
+def _cuda_available() -> bool:
+    """Whether the controller's torch (imported already, or not at all) sees CUDA."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.cuda.is_available())
 
 
 def _stop() -> None:

@@ -75,6 +75,9 @@ class Outcome:
             :func:`leak_report` and :func:`leak_error`.
         suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
             their traces and completes the desync check with :func:`desync`.
+        returned: When the call failed, the pickled return values of the ranks that had
+            returned before it did, by rank (a tool that judges ranks one by one, such as
+            the ``--dist-mptc`` check, needs them).
     """
 
     values: list[Any] | None = None
@@ -86,6 +89,7 @@ class Outcome:
     regroup: bool = False
     leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
     suspect: bool = False
+    returned: dict[int, bytes] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -177,7 +181,10 @@ def _failed(
         ((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died))),
     )
     if events:
-        return Outcome(error=_failure_error(replies, events, skipped, silent))
+        return Outcome(
+            error=_failure_error(replies, events, skipped, silent),
+            returned={r: m.value for r, m in replies.items() if isinstance(m, Done)},
+        )
     if skipped:
         return Outcome(error=_partial_skip(skipped, world_size))
     bound = f" within {timeout:g} s" if timeout is not None else ""

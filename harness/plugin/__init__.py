@@ -13,6 +13,7 @@ pytest (:mod:`harness.controller`). The rest of the plugin:
 * :mod:`~harness.plugin.marker`    the marker and the plugin's settings (no torch)
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
+* :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
 * :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
 * :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
 
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.plugin import interrupts, report
+from harness.plugin import interrupts, mptc, report
 from harness.plugin.launcher import launcher_world
 from harness.plugin.marker import (
     DEFAULT_TIMEOUT_S,
@@ -89,6 +90,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run every distributed test in fresh rank processes instead of reused worlds",
     )
+    group.addoption(
+        "--dist-mptc",
+        action="store_true",
+        default=False,
+        help="run unittest classes derived from torch's MultiProcessTestCase on reused "
+        "ranks (one world per world size) instead of spawning processes for every test "
+        "(default: ini dist_mptc)",
+    )
+    parser.addini(
+        "dist_mptc",
+        type="bool",
+        help="run MultiProcessTestCase classes on reused ranks, as --dist-mptc (false)",
+        default=False,
+    )
     parser.addini(
         "dist_timeout",
         help=f"default time limit of one distributed test in seconds ({DEFAULT_TIMEOUT_S:g})",
@@ -126,6 +141,8 @@ def pytest_configure(config: pytest.Config) -> None:
     leaks_setting(config)  # a bad dist_leaks too
     config.pluginmanager.register(report, "harness-report")
     config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
+    if mptc.enabled(config):
+        config.pluginmanager.register(mptc, "harness-mptc")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -192,7 +209,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # interrupted by pytest-timeout would leave torch half-initialised for the session).
     if session.config.option.collectonly:
         return
-    if any(find_mark(item) is not None for item in session.items):
+    if any(find_mark(item) is not None or mptc.selected(item) for item in session.items):
         _warm_up(session.config)
         _session(session.config)
 

@@ -42,6 +42,11 @@ PHASE_ATTR = "__harness_phase__"
 
 PHASES = ("setup", "call", "teardown")
 
+EXIT_CODE_ATTR = "__harness_exit_code__"
+"""Set on an exception that stands for a process exit: the exit code a native run's process
+would have ended with (a ``MultiProcessTestCase`` test run on a reused rank, whose class judges
+its processes by their exit codes)."""
+
 
 @dataclass(frozen=True)
 class RankFailure:
@@ -57,6 +62,7 @@ class RankFailure:
             the rank's stacks at the deadline.
         phase: For a pytest test, ``"setup"`` or ``"teardown"`` when a fixture that runs in
             the ranks raised (see ``PHASE_ATTR``); ``"call"`` otherwise.
+        exitcode: The exit code the exception stands for (see ``EXIT_CODE_ATTR``), or None.
     """
 
     rank: int
@@ -64,6 +70,7 @@ class RankFailure:
     message: str
     traceback: str
     phase: str = "call"
+    exitcode: int | None = None
 
     @classmethod
     def from_exception(
@@ -105,7 +112,9 @@ class RankFailure:
             text = f"{text}\n{context}\n"
         phase = getattr(exc, PHASE_ATTR, "call")
         phase = phase if phase in PHASES else "call"
-        return cls(rank, type(exc).__qualname__, message, text, phase)
+        exitcode = getattr(exc, EXIT_CODE_ATTR, None)
+        exitcode = exitcode if isinstance(exitcode, int) else None
+        return cls(rank, type(exc).__qualname__, message, text, phase, exitcode)
 
     @classmethod
     def crash(cls, rank: int, exitcode: int | None, dump: str) -> RankFailure:

@@ -33,6 +33,10 @@ last call issued) into the rank's ``trace`` file; this works while the main thre
 blocked in a collective or a sleep (they release the GIL), where a Python signal handler
 would never run.
 
+A unittest ``MultiProcessTestCase`` test (``--dist-mptc``) is a ``Call`` of its own runner
+with a ``CaseCall``; each rank answers ``Done`` with a ``CaseExit``, or ``Failed`` with the
+exit code in ``RankFailure.exitcode``.
+
 A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` (where the test
 is) and a ``FixturePlan`` (its arguments: controller fixture values, and the fixtures that run
 in the ranks, ``RankFixture``). A fixture wider than a function keeps living in the ranks
@@ -365,3 +369,36 @@ class FixturePlan:
     values: dict[str, Any] = field(default_factory=dict)
     request: RequestInfo | None = None
     basetemp: str | None = None
+
+
+# -- the payload of a MultiProcessTestCase test call (--dist-mptc) ---------------------------
+
+
+@dataclass(frozen=True)
+class CaseCall:
+    """One test of a ``MultiProcessTestCase`` class, as each of its processes would run it.
+
+    Attributes:
+        test: Where the class is (``cls``: its attribute path in the module) and the test
+            method's name (``function``).
+        file_name: The case's ``self.file_name``, made by its ``setUp`` in the controller.
+        kwargs: The keyword arguments the class gives each process's ``_run``.
+        environ: Variables the rank must see as the controller has them, over the rank's
+            own rendezvous and torchrun variables (``INIT_METHOD``, ``MASTER_ADDR``,
+            ``MASTER_PORT``, ``WORLD_SIZE`` where the controller sets them: a native process
+            inherits its parent's).
+    """
+
+    test: TestRef
+    file_name: str
+    kwargs: dict[str, Any]
+    environ: dict[str, str]
+
+
+@dataclass(frozen=True)
+class CaseExit:
+    """How a rank's run of a ``CaseCall`` ended, where its process may go on: exit code 0
+    or one of the class's skip codes, and what the rank sent through its pipe."""
+
+    exitcode: int
+    messages: tuple[str, ...] = ()

@@ -114,6 +114,14 @@ def rank_value(name: str) -> Any:
     return fhelium.distributed.local_device()
 
 
+def import_test_module(ref: TestRef) -> ModuleType:
+    """The module of a referenced test, imported as the controller did (its ``sys.path``
+    first, pytest's assertion rewriting where the controller's copy has it)."""
+    missing = set(ref.sys_path).difference(sys.path)
+    sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
+    return _import(ref.module, ref.path, ref.rewrite)
+
+
 def _import(name: str, path: str, rewrite: bool) -> ModuleType:
     """The module ``name`` from the file ``path`` (the controller's), imported once."""
     loaded = sys.modules.get(name)

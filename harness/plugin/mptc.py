@@ -1,0 +1,309 @@
+"""Existing ``MultiProcessTestCase`` suites, unchanged, on reused ranks (``--dist-mptc``).
+
+torch's ``MultiProcessTestCase`` (``torch.testing._internal.common_distributed``) runs each
+test in ``world_size`` freshly spawned processes: ``setUp`` starts them, each calls the
+class's ``cls._run(rank, test_name, file_name, pipe)``, and the test method, in the parent,
+waits for them and judges their exit codes (``_check_return_codes``). Under ``--dist-mptc``
+(ini ``dist_mptc = true``) pytest still runs such a test as the unittest test it is (its
+``setUp``, ``tearDown``, skip decorators, ``instantiate_parametrized_tests`` methods), but
+the case instance is diverted at two points: starting its processes does nothing, and
+waiting for them runs ``_run`` on each rank of a reused ``World(init=False)`` instead
+(:mod:`harness.rank.mptc_body`), one world per world size. The exit codes and pipe messages
+that come back feed the class's own ``_check_return_codes``, so pass, skip and fail are the
+class's verdict; a failure is reported as the harness reports one (root cause first, each
+rank's traceback; every rank's stacks on a timeout).
+
+A world is rebuilt (fresh processes) where a rank's process would have ended with a failing
+exit code (the test raised, a rank crashed or timed out): see :mod:`harness.rank.mptc_body`.
+Where the class's check accepts such an exit anyway, a warning names the test.
+
+Every touch of torch's private test API goes through :mod:`harness.compat`.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import time
+import unittest
+import warnings
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from harness import compat, validate
+from harness.errors import DistributedError, RankCrash, WorldTimeout
+from harness.plugin import report
+from harness.plugin.launcher import launcher_world
+
+if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
+    from harness.plugin.session import DistSession
+    from harness.protocol.messages import TestRef
+
+_CASE = pytest.StashKey[bool]()
+
+_TERMINATED = -15
+"""The exit code of a process terminated by its parent (SIGTERM), as a native run's parent
+terminates the other processes once one has failed; the harness stopped those ranks."""
+
+
+_INHERITED = ("INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
+"""Variables a rank sets itself (its rendezvous, its torchrun environment) that a native
+test process would inherit from pytest's process: where that process has them, they win."""
+
+
+def enabled(config: pytest.Config) -> bool:
+    """Whether ``--dist-mptc`` or ini ``dist_mptc`` is on."""
+    return bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc"))
+
+
+def selected(item: pytest.Item) -> bool:
+    """Whether the item is a ``MultiProcessTestCase`` test that runs on reused ranks."""
+    return item.stash.get(_CASE, False)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Only torch's classes and their subclasses: any other unittest class runs as it would.
+    for item in items:
+        cls = getattr(item, "cls", None)
+        if isinstance(item, pytest.Function) and compat.mptc_is_case_class(cls):
+            item.stash[_CASE] = True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    # The case instance exists from pytest's setup phase on; its own setUp runs inside the
+    # call phase (unittest's run), so diverting it here comes before its processes start.
+    if selected(item) and launcher_world() is None:
+        assert isinstance(item, pytest.Function)
+        case = item.instance
+        runner = _CaseRunner(item, case)
+        compat.mptc_divert(case, runner.start, runner.join)
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    # A wrapper: pytest's unittest plugin moves the test's exception into call.excinfo
+    # inside this hook, after the harness's own report hook has looked.
+    made = yield
+    excinfo = call.excinfo
+    if (
+        made.failed
+        and selected(item)
+        and excinfo is not None
+        and isinstance(excinfo.value, DistributedError)
+    ):
+        longrepr: Any = report.DistributedFailureRepr(excinfo.value, item)
+        made.longrepr = longrepr
+    return made
+
+
+class _CaseRunner:
+    """The two points of one test case instance that run on the harness instead."""
+
+    def __init__(self, item: pytest.Function, case: Any) -> None:
+        self.item = item
+        self.case = case
+        self.started = False
+
+    def start(self, proc: Any) -> None:
+        """In place of ``_start_processes(proc)``: the ranks are already up."""
+        self.started = True
+
+    def join(self, fn: Any) -> None:
+        """In place of ``_join_processes(fn)``: run the test on the ranks, then the class's
+        own check on how they ended."""
+        if not self.started:
+            # Its setUp started no processes: the class's own (empty) wait and check.
+            compat.mptc_join_natively(self.case, fn)
+            return
+        from harness.plugin import _session
+
+        run_case(_session(self.item.config), self.item, self.case, fn)
+
+
+def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:
+    """Run one ``MultiProcessTestCase`` test on a world of its size and judge it with the
+    class's own ``_check_return_codes``.
+
+    Args:
+        session: The plugin's session (its worlds, options).
+        item: The pytest item of the test.
+        case: The test case instance (its ``setUp`` has run).
+        fn: The test method, as the class's ``_join_processes`` receives it.
+
+    Raises:
+        unittest.SkipTest: The class's check says the test skipped.
+        DistributedError: The class's check failed the test and the ranks failed too: the
+            harness's account of it (root cause first, stacks on a timeout).
+        Exception: The class's own failure where every rank ended normally.
+    """
+    # Here, not at the top: the plugin loads in sessions that never import torch.
+    from harness.controller.world import World
+    from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CaseCall
+    from harness.rank.mptc_body import run_case as rank_body
+
+    world_size = validate.positive_int(int(case.world_size), "world_size")
+    # A native process inherits these from its parent (set by the test's setUp, say); a rank
+    # has its own rendezvous variables, which must not hide the parent's.
+    environ = {name: os.environ[name] for name in _INHERITED if name in os.environ}
+    call = CaseCall(
+        test=_describe(item, compat.mptc_test_name(case)),
+        file_name=str(case.file_name),
+        kwargs=compat.mptc_run_kwargs(case),
+        environ=environ,
+    )
+    captured = session.config.getoption("capture", "fd") != "no"
+    output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
+    timeout = compat.mptc_timeout(case)
+    name = f"test {item.nodeid}"
+    started = time.time()
+    if session.isolate_all:
+        with World(world_size, backend="gloo", init=False, leaks=session.leaks) as world:
+            outcome = world.call(rank_body, (call,), timeout=timeout, output=output, name=name)
+            pids = world.pids
+    else:
+        # The ranks make their own groups with whatever backend the test asks for; the
+        # world's backend only names it (Gloo: a world of any size starts on any machine).
+        world = session.world(world_size, "gloo", init=False)
+        outcome = world.call(rank_body, (call,), timeout=timeout, output=output, name=name)
+        pids = world.pids
+    elapsed = time.time() - started
+    report.add_output_sections(item, outcome.outputs)
+    processes, pipes = _processes(outcome, world_size, pids)
+    try:
+        compat.mptc_check(case, fn, elapsed, processes, pipes)
+    except unittest.SkipTest:
+        raise
+    except Exception:
+        if outcome.error is not None:
+            raise outcome.error from None
+        raise
+    if outcome.error is not None:
+        warnings.warn(
+            f"{name} passed by its class's own check although {outcome.error.summary}; its "
+            "ranks were replaced by fresh processes for the next test",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _describe(item: pytest.Function, test_name: str) -> TestRef:
+    """Where a rank finds the test's class: its module, and the attribute path to the class
+    there (``__qualname__``, or the name pytest collected it under: classes made by
+    ``instantiate_device_type_tests`` are module attributes under another name)."""
+    from harness.protocol.messages import TestRef
+
+    module = item.module
+    cls = item.cls
+    assert module is not None
+    assert module.__file__ is not None
+    assert cls is not None
+    path: str = cls.__qualname__
+    owner: Any = module
+    for part in path.split("."):
+        owner = getattr(owner, part, None)
+    if owner is not cls:
+        path = item.parent.name if item.parent is not None else cls.__name__
+    return TestRef(
+        module=module.__name__,
+        path=module.__file__,
+        cls=path,
+        function=test_name,
+        sys_path=tuple(sys.path),
+        rewrite=compat.asserts_rewritten(module),
+    )
+
+
+@dataclass
+class _Exited:
+    """One rank as the class's check sees one of its processes: ended, with an exit code
+    (None: still running at the deadline) and a pid (the rank's)."""
+
+    pid: int
+    exitcode: int | None
+    name: str
+
+    def terminate(self) -> None:
+        """Nothing to end: the harness owns the rank (the class's tearDown calls this)."""
+
+    def kill(self) -> None:
+        """As :meth:`terminate`."""
+
+    def join(self, timeout: float | None = None) -> None:
+        """Already ended."""
+
+    def is_alive(self) -> bool:
+        return False
+
+
+@dataclass
+class _Sent:
+    """What one rank sent through its pipe, readable as the class's check reads a pipe."""
+
+    messages: list[str] = field(default_factory=list)
+    closed: bool = False
+
+    def recv(self) -> str:
+        if not self.messages:
+            raise EOFError
+        return self.messages.pop(0)
+
+    def poll(self, timeout: float | None = None) -> bool:
+        return bool(self.messages)
+
+    def send(self, obj: Any) -> None:
+        """The class asks a timed-out process for its traceback this way; the harness has
+        taken every rank's stacks already."""
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _processes(
+    outcome: Outcome, world_size: int, pids: list[int]
+) -> tuple[list[_Exited], dict[int, _Sent]]:
+    """The exit code and pipe messages each rank's process would have ended with."""
+    from harness.protocol.messages import CaseExit
+
+    ended: dict[int, tuple[int | None, list[str]]] = {}
+    values = outcome.values
+    returned: dict[int, Any] = (
+        dict(enumerate(values))
+        if values is not None
+        else {rank: pickle.loads(blob) for rank, blob in outcome.returned.items()}
+    )
+    for rank, value in returned.items():
+        if isinstance(value, CaseExit):
+            ended[rank] = (value.exitcode, list(value.messages))
+    error = outcome.error
+    if error is not None:
+        exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
+        for rank, failure in error.failures.items():
+            if failure.exc_type == "WorldTimeout":
+                ended[rank] = (None, [])
+            elif failure.exc_type == "RankCrash":
+                ended[rank] = (exitcodes.get(rank, _TERMINATED), [])
+            else:
+                ended[rank] = (
+                    failure.exitcode if failure.exitcode is not None else 1,
+                    [failure.traceback],
+                )
+    # Ranks the harness stopped after a peer failed (a native parent terminates them too);
+    # after a timeout, every rank is one that did not finish.
+    silent: int | None = None if isinstance(error, WorldTimeout) else _TERMINATED
+    processes = []
+    pipes = {}
+    for rank in range(world_size):
+        code, messages = ended.get(rank, (silent, []))
+        pid = pids[rank] if rank < len(pids) else -1 - rank
+        processes.append(_Exited(pid, code, f"process {rank}"))
+        pipes[pid] = _Sent(messages)
+    return processes, pipes
