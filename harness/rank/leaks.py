@@ -34,6 +34,7 @@ import os
 import signal
 import sysconfig
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
@@ -283,9 +284,19 @@ def _running(pid: int) -> bool:
 
 
 def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return "<gone>"
-    return text or "<no command line>"
+    # A child that subprocess.Popen has just started may still be inside execve: its parent
+    # resumes before the kernel has laid out the new command line, which reads as empty
+    # until then. Only found leaks get here, so waiting up to ~0.1 s for it costs nothing.
+    for _ in range(_CMDLINE_TRIES):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return "<gone>"
+        if text:
+            return text
+        time.sleep(0.002)
+    return "<no command line>"
+
+
+_CMDLINE_TRIES = 50
