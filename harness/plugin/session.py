@@ -9,6 +9,7 @@ terms. Under an external launcher it hands the test to :mod:`harness.plugin.laun
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import pickle
 import sys
@@ -151,8 +152,14 @@ class DistSession:
         if limit is not None:
             timeout = limit.bound(timeout)
             limit.pause()
-        if isolate:
-            with World(world_size, backend=backend, init=init, leaks=self.leaks) as world:
+        try:
+            with contextlib.ExitStack() as stack:
+                if isolate:
+                    world = stack.enter_context(
+                        World(world_size, backend=backend, init=init, leaks=self.leaks)
+                    )
+                else:
+                    world = self.world(world_size, backend, init)
                 outcome = world.call(
                     run_test,
                     (ref, plan),
@@ -162,27 +169,17 @@ class DistSession:
                     name=name,
                     check_collectives=check,
                 )
-                if outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
+                if outcome.error is None and not isolate:
+                    self._keep_scopes(item, plan, world, own_timeout)
+                elif outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
                     # The world ends with this test: so do its wider-scoped rank fixtures.
                     ending = world.call(end_scopes, (None,), timeout=timeout, output=output)
                     outcome = ending if ending.error is not None else outcome
-        else:
-            world = self.world(world_size, backend, init)
-            outcome = world.call(
-                run_test,
-                (ref, plan),
-                timeout=timeout,
-                output=output,
-                seed=seed,
-                name=name,
-                check_collectives=check,
-            )
-            if outcome.error is None:
-                self._keep_scopes(item, plan, world, own_timeout)
-        if limit is not None:
-            limit.resume()
-            if isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
-                outcome.error.hint = limit.hint()
+        finally:
+            if limit is not None:
+                limit.resume()
+        if limit is not None and isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
+            outcome.error.hint = limit.hint()
         report.add_output_sections(item, outcome.outputs)
         phase = _phase(outcome.error)
         if outcome.error is not None and phase == "setup":
