@@ -120,8 +120,15 @@ def mptc_timeout(case: Any) -> float:
 
 
 def mptc_run_kwargs(case: Any) -> dict[str, Any]:
-    """The keyword arguments ``_start_processes`` gives each process's ``cls._run``."""
-    return {"fake_pg": getattr(case, "fake_pg", False)}
+    """The keyword arguments ``_start_processes`` gives each process's ``cls._run``: its
+    ``fake_pg`` where ``_run`` takes keyword arguments (newer torch); none in older torch,
+    whose ``_run(rank, test_name, file_name, parent_pipe)`` takes none."""
+    import inspect
+
+    parameters = inspect.signature(type(case)._run).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD or p.name == "fake_pg" for p in parameters):
+        return {"fake_pg": getattr(case, "fake_pg", False)}
+    return {}
 
 
 def mptc_error_exit_code() -> int:
@@ -577,8 +584,10 @@ def _probe_mptc() -> object:
     names = ("_run", "_start_processes", "_join_processes", "_check_return_codes")
     for name in (*names, "_current_test_name", "TEST_ERROR_EXIT_CODE"):
         getattr(cls, name)
-    if "fake_pg" not in inspect.getsource(cls._start_processes):
-        raise AttributeError("_start_processes no longer passes fake_pg to _run")
+    if len(inspect.signature(cls._run).parameters) < 4:
+        raise TypeError(
+            "MultiProcessTestCase._run no longer takes (rank, test_name, file_name, pipe)"
+        )
     return (module.get_timeout, module.TEST_SKIPS)
 
 
