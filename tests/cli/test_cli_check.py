@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ import torch
 import harness
 from harness import cli
 from harness.cli import exit_code, merge_rows, summary
+from harness.controller import supervise
 from harness.rank import collectives
 from harness.rank.collectives import Row, check_collectives
 
@@ -153,15 +155,24 @@ def test_cli_timeout_reports_rank_stacks_and_exits_1(capsys: pytest.CaptureFixtu
     assert "rank 0" in err
 
 
-def test_cli_ctrl_c_exits_130_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
-    # A real SIGINT to this process while main() runs a long check (many repetitions):
-    # main must turn the KeyboardInterrupt into 130 after the World stopped its ranks.
-    timer = threading.Timer(1.0, os.kill, args=(os.getpid(), signal.SIGINT))
-    timer.start()
-    try:
-        code = cli.main(["check", "--repeats", "100000", "--timeout", "60"])
-    finally:
-        timer.cancel()
+def test_cli_ctrl_c_exits_130_without_traceback(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A real SIGINT to this process while main() waits for the ranks of a long row (many
+    # repetitions): main must turn the KeyboardInterrupt into 130 after the World stopped
+    # its ranks. The signal is sent once the first row's call is under way, never after a
+    # fixed delay: on a loaded machine that could land while the world is still starting.
+    real_gather = supervise.gather
+    waits: list[None] = []
+
+    def gather(*args: Any, **kwargs: Any) -> Any:
+        waits.append(None)
+        if len(waits) == 3:  # the world's start, rank_info, then the first row
+            threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
+        return real_gather(*args, **kwargs)
+
+    monkeypatch.setattr(supervise, "gather", gather)
+    code = cli.main(["check", "--repeats", "100000", "--timeout", "60"])
     captured = capsys.readouterr()
     assert code == 130, captured.out + captured.err
     assert captured.err.strip() == "interrupted"
