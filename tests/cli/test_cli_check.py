@@ -172,7 +172,13 @@ def test_cli_ctrl_c_exits_130_without_traceback(
         return real_gather(*args, **kwargs)
 
     monkeypatch.setattr(supervise, "gather", gather)
-    code = cli.main(["check", "--repeats", "100000", "--timeout", "60"])
+    # Python's own handler, also where pytest was started with SIGINT ignored (a background
+    # job of a non-interactive shell), where Python leaves it ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        code = cli.main(["check", "--repeats", "100000", "--timeout", "60"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
     captured = capsys.readouterr()
     assert code == 130, captured.out + captured.err
     assert captured.err.strip() == "interrupted"
