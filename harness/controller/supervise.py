@@ -9,9 +9,9 @@ so an error reaches the user in about a second, never after a process-group time
 
 from __future__ import annotations
 
+import math
+import select
 import time
-from multiprocessing.connection import wait
-from typing import Any
 
 from harness.controller import spawn, stacks
 from harness.controller.outcome import Died, Reply
@@ -44,23 +44,30 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
     """
     replies: dict[int, Reply] = {}
     pending = {proc.rank: proc for proc in ranks}
+    # One poll set for the whole wait: the ranks answer one by one, and building a selector
+    # at every wake-up (as multiprocessing.connection.wait does) is part of every call's cost.
+    poller = select.poll()
+    watched: dict[int, RankProcess] = {}
+    for proc in ranks:
+        for fd in (proc.conn.fileno(), proc.process.sentinel):
+            poller.register(fd, select.POLLIN)
+            watched[fd] = proc
     grace_end: float | None = None
     while pending:
         limits = [t for t in (deadline, grace_end) if t is not None]
         now = time.monotonic()
         if limits and now >= min(limits):
             return replies, grace_end is None or (deadline is not None and now >= deadline)
-        handles: dict[Any, RankProcess] = {}
-        for proc in pending.values():
-            handles[proc.conn] = proc
-            handles[proc.process.sentinel] = proc
-        for handle in wait(list(handles), min(limits) - now if limits else None):
-            proc = handles[handle]
+        wait_ms = math.ceil((min(limits) - now) * 1000) if limits else None
+        for fd, _ in poller.poll(wait_ms):
+            proc = watched[fd]
             if proc.rank not in pending:
                 continue
             reply = _receive(proc)
             replies[proc.rank] = reply
             del pending[proc.rank]
+            for done in (proc.conn.fileno(), proc.process.sentinel):
+                poller.unregister(done)
             if isinstance(reply, Ready):
                 proc.main_thread, proc.watchdog_thread = reply.main_thread, reply.watchdog_thread
                 proc.code_dir = reply.code_dir

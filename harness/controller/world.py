@@ -229,6 +229,7 @@ class World:
         seed: int | None = None,
         name: str | None = None,
         check_collectives: bool = True,
+        next_seed: int | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -243,6 +244,10 @@ class World:
             name: How messages name the call (the plugin passes ``"test <node id>"``);
                 None: ``"the call of <fn's qualified name>"``.
             check_collectives: As :meth:`run`.
+            next_seed: The ``seed`` the next call will most likely pass: the ranks seed
+                their generators with it as soon as they have answered this call, while they
+                are idle, so that the next call need not (it still seeds itself when its
+                seed differs, or when another call came in between).
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -283,6 +288,7 @@ class World:
                     rendezvous,
                     self.leaks != "off",
                     check_collectives,
+                    next_seed,
                 )
             )
             for proc in ranks:
@@ -350,7 +356,7 @@ class World:
                 leak_report(outcome.leaks, name or _call_name(fn)), RuntimeWarning, stacklevel=3
             )
         if output == OUTPUT_CAPTURE:
-            outcome.outputs = {proc.rank: proc.files.output() for proc in ranks}
+            outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
         return outcome
 
     def close(self) -> None:
@@ -495,6 +501,14 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
     }
     changes.update((os.fsdecode(k), None) for k in started if k not in now)
     return changes or None
+
+
+def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
+    """What a rank wrote during a captured call: read from its files unless it said it
+    wrote nothing (a rank that failed or died says nothing, so its files are read)."""
+    if isinstance(reply, Done) and not reply.output_written:
+        return "", ""
+    return proc.files.output()
 
 
 def _call_name(fn: Callable[..., Any]) -> str:

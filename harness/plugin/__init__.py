@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Generator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -143,6 +144,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
     if mptc.enabled(config):
         config.pluginmanager.register(mptc, "harness-mptc")
+    if name is not None and _named_files_use(config, name):
+        # `pytest tests/test_x.py`: start the server before pytest's header and collection.
+        _warm_up(config, early=True)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -180,6 +184,22 @@ def _may_deselect(config: pytest.Config) -> bool:
         or getattr(option, "deselect", None)
         or getattr(option, "lf", False)
     )
+
+
+def _named_files_use(config: pytest.Config, name: str) -> bool:
+    """Whether a test file named on the command line (``path`` or ``path::test``) uses the
+    marker: its distributed tests are then as good as selected."""
+    needle = f"mark.{name}".encode()
+    for arg in config.args:
+        path = Path(config.invocation_params.dir, arg.split("::", 1)[0])
+        if path.suffix != ".py":
+            continue
+        try:
+            if needle in path.read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
@@ -261,8 +281,10 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item) -> None:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     interrupts.runtest_started(item)
+    if nextitem is not None and find_mark(item) is not None:
+        _session(item.config).note_next(item, nextitem)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

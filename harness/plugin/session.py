@@ -44,6 +44,7 @@ from harness.rank.pytest_body import end_scopes, run_test
 _RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
 _CALL_ERROR = pytest.StashKey[BaseException]()
 _CALL_SKIP = pytest.StashKey[str]()
+_NEXT_ITEM = pytest.StashKey[pytest.Item]()
 
 
 class DistSession:
@@ -112,6 +113,10 @@ class DistSession:
     # phase it belongs to, so a rank-side fixture's error is the test's setup or teardown
     # error, as it would be in-process.
 
+    def note_next(self, item: pytest.Item, nextitem: pytest.Item) -> None:
+        """Remember which test pytest runs after ``item`` (see :meth:`_next_seed`)."""
+        item.stash[_NEXT_ITEM] = nextitem
+
     def prepare(self, item: pytest.Function) -> None:
         """Before pytest sets up the test's fixtures: take those that run in the ranks out of
         pytest's hands (see :mod:`harness.plugin.rank_fixtures`)."""
@@ -144,6 +149,7 @@ class DistSession:
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         seed = self._seed(item)
+        next_seed = None if isolate else self._next_seed(item)
         name = f"test {item.nodeid}"
         # pytest-timeout's limit, if any, is this test's deadline; its timer must not fire
         # while the ranks run (it would show our frames, not theirs): see plugin.interrupts.
@@ -168,6 +174,7 @@ class DistSession:
                     seed=seed,
                     name=name,
                     check_collectives=check,
+                    next_seed=next_seed,
                 )
                 if outcome.error is None and not isolate:
                     self._keep_scopes(item, plan, world, own_timeout)
@@ -277,7 +284,7 @@ class DistSession:
         marks = tuple(mark for mark in item.iter_markers() if _pickles(mark))
         return RequestInfo(item.name, item.nodeid, marks, options, ini)
 
-    def _seed(self, item: pytest.Function) -> int:
+    def _seed(self, item: pytest.Item) -> int:
         """The seed of a test's random generators on every rank: pytest-randomly's seed when
         that plugin is active (it reseeds every test alike), else one from the node id, so a
         test draws the same numbers alone, first, or after any others."""
@@ -285,6 +292,14 @@ class DistSession:
         if isinstance(randomly, int) and self.config.pluginmanager.hasplugin("randomly"):
             return randomly
         return zlib.crc32(item.nodeid.encode())
+
+    def _next_seed(self, item: pytest.Function) -> int | None:
+        """The seed of the distributed test pytest runs next, if any: the ranks set it while
+        they wait for that test (see ``World.call``'s ``next_seed``)."""
+        nextitem = item.stash.get(_NEXT_ITEM, None)
+        if nextitem is None or find_mark(nextitem) is None:
+            return None
+        return self._seed(nextitem)
 
     def _resolve(
         self, item: pytest.Function, mark: pytest.Mark

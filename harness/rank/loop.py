@@ -14,6 +14,7 @@ protocol, ``harness.compat``; never the controller).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -44,7 +45,7 @@ from harness.protocol.messages import (
     Regroup,
     Skipped,
 )
-from harness.protocol.rank_files import RankFiles, flush_std_streams, store_path
+from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
 from harness.rank import coverage, fixtures, leaks, output, reset, trace
 
 CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -60,9 +61,6 @@ _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 # The process groups that outlive every call: the harness's default group (made at start-up
 # or by the last Regroup); none in a world without a harness group.
 _baseline_groups: set[Any] = set()
-
-# What every call starts from: the rank's state once it is up (see harness.rank.reset).
-_state: reset.ProcessState | None = None
 
 # Held by the thread that ends the process (main or watchdog), so the other cannot call
 # os._exit while coverage data is still being written.
@@ -113,11 +111,14 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         except BaseException as exc:
             conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
             _exit(cov, 1)
-    global _state
-    _state = reset.ProcessState.capture()
+    # What every call starts from: the rank's state once it is up (see harness.rank.reset).
+    state = reset.ProcessState.capture()
     ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
     conn.send(ready)
 
+    # The seed the generators were given after the last answer (Call.next_seed), while no
+    # call has run since; None otherwise.
+    seeded: int | None = None
     while True:
         try:
             message = conn.recv()
@@ -126,84 +127,104 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         if isinstance(message, Regroup):
             reply = _regroup(message, setup, ready)
         else:
-            reply = _call(message, setup, files)
+            reply = _call(message, setup, files, seeded)
+        seeded = None
         conn.send(reply)
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
             # of waiting for the process-group timeout. The world is rebuilt anyway.
             _exit(cov, 1)
+        # What the call changed is put back after the answer, and the next call's seed is
+        # set: the controller moves on meanwhile, and the next message is only read once
+        # this rank is done.
+        state.restore()
+        if isinstance(message, Call) and message.next_seed is not None:
+            reset.seed_all(message.next_seed)
+            seeded = message.next_seed
 
 
-def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
-    """Run one call; whatever happens, answer with exactly one message."""
-    assert _state is not None
+def _call(call: Call, setup: RankSetup, files: RankFiles, seeded: int | None) -> RankMessage:
+    """Run one call; whatever happens, answer with exactly one message.
+
+    What the call changed in the rank's state is put back once the answer is sent (see
+    :func:`main`), not here: the controller takes the answer in meanwhile. ``seeded`` is
+    the seed the generators already have, untouched since (``Call.next_seed``), or None.
+    """
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
     # connecting to a group that this rank would tear down under it. Without a harness group
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
     _destroy_groups_except(_baseline_groups | fixtures.lasting_groups())
-    if call.seed is not None:
+    if call.seed is not None and call.seed != seeded:
         reset.seed_all(call.seed)
+    if call.env is not None:
+        # The rank's own torchrun variables win over the controller's.
+        protected = setup.env.keys() | set(_LAUNCHER_ONLY)
+        reset.update_environ({k: v for k, v in call.env.items() if k not in protected})
+    if call.rendezvous is not None:
+        # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
+        reset.update_environ(call.rendezvous)
     redirection = output.redirect(call.output, files, setup.rank)
+    if redirection is None:
+        return _run(call, setup.rank)
+    redirection.start()
     try:
-        if call.env is not None:
-            # The rank's own torchrun variables win over the controller's.
-            protected = setup.env.keys() | set(_LAUNCHER_ONLY)
-            reset.update_environ({k: v for k, v in call.env.items() if k not in protected})
-        if call.rendezvous is not None:
-            # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
-            reset.update_environ(call.rendezvous)
-        if redirection:
-            redirection.start()
-        try:
-            fn, args, kwargs = pickle.loads(call.payload)
-        except BaseException as exc:
-            return Failed(
-                _failure(exc, setup.rank, f"could not unpickle the call sent to rank {setup.rank}"),
-                time.monotonic(),
-            )
-        # After the output redirection started: its pumps and descriptors are the harness's.
-        watch = leaks.Watch(enabled=call.check_leaks)
-        recorder = trace.Recorder()
-        try:
-            # The call's warning filters end with it; so does the watch on its threads, and
-            # the recording of its collectives.
-            with warnings.catch_warnings(), watch.threads(), recorder:
-                value = fn(*args, **kwargs)
-        except BaseException as exc:
-            at = time.monotonic()
-            skip = _skip_kind(exc)
-            issued = recorder.trace()
-            if skip:
-                phase = getattr(exc, PHASE_ATTR, "call")
-                return Skipped(_skip_reason(exc), skip, at, phase, issued)
-            return Failed(_failure(exc, setup.rank), at, issued)
-        try:
-            blob = pickle.dumps(value)
-        except BaseException as exc:
-            return Failed(
-                _failure(
-                    exc,
-                    setup.rank,
-                    f"could not pickle the return value of rank {setup.rank} "
-                    f"({type(value).__qualname__} object)",
-                ),
-                time.monotonic(),
-                recorder.trace(),
-            )
-        leaked = watch.findings()
-        return Done(
-            blob,
-            group_count=compat.process_group_count(),
-            grouped=_harness_group_up(),
-            leaks=leaked,
-            collectives=recorder.fingerprint() if call.check_collectives else None,
-        )
+        reply = _run(call, setup.rank)
     finally:
-        if redirection:
-            redirection.stop()
-        _state.restore()
+        redirection.stop()
+    if isinstance(reply, Done) and isinstance(redirection, OutputCapture) and not redirection.wrote:
+        # Most calls print nothing: then the controller need not read this rank's files.
+        reply = dataclasses.replace(reply, output_written=False)
+    return reply
+
+
+def _run(call: Call, rank: int) -> RankMessage:
+    """Unpickle and run the call's function, with the leak watch and the recording of its
+    collectives; the answer."""
+    try:
+        fn, args, kwargs = pickle.loads(call.payload)
+    except BaseException as exc:
+        return Failed(
+            _failure(exc, rank, f"could not unpickle the call sent to rank {rank}"),
+            time.monotonic(),
+        )
+    # After the output redirection started: its pumps and descriptors are the harness's.
+    watch = leaks.Watch(enabled=call.check_leaks)
+    recorder = trace.Recorder()
+    try:
+        # The call's warning filters end with it; so does the watch on its threads, and
+        # the recording of its collectives.
+        with warnings.catch_warnings(), watch.threads(), recorder:
+            value = fn(*args, **kwargs)
+    except BaseException as exc:
+        at = time.monotonic()
+        skip = _skip_kind(exc)
+        issued = recorder.trace()
+        if skip:
+            phase = getattr(exc, PHASE_ATTR, "call")
+            return Skipped(_skip_reason(exc), skip, at, phase, issued)
+        return Failed(_failure(exc, rank), at, issued)
+    try:
+        blob = pickle.dumps(value)
+    except BaseException as exc:
+        return Failed(
+            _failure(
+                exc,
+                rank,
+                f"could not pickle the return value of rank {rank} "
+                f"({type(value).__qualname__} object)",
+            ),
+            time.monotonic(),
+            recorder.trace(),
+        )
+    return Done(
+        blob,
+        group_count=compat.process_group_count(),
+        grouped=_harness_group_up(),
+        leaks=watch.findings(),
+        collectives=recorder.fingerprint() if call.check_collectives else None,
+    )
 
 
 def _regroup(message: Regroup, setup: RankSetup, ready: Ready) -> RankMessage:

@@ -58,6 +58,9 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
         "instance": owner if cls is not None else None,
         "function": function,
     }
+    if not plan.args and not plan.fixtures:
+        function()  # nothing to set up or tear down
+        return
     setup = fixtures.Setup(plan, test, _load_fixture)
     kwargs = setup.arguments()
     try:
@@ -122,8 +125,22 @@ def import_test_module(ref: TestRef) -> ModuleType:
     return _import(ref.module, ref.path, ref.rewrite)
 
 
+_imported: dict[tuple[str, str], ModuleType] = {}
+"""The module found for each (name, file) so far: a test module is looked for once, not at
+every test of it (checking that a module comes from a file costs two ``stat`` calls)."""
+
+
 def _import(name: str, path: str, rewrite: bool) -> ModuleType:
     """The module ``name`` from the file ``path`` (the controller's), imported once."""
+    loaded = sys.modules.get(name)
+    if loaded is not None and _imported.get((name, path)) is loaded:
+        return loaded
+    module = _find(name, path, rewrite)
+    _imported[(name, path)] = module
+    return module
+
+
+def _find(name: str, path: str, rewrite: bool) -> ModuleType:
     loaded = sys.modules.get(name)
     if loaded is not None and _same_file(getattr(loaded, "__file__", None), path):
         return loaded

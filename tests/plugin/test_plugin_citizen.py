@@ -93,6 +93,10 @@ def pytest_sessionfinish(session):
         pytest.param("marked", ["-k", "plain"], id="k-deselects"),
         pytest.param("marked", ["-m", "not distributed"], id="m-deselects"),
         pytest.param("word", [], id="file-mentions-the-word"),
+        # Named on the command line, a file with distributed tests starts the server at once,
+        # unless they may be deselected.
+        pytest.param("marked", ["--collect-only", "test_files.py"], id="named-collect-only"),
+        pytest.param("marked", ["-k", "plain", "test_files.py::test_plain"], id="named-k"),
     ],
 )
 def test_no_distributed_test_selected_starts_nothing(
@@ -101,7 +105,7 @@ def test_no_distributed_test_selected_starts_nothing(
     pytester.makeconftest(REPORT_STARTED)
     if files == "marked":
         pytester.makepyfile(
-            """
+            test_files="""
             import pytest
 
             def test_plain():
@@ -114,7 +118,7 @@ def test_no_distributed_test_selected_starts_nothing(
         )
     else:
         pytester.makepyfile(
-            '''
+            test_files='''
             """Helpers for distributed training, tested without any distributed test."""
 
             def test_plain():
@@ -125,3 +129,39 @@ def test_no_distributed_test_selected_starts_nothing(
     result = pytester.runpytest_subprocess("-s", *args)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*torch imported: False; forkserver: None"])
+
+
+SERVER_AT_SESSION_START = """
+from harness import compat
+
+def pytest_sessionstart(session):
+    print(f"forkserver at session start: {compat.forkserver_pid() is not None}")
+"""
+
+
+@pytest.mark.parametrize(
+    ("args", "started"),
+    [
+        pytest.param(["test_named.py"], True, id="file"),
+        pytest.param(["test_named.py::test_distributed"], True, id="test-id"),
+        pytest.param([], False, id="directory"),
+    ],
+)
+def test_a_named_file_with_distributed_tests_starts_the_server_before_collection(
+    pytester: pytest.Pytester, args: list[str], started: bool
+) -> None:
+    # Its torch import then overlaps pytest's header and collection: the first distributed
+    # test waits less. Without a file named, collection finds the tests (and starts it).
+    pytester.makeconftest(SERVER_AT_SESSION_START)
+    pytester.makepyfile(
+        test_named="""
+        import pytest
+
+        @pytest.mark.distributed(world_size=2)
+        def test_distributed(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-s", *args)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([f"forkserver at session start: {started}"])
