@@ -47,6 +47,7 @@ import workload as wl
 BUDGET_MARGIN_S = 0.001
 COLD_MARGIN_S = 0.5
 PLAIN_MARGIN_S = 0.0001  # the plugin must cost nothing measurable for tests it does not run
+BLOCK = 10  # marked tests run in blocks of this many, alternating with as many World.run tests
 CHILD_TIMEOUT_S = 900.0
 
 CONFTEST = '''\
@@ -81,21 +82,29 @@ def test_module(tests: int, world_size: int) -> str:
         ).replace("WORLD_SIZE", str(world_size))
     )
     for kind, body in (("noop", "noop"), ("work", "all_reduce_barrier")):
-        for i in range(tests):
-            parts.append(
+        for start in range(0, tests, BLOCK):
+            block = range(start, min(start + BLOCK, tests))
+            parts += [
                 textwrap.dedent(
                     f"""
 
                     @pytest.mark.distributed(world_size={world_size}, backend="gloo")
                     def test_marked_{kind}_{i:04d}():
                         workload.{body}()
-
+                    """
+                )
+                for i in block
+            ]
+            parts += [
+                textwrap.dedent(
+                    f"""
 
                     def test_api_{kind}_{i:04d}(dist_world):
                         _timed_run(dist_world, "{kind}", workload.{body})
                     """
                 )
-            )
+                for i in block
+            ]
     parts.append(
         textwrap.dedent(
             f"""

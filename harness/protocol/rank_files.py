@@ -167,14 +167,13 @@ class OutputCapture:
     A rank makes one and uses it for every captured call: the files are opened once and
     kept open, and ``start`` empties only a file the last call wrote to, because opening
     and truncating both files at every call is a measurable part of a test's cost.
-    After ``stop``, ``wrote`` says whether the call wrote to either file.
+    ``written`` says whether the call has written to either file so far.
     """
 
     def __init__(self, out: str, err: str) -> None:
         self._paths = (out, err)
         self._files: list[int] = []
         self._saved: list[int] = []
-        self.wrote = False
 
     def start(self) -> None:
         flush_std_streams()
@@ -196,7 +195,10 @@ class OutputCapture:
             os.dup2(saved, fd)
             os.close(saved)
         self._saved.clear()
-        self.wrote = any(os.lseek(target, 0, os.SEEK_END) for target in self._files)
+
+    def written(self) -> bool:
+        flush_std_streams()
+        return any(os.lseek(target, 0, os.SEEK_END) for target in self._files)
 
 
 def flush_std_streams() -> None:

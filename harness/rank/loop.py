@@ -14,7 +14,6 @@ protocol, ``harness.compat``; never the controller).
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import faulthandler
 import os
 import pickle
@@ -167,19 +166,15 @@ def _call(call: Call, setup: RankSetup, files: RankFiles, seeded: int | None) ->
         reset.update_environ(call.rendezvous)
     redirection = output.redirect(call.output, files, setup.rank)
     if redirection is None:
-        return _run(call, setup.rank)
+        return _run(call, setup.rank, None)
     redirection.start()
     try:
-        reply = _run(call, setup.rank)
+        return _run(call, setup.rank, redirection)
     finally:
         redirection.stop()
-    if isinstance(reply, Done) and isinstance(redirection, OutputCapture) and not redirection.wrote:
-        # Most calls print nothing: then the controller need not read this rank's files.
-        reply = dataclasses.replace(reply, output_written=False)
-    return reply
 
 
-def _run(call: Call, rank: int) -> RankMessage:
+def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankMessage:
     """Unpickle and run the call's function, with the leak watch and the recording of its
     collectives; the answer."""
     try:
@@ -224,6 +219,8 @@ def _run(call: Call, rank: int) -> RankMessage:
         grouped=_harness_group_up(),
         leaks=watch.findings(),
         collectives=recorder.fingerprint() if call.check_collectives else None,
+        # Most calls print nothing: then the controller need not read this rank's files.
+        output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
     )
 
 

@@ -78,11 +78,14 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
+Redirection = OutputCapture | PrefixedOutput
+"""A call's redirection of its rank's output (``start`` before the call, ``stop`` after)."""
+
 _capture: tuple[RankFiles, OutputCapture] | None = None
 """This rank's capture, made at its first captured call and kept (it keeps its files open)."""
 
 
-def redirect(output: str, files: RankFiles, rank: int) -> OutputCapture | PrefixedOutput | None:
+def redirect(output: str, files: RankFiles, rank: int) -> Redirection | None:
     """The redirection a call asked for, not yet started; None for ``inherit``."""
     global _capture
     if output == OUTPUT_CAPTURE:

@@ -52,15 +52,15 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
         if ref.instance_state:
             owner.__dict__.update(ref.instance_state)
     function = getattr(owner, ref.function)
+    if not plan.args and not plan.fixtures:
+        function()  # nothing to set up or tear down
+        return
     test = {
         "module": module,
         "cls": cls,
         "instance": owner if cls is not None else None,
         "function": function,
     }
-    if not plan.args and not plan.fixtures:
-        function()  # nothing to set up or tear down
-        return
     setup = fixtures.Setup(plan, test, _load_fixture)
     kwargs = setup.arguments()
     try:
