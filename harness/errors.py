@@ -156,8 +156,10 @@ class CollectiveMismatch(DistributedError):
 _INTERRUPT_ATTR = "__harness_interrupt__"
 
 
-def note_interrupt(interrupt: BaseException, summary: str, stacks: dict[int, str]) -> None:
-    """Attach the ranks' stacks to a ``KeyboardInterrupt`` that stopped a run.
+def note_interrupt(
+    interrupt: BaseException, summary: str, stacks: dict[int, str], collectives: str = ""
+) -> None:
+    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt`` that stopped a run.
 
     The interrupt itself is re-raised unchanged (``except KeyboardInterrupt`` and pytest's
     handling of Ctrl-C must keep working); the stacks travel with it as a note, which the
@@ -168,9 +170,13 @@ def note_interrupt(interrupt: BaseException, summary: str, stacks: dict[int, str
         interrupt: The exception being raised.
         summary: One line: what was interrupted and what became of the ranks.
         stacks: Each rank's readable stacks at the interrupt ('' for a rank already gone).
+        collectives: The ranks' last collectives and the one in flight, as a report's
+            ``collectives`` section shows them ('' when none was issued).
     """
-    setattr(interrupt, _INTERRUPT_ATTR, (summary, dict(stacks)))
+    setattr(interrupt, _INTERRUPT_ATTR, (summary, dict(stacks), collectives))
     parts = [summary]
+    if collectives:
+        parts += ["---------- collectives ----------", collectives]
     for rank, text in sorted(stacks.items()):
         parts += [f"---------- rank {rank} ----------", _stack_text(text)]
     note = "\n".join(parts)
@@ -195,8 +201,15 @@ def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
     found = getattr(exc, _INTERRUPT_ATTR, None)
     if not isinstance(found, tuple):
         return None
-    summary, stacks = found
+    summary, stacks, _ = found
     return str(summary), dict(stacks)
+
+
+def interrupt_collectives(exc: BaseException) -> str:
+    """The ranks' collectives a ``KeyboardInterrupt`` carries from a run it stopped (see
+    :func:`note_interrupt`): '' when it stopped none, or none was issued."""
+    found = getattr(exc, _INTERRUPT_ATTR, None)
+    return str(found[2]) if isinstance(found, tuple) else ""
 
 
 def forget_interrupt_note(exc: BaseException) -> None:

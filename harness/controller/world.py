@@ -37,6 +37,7 @@ from harness.protocol.messages import (
     Regroup,
 )
 from harness.protocol.rank_files import rendezvous_path
+from harness.protocol.traces import render
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -321,17 +322,19 @@ class World:
                 outcome = leak_error(outcome, name or _call_name(fn))
         except KeyboardInterrupt as interrupt:
             # Ctrl-C: say where each rank was, as a timeout does, then stop them all. A
-            # second Ctrl-C while the stacks are taken still stops them (the finally).
+            # second Ctrl-C while they are asked still stops them (the finally).
             self._broken = True
             try:
+                traces = supervise.traces_now(ranks)
                 stacks = supervise.stacks_now(ranks)
             finally:
                 _stop(self._state)
             note_interrupt(
                 interrupt,
                 f"{name or _call_name(fn)} was interrupted (KeyboardInterrupt); each rank's "
-                "stack at the interrupt follows (the ranks were then stopped)",
+                "collectives and stack at the interrupt follow (the ranks were then stopped)",
                 stacks,
+                render(traces, self.world_size),
             )
             raise
         except BaseException:

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from harness import compat
-from harness.errors import forget_interrupt_note, interrupt_stacks
+from harness.errors import forget_interrupt_note, interrupt_collectives, interrupt_stacks
 
 _ARMED = pytest.StashKey[tuple[Any, float]]()
 _RUNNING = pytest.StashKey[pytest.Item]()
@@ -168,8 +168,11 @@ def print_interrupt(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseExc
     if found is None:
         return
     summary, stacks = found
+    collectives = interrupt_collectives(interrupt)
     forget_interrupt_note(interrupt)
-    blocks = [(f"rank {rank}", text) for rank, text in sorted(stacks.items())]
+    blocks = [(f"rank {rank}", _text(text)) for rank, text in sorted(stacks.items())]
+    if collectives:
+        blocks.insert(0, ("collectives", collectives))
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is None or hasattr(config, "workerinput"):
         # A pytest-xdist worker's terminal output goes nowhere (its stdout is the channel to
@@ -177,7 +180,7 @@ def print_interrupt(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseExc
         out = sys.stderr
         out.write(f"\n{summary}\n")
         for heading, text in blocks:
-            out.write(f"---------- {heading} ----------\n{_text(text)}\n")
+            out.write(f"---------- {heading} ----------\n{text}\n")
         out.flush()
         return
     reporter.ensure_newline()
@@ -185,7 +188,7 @@ def print_interrupt(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseExc
     reporter.write_line(summary, bold=True)
     for heading, text in blocks:
         reporter.write_sep("-", heading)
-        reporter.write_line(_text(text))
+        reporter.write_line(text)
 
 
 def _text(stack: str) -> str:

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from harness_testutil import alive, subprocess_env
+from session_testutil import session_processes
 
 SCRIPT = """
 import os
@@ -24,12 +25,14 @@ import sys
 import threading
 
 import harness
-from harness.errors import interrupt_stacks
+from harness.errors import interrupt_collectives, interrupt_stacks
 
 
 def body(directory):
+    import torch
     import torch.distributed as dist
 
+    dist.all_reduce(torch.ones(3))
     with open(os.path.join(directory, f"rank{dist.get_rank()}"), "w") as handle:
         handle.write(str(os.getpid()))
     threading.Event().wait()
@@ -45,26 +48,11 @@ if __name__ == "__main__":
         summary, stacks = interrupt_stacks(exc)
         print("summary:", summary)
         print("ranks:", sorted(stacks))
+        print("collectives:", interrupt_collectives(exc).replace(chr(10), " | "))
         print("at the hanging line:", all("threading.Event().wait()" in s for s in stacks.values()))
         print("broken:", world.broken, flush=True)
         raise
 """
-
-
-def _session_processes(sid: int) -> list[int]:
-    """Live processes of session ``sid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found.append(int(entry))
-    return found
 
 
 def test_ctrl_c_in_world_run_carries_every_rank_stack_and_stops_the_ranks(
@@ -99,6 +87,8 @@ def test_ctrl_c_in_world_run_carries_every_rank_stack_and_stops_the_ranks(
     assert child.returncode == -signal.SIGINT, (out, err)
     assert "the call of body was interrupted (KeyboardInterrupt)" in out, (out, err)
     assert "ranks: [0, 1]" in out
+    assert "rank 0: (1 on the default group) | " in out, out
+    assert "all_reduce(SUM, float32[3])" in out, out
     assert "at the hanging line: True" in out
     assert "broken: True" in out
     if sys.version_info >= (3, 11):
@@ -110,6 +100,6 @@ def test_ctrl_c_in_world_run_carries_every_rank_stack_and_stops_the_ranks(
             assert "threading.Event().wait()" in section, err
     assert not [pid for pid in ranks if alive(pid)]
     deadline = time.monotonic() + 30  # helpers (the resource tracker) exit on their own
-    while _session_processes(child.pid) and time.monotonic() < deadline:
+    while session_processes(child.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _session_processes(child.pid) == []
+    assert session_processes(child.pid) == {}

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
-from plugin_testutil import alive, assert_no_internal_frames, cmdline, read_pids, reports
+from plugin_testutil import alive, assert_no_internal_frames, read_pids, reports
+from session_testutil import session_processes
 
 LIMIT_S = 4
 """pytest-timeout's limit in these tests: the ranks reach the body well within it, also on a
@@ -188,28 +189,12 @@ def test_an_unmarked_test_keeps_pytest_timeouts_own_behaviour(pytester: pytest.P
     assert "Failed: Timeout (>2.0s) from pytest-timeout." in text
 
 
-def _session_processes(sid: int) -> dict[int, str]:
-    """Live processes of session ``sid``, with their command lines."""
-    found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
-            found[int(entry)] = cmdline(int(entry))
-    return found
-
-
 def _left_in_session(sid: int, bound_s: float = 30.0) -> dict[int, str]:
     """What of session ``sid`` is still alive ``bound_s`` after its leader exited (helpers
     such as the resource tracker exit on their own once they see that)."""
     deadline = time.monotonic() + bound_s
     while True:
-        left = _session_processes(sid)
+        left = session_processes(sid)
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.1)
@@ -234,10 +219,12 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
         import threading
 
         import pytest
+        import torch.distributed as dist
 
 
         @pytest.mark.distributed(world_size=2)
         def test_hang(rank):
+            dist.barrier()
             with open(os.path.join({pids_dir!r}, f"rank{{rank}}"), "w") as handle:
                 handle.write(str(os.getpid()))
             threading.Event().wait()
@@ -274,9 +261,12 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
     output = log.read_text()
     assert code == pytest.ExitCode.INTERRUPTED, output
     assert "test_interrupted.py::test_hang was interrupted (KeyboardInterrupt)" in output
+    collectives = output.split("-- collectives --", 1)[1].split("-- rank 0 --", 1)[0]
+    assert "rank 1: (1 on the default group)" in collectives, output
+    assert "#1 barrier() at test_interrupted.py:10" in collectives, output
     for rank in (0, 1):
         section = output.split(f"-- rank {rank} --", 1)[1]
-        assert 'test_interrupted.py", line 11, in test_hang' in section, output
+        assert 'test_interrupted.py", line 13, in test_hang' in section, output
         assert "threading.Event().wait()" in section, output
     summary = output.index("!! KeyboardInterrupt !!")
     if not xdist:
