@@ -2,17 +2,21 @@
 
 Run by hand, never in CI (nothing here asserts on time)::
 
-    python benchmarks/bench_overhead.py [--tests 200] [--world-size 4]
+    python benchmarks/bench_overhead.py [--tests 1000] [--world-size 4] [--cold-runs 7]
 
 One pytest child (the harness plugin loaded, as for its users) runs, in this order:
 
+* one marked test that is not timed: the world starts, and with it the forkserver's torch
+  import on the other core is over before anything is timed;
 * ``--tests`` plain tests with an empty body: pytest's own cost per test, with the plugin
   loaded (it must not cost anything for tests it does not run);
 * for each body (empty, and the workload: Gloo all_reduce of a 1-element tensor, then a
   barrier), ``--tests`` tests marked ``distributed(world_size=N, backend="gloo")`` on the
-  session's reused world, alternating with ``--tests`` plain tests that each time one
-  ``World.run`` of the same body on that very world (``dist_world``): World.run as a test
-  suite uses it, with pytest's own work between two calls;
+  session's reused world, in blocks of ten alternating with ten plain tests that each time
+  one ``World.run`` of the same body on that very world (``dist_world``): World.run as a
+  test suite uses it, with pytest's own work between two calls. Blocks, because in a suite
+  distributed tests follow one another (the ranks set the next test's seed while they wait
+  for it), and alternating, so that both kinds meet the same conditions on a shared machine;
 * one last test that times ``--tests`` back-to-back calls of ``World.run`` of each body.
 
 Why both World.run figures: back to back, the ranks are still running when the next call
@@ -23,7 +27,11 @@ too, and the back-to-back figure is printed for reference.
 
 A second child runs the plain tests with ``-p no:harness``. Per-test cost is the median of
 setup + call + teardown (pytest's own durations). The budget: a marked test costs at most
-``World.run`` of its body + a plain test without the plugin + 1 ms.
+``World.run`` of its body + a plain test without the plugin + 1 ms. How much a single run
+can be trusted is printed too: the overhead (marked test - World.run - plain test) as the
+median over blocks, with a 90% bootstrap interval over the blocks. With 4 ranks on 2 cores
+the all_reduce body's own time spreads from 3.5 to 11 ms between calls, so that interval is
+wide; ``--tests`` 1000 keeps it to about +-0.5 ms here.
 
 Cold (the spec's second budget): ``--cold-runs`` fresh pytest processes each run one file
 with a single test, alternately a plain test that imports torch and a marked test (empty
