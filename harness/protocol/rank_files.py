@@ -160,45 +160,78 @@ class RankFiles:
 
 
 class OutputCapture:
-    """Point file descriptors 1 and 2 at two files, from ``start`` until ``stop``.
+    """Point file descriptors 1 and 2 at two files for captured calls.
 
     File descriptors rather than ``sys.stdout``: output of C++ code, subprocesses and
     ``os.write`` is captured too, and what was written before a crash is on disk.
-    A rank makes one and uses it for every captured call: the files are opened once and
-    kept open, and ``start`` empties only a file the last call wrote to, because opening
-    and truncating both files at every call is a measurable part of a test's cost.
+    A rank makes one and uses it for every captured call. The files are opened once, and
+    the redirection stays in place from one captured call to the next (``release`` ends it
+    before a call that is not captured): changing descriptors and emptying files at every
+    call is a measurable part of a test's cost, so ``start`` empties only a file that was
+    written to. What a rank writes *between* two captured calls (a thread or a process a
+    test left running) is not a test's output: ``start`` and ``release`` pass it on to the
+    rank's own stdout and stderr, where it would have gone without the capture.
     ``written`` says whether the call has written to either file so far.
     """
 
     def __init__(self, out: str, err: str) -> None:
         self._paths = (out, err)
         self._files: list[int] = []
-        self._saved: list[int] = []
+        self._saved: list[int] = []  # the rank's own fd 1 and 2, while redirected
+        self._ends = [0, 0]  # where each file ended when the last call did
 
     def start(self) -> None:
         flush_std_streams()
         if not self._files:
-            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+            # Readable too: what is written between calls is read back to be passed on.
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
             self._files = [os.open(path, flags, 0o600) for path in self._paths]
-        else:
-            for target in self._files:
-                if os.lseek(target, 0, os.SEEK_END):  # the last call wrote to it
-                    os.ftruncate(target, 0)
-                    os.lseek(target, 0, os.SEEK_SET)
-        for fd, target in zip((1, 2), self._files, strict=True):
-            self._saved.append(os.dup(fd))
-            os.dup2(target, fd)  # fd 1 and 2 themselves are inherited by subprocesses
+        self._pass_on_and_empty()
+        if not self._saved:
+            for fd, target in zip((1, 2), self._files, strict=True):
+                self._saved.append(os.dup(fd))
+                os.dup2(target, fd)  # fd 1 and 2 themselves are inherited by subprocesses
 
     def stop(self) -> None:
+        self.written()
+
+    def written(self) -> bool:
         flush_std_streams()
+        self._ends = [os.lseek(target, 0, os.SEEK_END) for target in self._files]
+        return any(self._ends)
+
+    def release(self) -> None:
+        """Give fd 1 and 2 back to the rank's own streams (before a call that is not
+        captured)."""
+        if not self._saved:
+            return
+        flush_std_streams()
+        self._pass_on_and_empty()
         for fd, saved in zip((1, 2), self._saved, strict=True):
             os.dup2(saved, fd)
             os.close(saved)
         self._saved.clear()
 
-    def written(self) -> bool:
-        flush_std_streams()
-        return any(os.lseek(target, 0, os.SEEK_END) for target in self._files)
+    def _pass_on_and_empty(self) -> None:
+        for index, target in enumerate(self._files):
+            end = os.lseek(target, 0, os.SEEK_END)
+            if not end:
+                continue
+            if self._saved and end > self._ends[index]:
+                _pass_on(target, self._ends[index], end, self._saved[index])
+            os.ftruncate(target, 0)
+            os.lseek(target, 0, os.SEEK_SET)
+        self._ends = [0, 0]
+
+
+def _pass_on(source: int, start: int, end: int, out: int) -> None:
+    """Copy bytes ``start:end`` of file ``source`` to ``out`` (best effort)."""
+    try:
+        data = os.pread(source, end - start, start)
+        while data:
+            data = data[os.write(out, data) :]
+    except OSError:
+        pass  # the rank's own stream is gone: nowhere left to write it
 
 
 def flush_std_streams() -> None:

@@ -92,6 +92,8 @@ def redirect(output: str, files: RankFiles, rank: int) -> Redirection | None:
         if _capture is None or _capture[0] != files:
             _capture = (files, files.capture())
         return _capture[1]
+    if _capture is not None:
+        _capture[1].release()  # kept in place since the last captured call
     if output == OUTPUT_PREFIX:
         return PrefixedOutput(rank)
     return None

@@ -434,3 +434,19 @@ def print_lines(out: str, err: str) -> None:
     """Write ``out`` to stdout (Python's) and ``err`` to file descriptor 2 (C-level)."""
     print(out, end="")
     os.write(2, err.encode())
+
+
+def print_between_calls(go: str, done: str) -> None:
+    """Leave a thread that writes a line to fd 1 and fd 2 once the file ``go`` exists (the
+    controller creates it between two calls), then creates ``done`` + the rank."""
+    rank = dist.get_rank()
+
+    def later() -> None:
+        deadline = time.monotonic() + 60  # a safety bound: the controller creates it at once
+        while not os.path.exists(go) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.write(1, f"between calls, rank {rank} out\n".encode())
+        os.write(2, f"between calls, rank {rank} err\n".encode())
+        open(f"{done}{rank}", "w").close()
+
+    threading.Thread(target=later, daemon=True).start()

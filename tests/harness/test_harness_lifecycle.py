@@ -264,3 +264,34 @@ def test_a_guarded_script_may_import_world_and_run_at_the_top(tmp_path: Path) ->
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[(0, 2), (1, 2)]"] * 2
+
+
+def test_output_between_two_captured_calls_reaches_the_ranks_own_streams(tmp_path: Path) -> None:
+    # A thread a call left running writes while its rank is idle: that is no test's output,
+    # and it must not be lost either (a rank keeps its capture in place between calls).
+    child = _python(
+        f"""
+        import json, os, time, harness, harness_rankfns as fns
+
+        if __name__ == "__main__":
+            go, done = {str(tmp_path / "go")!r}, {str(tmp_path / "done")!r}
+            world = harness.World(2, backend="gloo", leaks="off")
+            first = world.call(fns.print_between_calls, (go, done), output="capture")
+            open(go, "w").close()
+            deadline = time.monotonic() + 60
+            while not all(os.path.exists(done + str(r)) for r in (0, 1)):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            second = world.call(fns.print_lines, ("second\\n", "2\\n"), output="capture")
+            world.close()
+            print(json.dumps([first.outputs, second.outputs]), flush=True)
+        """
+    )
+    out, err = child.communicate(timeout=180)
+    assert child.returncode == 0, err
+    first, second = json.loads(out.splitlines()[-1])
+    assert first == {"0": ["", ""], "1": ["", ""]}
+    assert second == {"0": ["second\n", "2\n"], "1": ["second\n", "2\n"]}
+    for rank in (0, 1):
+        assert f"between calls, rank {rank} out" in out
+        assert f"between calls, rank {rank} err" in err
