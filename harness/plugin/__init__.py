@@ -189,17 +189,16 @@ def _may_deselect(config: pytest.Config) -> bool:
 def _named_files_use(config: pytest.Config, name: str) -> bool:
     """Whether a test file named on the command line (``path`` or ``path::test``) uses the
     marker: its distributed tests are then as good as selected."""
-    needle = f"mark.{name}".encode()
-    for arg in config.args:
-        path = Path(config.invocation_params.dir, arg.split("::", 1)[0])
-        if path.suffix != ".py":
-            continue
-        try:
-            if needle in path.read_bytes():
-                return True
-        except OSError:
-            continue
-    return False
+    paths = (Path(config.invocation_params.dir, arg.split("::", 1)[0]) for arg in config.args)
+    return any(path.suffix == ".py" and _file_uses(path, name) for path in paths)
+
+
+def _file_uses(path: Path, name: str) -> bool:
+    """Whether the file's text mentions ``mark.<name>`` (False when it cannot be read)."""
+    try:
+        return f"mark.{name}".encode() in path.read_bytes()
+    except OSError:
+        return False
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
@@ -207,13 +206,13 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
     # torch while the module does, instead of after it. Reading the file costs microseconds;
     # pytest reads it next anyway.
     name = marker_name(collector.config)
-    if name and isinstance(collector, pytest.Module) and "torch" not in sys.modules:
-        try:
-            uses = f"mark.{name}".encode() in collector.path.read_bytes()
-        except OSError:
-            uses = False
-        if uses:
-            _warm_up(collector.config, early=True)
+    if (
+        name
+        and isinstance(collector, pytest.Module)
+        and "torch" not in sys.modules
+        and _file_uses(collector.path, name)
+    ):
+        _warm_up(collector.config, early=True)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

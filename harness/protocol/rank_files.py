@@ -178,7 +178,8 @@ class OutputCapture:
         self._paths = (out, err)
         self._files: list[int] = []
         self._saved: list[int] = []  # the rank's own fd 1 and 2, while redirected
-        self._ends = [0, 0]  # where each file ended when the last call did
+        # Where each file ended when the last call did; None until measured for this call.
+        self._ends: list[int] | None = [0, 0]
 
     def start(self) -> None:
         flush_std_streams()
@@ -193,7 +194,8 @@ class OutputCapture:
                 os.dup2(target, fd)  # fd 1 and 2 themselves are inherited by subprocesses
 
     def stop(self) -> None:
-        self.written()
+        if self._ends is None:  # not measured yet by ``written`` (a call that failed)
+            self.written()
 
     def written(self) -> bool:
         flush_std_streams()
@@ -213,15 +215,16 @@ class OutputCapture:
         self._saved.clear()
 
     def _pass_on_and_empty(self) -> None:
+        ends = self._ends or [0, 0]
         for index, target in enumerate(self._files):
             end = os.lseek(target, 0, os.SEEK_END)
             if not end:
                 continue
-            if self._saved and end > self._ends[index]:
-                _pass_on(target, self._ends[index], end, self._saved[index])
+            if self._saved and end > ends[index]:
+                _pass_on(target, ends[index], end, self._saved[index])
             os.ftruncate(target, 0)
             os.lseek(target, 0, os.SEEK_SET)
-        self._ends = [0, 0]
+        self._ends = None  # the next captured call measures them again
 
 
 def _pass_on(source: int, start: int, end: int, out: int) -> None:
