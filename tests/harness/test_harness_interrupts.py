@@ -33,8 +33,12 @@ def body(directory):
     import torch.distributed as dist
 
     dist.all_reduce(torch.ones(3))
-    with open(os.path.join(directory, f"rank{dist.get_rank()}"), "w") as handle:
+    # Written aside and renamed: the test polls the directory and must never read a file
+    # that exists but is still empty.
+    part = os.path.join(directory, f".rank{dist.get_rank()}")
+    with open(part, "w") as handle:
         handle.write(str(os.getpid()))
+    os.replace(part, os.path.join(directory, f"rank{dist.get_rank()}"))
     threading.Event().wait()
 
 
@@ -72,11 +76,11 @@ def test_ctrl_c_in_world_run_carries_every_rank_stack_and_stops_the_ranks(
     )
     try:
         deadline = time.monotonic() + 300  # a safety bound only
-        while len(list(marks.iterdir())) < 2:
+        while len(list(marks.glob("rank*"))) < 2:
             assert child.poll() is None, child.communicate()
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        ranks = [int(path.read_text()) for path in marks.iterdir()]
+        ranks = [int(path.read_text()) for path in marks.glob("rank*")]
         os.kill(child.pid, signal.SIGINT)
         out, err = child.communicate(timeout=300)
     finally:

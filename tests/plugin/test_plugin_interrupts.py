@@ -225,8 +225,11 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
         @pytest.mark.distributed(world_size=2)
         def test_hang(rank):
             dist.barrier()
-            with open(os.path.join({pids_dir!r}, f"rank{{rank}}"), "w") as handle:
+            # Written aside and renamed: the test polls for these files.
+            part = os.path.join({pids_dir!r}, f".rank{{rank}}")
+            with open(part, "w") as handle:
                 handle.write(str(os.getpid()))
+            os.replace(part, os.path.join({pids_dir!r}, f"rank{{rank}}"))
             threading.Event().wait()
         """
     )
@@ -266,7 +269,7 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
     assert "#1 barrier() at test_interrupted.py:10" in collectives, output
     for rank in (0, 1):
         section = output.split(f"-- rank {rank} --", 1)[1]
-        assert 'test_interrupted.py", line 13, in test_hang' in section, output
+        assert 'test_interrupted.py", line 16, in test_hang' in section, output
         assert "threading.Event().wait()" in section, output
     summary = output.index("!! KeyboardInterrupt !!")
     if not xdist:
