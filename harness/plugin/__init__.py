@@ -11,33 +11,37 @@ This module only translates between pytest and the harness core, which works wit
 pytest (:mod:`harness.controller`). The rest of the plugin:
 
 * :mod:`~harness.plugin.marker`    the marker and the plugin's settings (no torch)
+* :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
 * :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
 * :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
 
-A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`.
+A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`. The plugin is
+loaded into every pytest run of an environment that has fhelium installed: this module
+imports only the light parts (no torch, no rank side); the rest comes with the first
+distributed test (or with ``--dist-mptc``).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Generator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.plugin import interrupts, mptc, report
-from harness.plugin.launcher import launcher_world
+from harness.plugin import interrupts, report, warmup
 from harness.plugin.marker import (
     DEFAULT_TIMEOUT_S,
     MARKER,
     claim_marker,
     find_mark,
+    launcher_world,
     leaks_setting,
     marker_name,
+    mptc_setting,
     parametrize,
     timeout_setting,
 )
@@ -49,6 +53,9 @@ if TYPE_CHECKING:
 
 # Nothing here imports torch: the session (and with it torch) is created on first use.
 _SESSION = pytest.StashKey["DistSession"]()
+_MPTC = "harness-mptc"
+"""The name :mod:`harness.plugin.mptc` is registered under when ``--dist-mptc`` is on (it is
+imported only then)."""
 
 
 def _session(config: pytest.Config) -> DistSession:
@@ -125,6 +132,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None, None, None]:
+    # A wrapper, outermost: before the conftests are imported and before pytest starts
+    # capturing (the server keeps this process's real stdout and stderr).
+    warmup.before_conftests(early_config)
+    return (yield)
+
+
 @pytest.hookimpl(trylast=True)  # after conftests: a marker of the project's own is seen
 def pytest_configure(config: pytest.Config) -> None:
     name = claim_marker(config)
@@ -142,11 +157,11 @@ def pytest_configure(config: pytest.Config) -> None:
     leaks_setting(config)  # a bad dist_leaks too
     config.pluginmanager.register(report, "harness-report")
     config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
-    if mptc.enabled(config):
-        config.pluginmanager.register(mptc, "harness-mptc")
-    if name is not None and _named_files_use(config, name):
-        # `pytest tests/test_x.py`: start the server before pytest's header and collection.
-        _warm_up(config, early=True)
+    if mptc_setting(config):
+        from harness.plugin import mptc
+
+        config.pluginmanager.register(mptc, _MPTC)
+    warmup.at_configure(config, name)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -161,46 +176,6 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return None
 
 
-def _warm_up(config: pytest.Config, *, early: bool = False) -> None:
-    # Rank processes fork from a server that imports torch first (~1 s): start it early so
-    # that the import overlaps with other work instead of delaying the first distributed test.
-    xdist_controller = config.getoption("dist", "no") != "no" and not hasattr(config, "workerinput")
-    if config.option.collectonly or xdist_controller or launcher_world() is not None:
-        return
-    if early and _may_deselect(config):
-        return  # wait for pytest_collection_finish: maybe no distributed test is selected
-    from harness.controller import forkserver
-
-    forkserver.warm_up()
-
-
-def _may_deselect(config: pytest.Config) -> bool:
-    """Whether options may deselect collected tests (then nothing is started before the
-    selected tests are known)."""
-    option = config.option
-    return bool(
-        getattr(option, "keyword", "")
-        or getattr(option, "markexpr", "")
-        or getattr(option, "deselect", None)
-        or getattr(option, "lf", False)
-    )
-
-
-def _named_files_use(config: pytest.Config, name: str) -> bool:
-    """Whether a test file named on the command line (``path`` or ``path::test``) uses the
-    marker: its distributed tests are then as good as selected."""
-    paths = (Path(config.invocation_params.dir, arg.split("::", 1)[0]) for arg in config.args)
-    return any(path.suffix == ".py" and _file_uses(path, name) for path in paths)
-
-
-def _file_uses(path: Path, name: str) -> bool:
-    """Whether the file's text mentions ``mark.<name>`` (False when it cannot be read)."""
-    try:
-        return f"mark.{name}".encode() in path.read_bytes()
-    except OSError:
-        return False
-
-
 def pytest_collectstart(collector: pytest.Collector) -> None:
     # Before pytest imports a test module that uses the marker: the server then imports
     # torch while the module does, instead of after it. Reading the file costs microseconds;
@@ -210,15 +185,15 @@ def pytest_collectstart(collector: pytest.Collector) -> None:
         name
         and isinstance(collector, pytest.Module)
         and "torch" not in sys.modules
-        and _file_uses(collector.path, name)
+        and warmup.file_uses(collector.path, name)
     ):
-        _warm_up(collector.config, early=True)
+        warmup.at_collect(collector.config)
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     # At the first distributed test found: the rest of collection overlaps the server's start.
     if find_mark(item) is not None:
-        _warm_up(item.config, early=True)
+        warmup.at_collect(item.config)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -228,8 +203,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # interrupted by pytest-timeout would leave torch half-initialised for the session).
     if session.config.option.collectonly:
         return
-    if any(find_mark(item) is not None or mptc.selected(item) for item in session.items):
-        _warm_up(session.config)
+    mptc = session.config.pluginmanager.get_plugin(_MPTC)
+    if any(
+        find_mark(item) is not None or (mptc is not None and mptc.selected(item))
+        for item in session.items
+    ):
+        warmup.at_collection_finish(session.config)
         _session(session.config)
 
 

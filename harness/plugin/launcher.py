@@ -8,7 +8,6 @@ the same result for each test.
 
 from __future__ import annotations
 
-import os
 from datetime import timedelta
 from typing import Any
 
@@ -17,16 +16,6 @@ import pytest
 from harness import compat
 from harness.plugin.marker import find_mark, parse_mark
 from harness.rank.pytest_body import rank_value
-
-
-def launcher_world() -> tuple[int, int] | None:
-    """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        except ValueError:
-            return None
-    return None
 
 
 class LauncherRank:

@@ -11,6 +11,8 @@ no test by that marker, and says so in the report header.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,15 +58,31 @@ def claim_marker(config: pytest.Config) -> str | None:
         raise pytest.UsageError(
             f"ini option dist_marker must be a marker name (an identifier), got {chosen!r}"
         )
-    declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in config.getini("markers")}
-    name: str | None = chosen or (None if MARKER in declared else MARKER)
+    name = choose_marker(chosen, config.getini("markers"))
     config.stash[_CLAIMED] = name
     return name
+
+
+def choose_marker(dist_marker: str, markers: Iterable[str]) -> str | None:
+    """The plugin's marker name: ``dist_marker`` if set, else ``distributed`` unless one of
+    the declared ``markers`` lines (ini ``markers`` format) is a ``distributed`` marker."""
+    declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in markers}
+    return dist_marker or (None if MARKER in declared else MARKER)
 
 
 def marker_name(config: pytest.Config) -> str | None:
     """The plugin's marker this session (see :func:`claim_marker`), or None."""
     return config.stash.get(_CLAIMED, None)
+
+
+def launcher_world() -> tuple[int, int] | None:
+    """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            return None
+    return None
 
 
 def find_mark(node: pytest.Item) -> pytest.Mark | None:
@@ -144,3 +162,8 @@ def leaks_setting(config: pytest.Config) -> str:
         return validate.one_of(value, "ini option dist_leaks", validate.LEAK_CHOICES)
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+
+
+def mptc_setting(config: pytest.Config) -> bool:
+    """Whether ``--dist-mptc`` or ini ``dist_mptc`` is on."""
+    return bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc"))

@@ -37,7 +37,7 @@ import pytest
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
 from harness.plugin import report
-from harness.plugin.launcher import launcher_world
+from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -54,11 +54,6 @@ terminates the other processes once one has failed; the harness stopped those ra
 _INHERITED = ("INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
 """Variables a rank sets itself (its rendezvous, its torchrun environment) that a native
 test process would inherit from pytest's process: where that process has them, they win."""
-
-
-def enabled(config: pytest.Config) -> bool:
-    """Whether ``--dist-mptc`` or ini ``dist_mptc`` is on."""
-    return bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc"))
 
 
 def selected(item: pytest.Item) -> bool:

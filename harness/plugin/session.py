@@ -23,11 +23,12 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError, WorldTimeout
 from harness.plugin import interrupts, rank_fixtures, report
-from harness.plugin.launcher import LauncherRank, launcher_world
+from harness.plugin.launcher import LauncherRank
 from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
     find_mark,
+    launcher_world,
     leaks_setting,
     parse_mark,
     timeout_setting,

@@ -4,6 +4,8 @@ starts no forkserver and imports no torch for it."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 # Ranks have RANK in their environment; the pytest process here does not.
@@ -97,6 +99,8 @@ def pytest_sessionfinish(session):
         # unless they may be deselected.
         pytest.param("marked", ["--collect-only", "test_files.py"], id="named-collect-only"),
         pytest.param("marked", ["-k", "plain", "test_files.py::test_plain"], id="named-k"),
+        # xdist's controller runs no test (its worker does, and starts a server of its own).
+        pytest.param("marked", ["-n", "1", "test_files.py"], id="named-xdist-controller"),
     ],
 )
 def test_no_distributed_test_selected_starts_nothing(
@@ -131,11 +135,21 @@ def test_no_distributed_test_selected_starts_nothing(
     result.stdout.fnmatch_lines(["*torch imported: False; forkserver: None"])
 
 
-SERVER_AT_SESSION_START = """
+SERVER_STARTED = """
 from harness import compat
+
+print(f"forkserver at conftest import: {compat.forkserver_pid() is not None}")
 
 def pytest_sessionstart(session):
     print(f"forkserver at session start: {compat.forkserver_pid() is not None}")
+"""
+
+NAMED = """
+import pytest
+
+@pytest.mark.distributed(world_size=2)
+def test_distributed(rank):
+    pass
 """
 
 
@@ -147,21 +161,55 @@ def pytest_sessionstart(session):
         pytest.param([], False, id="directory"),
     ],
 )
-def test_a_named_file_with_distributed_tests_starts_the_server_before_collection(
+def test_a_named_file_with_distributed_tests_starts_the_server_before_the_conftests(
     pytester: pytest.Pytester, args: list[str], started: bool
 ) -> None:
-    # Its torch import then overlaps pytest's header and collection: the first distributed
-    # test waits less. Without a file named, collection finds the tests (and starts it).
-    pytester.makeconftest(SERVER_AT_SESSION_START)
-    pytester.makepyfile(
-        test_named="""
-        import pytest
-
-        @pytest.mark.distributed(world_size=2)
-        def test_distributed(rank):
-            pass
-        """
-    )
+    # Its torch import then overlaps the conftests' imports (often torch, through the library
+    # under test), pytest's header and collection: the first distributed test waits less.
+    # Without a file named, collection finds the tests (and starts it).
+    pytester.makeconftest(SERVER_STARTED)
+    pytester.makepyfile(test_named=NAMED)
     result = pytester.runpytest_subprocess("-s", *args)
     assert result.ret == 0
-    result.stdout.fnmatch_lines([f"forkserver at session start: {started}"])
+    result.stdout.fnmatch_lines(
+        [
+            f"forkserver at conftest import: {started}",
+            f"forkserver at session start: {started}",
+        ]
+    )
+
+
+def test_a_server_started_for_a_marker_a_conftest_then_claims_is_stopped(
+    pytester: pytest.Pytester,
+) -> None:
+    # Before the conftests load, the marker looks like ours; the conftest declares it as the
+    # project's own, so nothing will run on ranks: the server is stopped at configure.
+    pytester.makeconftest(
+        SERVER_STARTED
+        + """
+def pytest_configure(config):
+    config.addinivalue_line("markers", "distributed: the project's own marker")
+"""
+    )
+    pytester.makepyfile(test_named=NAMED.replace("(rank)", "()"))
+    result = pytester.runpytest_subprocess("-s", "test_named.py")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        ["forkserver at conftest import: True", "forkserver at session start: False"]
+    )
+
+
+def test_loading_the_plugin_imports_neither_torch_nor_the_harness_core(
+    pytester: pytest.Pytester,
+) -> None:
+    # The plugin is loaded into every pytest run of an environment that has fhelium: what a
+    # distributed test needs comes with the first one.
+    heavy = ("torch", "harness.controller", "harness.rank", "multiprocessing", "unittest")
+    result = pytester.run(
+        sys.executable,
+        "-c",
+        "import sys, harness.plugin; "
+        f"print('loaded:', sorted(m for m in sys.modules if m.startswith({heavy!r})))",
+    )
+    assert result.ret == 0, result.stderr.str()
+    result.stdout.fnmatch_lines(["loaded: []"])
