@@ -27,7 +27,7 @@ from typing import Any
 from harness.controller.forkserver import context
 from harness.protocol.messages import STACKS_SIGNAL, RankSetup
 from harness.protocol.rank_files import RankFiles
-from harness.rank import loop
+from harness.rank import entry
 
 # How long ranks get to save coverage and exit after their lifeline closes before SIGKILL.
 STOP_GRACE_S = 5.0
@@ -92,7 +92,7 @@ class RankProcess:
     # Told by the rank's Ready message; used to make its stack dumps readable.
     main_thread: int = 0
     watchdog_thread: int = 0
-    code_dir: str = loop.CODE_DIR
+    code_dir: str = entry.CODE_DIR
     reaped: bool = False
 
     def alive(self) -> bool:
@@ -128,7 +128,7 @@ def start_ranks(
             ours, theirs = ctx.Pipe()
             life_read, life_write = ctx.Pipe(duplex=False)
             process = ctx.Process(  # type: ignore[attr-defined]
-                target=loop.main,
+                target=entry.rank_main,
                 args=(setup, theirs, life_read),
                 name=f"harness-rank{rank}",
             )

@@ -14,7 +14,7 @@ import functools
 import pickle
 import sys
 import zlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -23,7 +23,6 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError, WorldTimeout
 from harness.plugin import interrupts, rank_fixtures, report
-from harness.plugin.launcher import LauncherRank
 from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
@@ -40,7 +39,10 @@ from harness.protocol.messages import (
     RequestInfo,
     TestRef,
 )
-from harness.rank.pytest_body import end_scopes, run_test
+from harness.rank.entry import end_scopes, run_test
+
+if TYPE_CHECKING:
+    from harness.plugin.launcher import LauncherRank
 
 _RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
 _CALL_ERROR = pytest.StashKey[BaseException]()
@@ -59,9 +61,12 @@ class DistSession:
         self.leaks = leaks_setting(config)
         self.check_collectives = not config.getoption("dist_no_collective_check", False)
         launched = launcher_world()
-        self.launcher = (
-            LauncherRank(launched[1], self.default_timeout) if launched is not None else None
-        )
+        self.launcher: LauncherRank | None = None
+        if launched is not None:
+            # Only under a launcher: it brings the rank side into this process.
+            from harness.plugin.launcher import LauncherRank
+
+            self.launcher = LauncherRank(launched[1], self.default_timeout)
         self._worlds: dict[tuple[int, str, bool], World] = {}
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}

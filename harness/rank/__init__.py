@@ -1,5 +1,7 @@
 """The rank side: everything here runs INSIDE a rank process, never in the controller.
 
+* :mod:`~harness.rank.entry`        the functions the controller names (a rank's target, a
+  test body's runner), importing the rest only once they run in the rank
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes (threads,

@@ -1,6 +1,7 @@
 """A rank's life: this module runs INSIDE each rank process, never in the controller.
 
-A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target. It
+A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
+(through :func:`harness.rank.entry.rank_main`). It
 sets up its safety nets, initializes the default process group through
 ``fhelium.distributed.init`` (unless its world has no harness group), answers ``Ready`` and
 then serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes (see
@@ -46,10 +47,7 @@ from harness.protocol.messages import (
 )
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
 from harness.rank import coverage, fixtures, leaks, output, reset, trace
-
-CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-"""The rank side's directory: its frames (the rank loop, the test-body runner) are left out
-of the tracebacks and stack dumps a user reads."""
+from harness.rank.entry import CODE_DIR
 
 _PR_SET_PDEATHSIG = 1
 

@@ -1,0 +1,47 @@
+"""Where the rank side is entered: the functions the controller names, importing nothing.
+
+A new rank process starts in :func:`rank_main`; a pytest test body runs through
+:func:`run_test`, and rank-side fixtures of a wider scope end through :func:`end_scopes`.
+The controller hands these functions to new processes and to calls, pickled by name; the
+modules that do the work are imported here only when a function runs, which is inside a
+rank, where the forkserver has preloaded them. The controller, which only names them, then
+does not import the rank loop, the fixture machinery or the collective recording (~25 ms of
+its first distributed test, while the forkserver imports torch beside it).
+
+Runs INSIDE a rank (see :mod:`harness.rank` for what it may import); this module itself
+imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from harness.protocol.messages import FixturePlan, RankSetup, TestRef
+
+CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""The rank side's directory: its frames are left out of the tracebacks and stacks shown."""
+
+
+def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
+    """A rank process's target: :func:`harness.rank.loop.main`."""
+    from harness.rank import loop
+
+    loop.main(setup, conn, lifeline)
+
+
+def run_test(ref: TestRef, plan: FixturePlan) -> None:
+    """Run a pytest test on this rank: :func:`harness.rank.pytest_body.run_test`."""
+    from harness.rank import pytest_body
+
+    pytest_body.run_test(ref, plan)
+
+
+def end_scopes(scope_keys: list[str] | None) -> None:
+    """End rank-side fixture scopes: :func:`harness.rank.pytest_body.end_scopes`."""
+    from harness.rank import pytest_body
+
+    pytest_body.end_scopes(scope_keys)
