@@ -79,18 +79,16 @@ def at_configure(config: pytest.Config, name: str | None) -> None:
     before the conftests if the marker is the project's own (``name`` is None)."""
     if name is None:
         if config.stash.get(_STARTED_EARLY, False):
-            _stop_if_idle()
+            from harness.controller import forkserver
+
+            forkserver.stop_idle()
     elif _named_files_use(config.invocation_params.dir, config.args, name):
-        early(config)
+        at_collect(config)
 
 
 def at_collect(config: pytest.Config) -> None:
-    """Point 3: a file or test that uses the marker was found."""
-    early(config)
-
-
-def early(config: pytest.Config) -> None:
-    """Start the server unless this process runs no test or options may deselect tests."""
+    """Point 3: a file or test that uses the marker was found (or, at 2, named): start the
+    server unless options may deselect tests."""
     if not _may_deselect(config.option):
         at_collection_finish(config)
 
@@ -144,9 +142,3 @@ def _start() -> bool:
     from harness.controller import forkserver
 
     return forkserver.warm_up()
-
-
-def _stop_if_idle() -> None:
-    forkserver = sys.modules.get("harness.controller.forkserver")
-    if forkserver is not None:
-        forkserver.stop_idle()

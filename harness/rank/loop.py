@@ -1,12 +1,12 @@
 """A rank's life: this module runs INSIDE each rank process, never in the controller.
 
 A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
-(through :func:`harness.rank.entry.rank_main`). It
-sets up its safety nets, initializes the default process group through
-``fhelium.distributed.init`` (unless its world has no harness group), answers ``Ready`` and
-then serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes (see
-:mod:`harness.protocol.messages` for the protocol). Each message is handled in one place:
-``Call`` in :func:`_call`; ``Regroup`` in :func:`_regroup`; the lifeline in :func:`_watch`.
+(through :func:`harness.rank.entry.rank_main`). It sets up its safety nets, initializes the
+default process group through ``fhelium.distributed.init`` (unless its world has no harness
+group), answers ``Ready`` and then serves ``Call`` and ``Regroup`` messages until its pipe or
+lifeline closes (see :mod:`harness.protocol.messages` for the protocol). Each message is
+handled in one place: ``Call`` in :func:`_call`; ``Regroup`` in :func:`_regroup`; the
+lifeline in :func:`_watch`.
 
 What it may import: see :mod:`harness.rank` (stdlib, torch, fhelium.distributed, the
 protocol, ``harness.compat``; never the controller).
