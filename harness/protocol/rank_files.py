@@ -230,11 +230,15 @@ class OutputCapture:
 def _pass_on(source: int, start: int, end: int, out: int) -> None:
     """Copy bytes ``start:end`` of file ``source`` to ``out`` (best effort)."""
     try:
-        data = os.pread(source, end - start, start)
-        while data:
-            data = data[os.write(out, data) :]
+        write_all(out, os.pread(source, end - start, start))
     except OSError:
         pass  # the rank's own stream is gone: nowhere left to write it
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to file descriptor ``fd`` (``os.write`` may write less)."""
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def flush_std_streams() -> None:

@@ -13,7 +13,7 @@ import os
 import threading
 
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
-from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams
+from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, write_all
 
 DRAIN_TIMEOUT_S = 2.0
 """How long the end of a call waits for the last prefixed lines. A subprocess the call left
@@ -64,36 +64,32 @@ class PrefixedOutput:
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
                     # One write per line: a line from another rank never lands inside it.
-                    _write_all(out, self._prefix + line + b"\n")
+                    write_all(out, self._prefix + line + b"\n")
             if pending:
-                _write_all(out, self._prefix + pending + b"\n")
+                write_all(out, self._prefix + pending + b"\n")
         except OSError:
             pass  # our stdout went away; nothing left to do with the output
         finally:
             os.close(read_end)
 
 
-def _write_all(fd: int, data: bytes) -> None:
-    while data:
-        data = data[os.write(fd, data) :]
-
-
 Redirection = OutputCapture | PrefixedOutput
 """A call's redirection of its rank's output (``start`` before the call, ``stop`` after)."""
 
-_capture: tuple[RankFiles, OutputCapture] | None = None
-"""This rank's capture, made at its first captured call and kept (it keeps its files open)."""
+_capture: OutputCapture | None = None
+"""This rank's capture of its files (one set per rank process), made at its first captured
+call and kept: it keeps the files open and stays in place between captured calls."""
 
 
 def redirect(output: str, files: RankFiles, rank: int) -> Redirection | None:
     """The redirection a call asked for, not yet started; None for ``inherit``."""
     global _capture
     if output == OUTPUT_CAPTURE:
-        if _capture is None or _capture[0] != files:
-            _capture = (files, files.capture())
-        return _capture[1]
+        if _capture is None:
+            _capture = files.capture()
+        return _capture
     if _capture is not None:
-        _capture[1].release()  # kept in place since the last captured call
+        _capture.release()  # kept in place since the last captured call
     if output == OUTPUT_PREFIX:
         return PrefixedOutput(rank)
     return None
