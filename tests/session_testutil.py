@@ -5,6 +5,7 @@ session id, and whatever it started, ranks and forkserver included, is in that s
 from __future__ import annotations
 
 import os
+import time
 
 
 def session_processes(sid: int) -> dict[int, str]:
@@ -23,3 +24,14 @@ def session_processes(sid: int) -> dict[int, str]:
         if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
             found[int(entry)] = command
     return found
+
+
+def left_in_session(sid: int, bound_s: float = 30.0) -> dict[int, str]:
+    """What of session ``sid`` is still alive ``bound_s`` after its leader exited (helpers
+    such as the resource tracker exit on their own once they see that; a safety bound only)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        left = session_processes(sid)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.1)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from harness_testutil import alive, subprocess_env
-from session_testutil import session_processes
+from session_testutil import left_in_session
 
 SCRIPT = """
 import os
@@ -103,7 +103,4 @@ def test_ctrl_c_in_world_run_carries_every_rank_stack_and_stops_the_ranks(
             section = tail.split(f"-- rank {rank} --", 1)[1]
             assert "threading.Event().wait()" in section, err
     assert not [pid for pid in ranks if alive(pid)]
-    deadline = time.monotonic() + 30  # helpers (the resource tracker) exit on their own
-    while session_processes(child.pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert session_processes(child.pid) == {}
+    assert left_in_session(child.pid) == {}

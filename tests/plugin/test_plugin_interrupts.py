@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from plugin_testutil import alive, assert_no_internal_frames, read_pids, reports
-from session_testutil import session_processes
+from session_testutil import left_in_session
 
 LIMIT_S = 4
 """pytest-timeout's limit in these tests: the ranks reach the body well within it, also on a
@@ -189,17 +189,6 @@ def test_an_unmarked_test_keeps_pytest_timeouts_own_behaviour(pytester: pytest.P
     assert "Failed: Timeout (>2.0s) from pytest-timeout." in text
 
 
-def _left_in_session(sid: int, bound_s: float = 30.0) -> dict[int, str]:
-    """What of session ``sid`` is still alive ``bound_s`` after its leader exited (helpers
-    such as the resource tracker exit on their own once they see that)."""
-    deadline = time.monotonic() + bound_s
-    while True:
-        left = session_processes(sid)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.1)
-
-
 # The child pytest gets Python's own SIGINT handler even when this run was started with
 # SIGINT ignored (a background job of a non-interactive shell, where a child would inherit
 # the ignoring and Ctrl-C could not be tested).
@@ -277,5 +266,5 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
         assert output.index("-- rank 1 --") < summary, output
     assert "no tests ran" in output
     assert not [pid for pid in ranks.values() if alive(pid)], output
-    left = _left_in_session(child.pid)
+    left = left_in_session(child.pid)
     assert not left, f"processes left behind: {left}\n{output}"
