@@ -41,12 +41,17 @@ forkserver's own torch import must then run alongside the conftest's, not after 
 time from start to exit. The budget: the marked one costs at most the plain one of the same
 project + 0.5 s, judged on the median of the paired differences (each marked run against the
 plain run just before it), printed with a 90% bootstrap interval: single runs here spread by
-+-0.3 s with the machine's load.
++-0.3 s with the machine's load. The installed harness and fhelium are byte-compiled first,
+as pip does at install: the children run with ``PYTHONDONTWRITEBYTECODE`` (so pytest caches
+no rewritten test module either, as in many containers), and an editable install without
+byte code would have each child compile every harness module it imports.
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
+import importlib.util
 import os
 import random
 import sys
@@ -167,6 +172,10 @@ def cold(tmp: str, runs: int, world_size: int) -> dict[tuple[str, str], list[flo
     marked test, alternately, in each project of COLD_PROJECTS; by ``(project, "plain" or
     "marked")``, in the order run (run i of one kind follows run i of the other)."""
     walls: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for package in ("harness", "fhelium"):
+        spec = importlib.util.find_spec(package)
+        for location in (spec and spec.submodule_search_locations) or []:
+            compileall.compile_dir(location, quiet=1)
     sources = {"plain": COLD_PLAIN, "marked": COLD_MARKED.replace("WORLD_SIZE", str(world_size))}
     directories = {}
     for number, (project, conftest) in enumerate(COLD_PROJECTS.items()):

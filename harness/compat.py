@@ -5,17 +5,17 @@ wraps one such use and says which public API is missing; :data:`PRIVATE_APIS` li
 a probe each, and ``tests/test_compat.py`` runs every probe, so an upgrade that removes one
 fails that test by name instead of breaking a rank in a way that is hard to trace.
 
-Imports of torch, pytest and coverage happen inside the functions: this module is imported
-by the plugin (which must load without torch), by ranks (which may run without pytest) and by
-the controller.
+Imports of torch, pytest, coverage and multiprocessing happen inside the functions: this
+module is imported by the plugin (which loads into every pytest run, so it must not import
+torch or multiprocessing), by ranks (which may run without pytest) and by the controller.
 """
 
 from __future__ import annotations
 
-import multiprocessing.forkserver
+import contextlib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType, ModuleType
 from typing import Any, NoReturn
 
@@ -26,13 +26,17 @@ __all__ = [
     "bootstrapping",
     "coverage_config_file",
     "environ_bytes",
+    "exempt_from_assert_rewriting",
     "fixture_defs",
     "flight_recorder_entries",
     "forget_forkserver",
+    "forget_parent_multiprocessing",
     "forkserver_pid",
+    "forkserver_started_by",
     "frame",
     "frame_of_thread",
     "ini_names",
+    "leave_pytest_import_hook",
     "live_process_groups",
     "monkeypatch",
     "mptc_check",
@@ -284,6 +288,8 @@ def forkserver_pid() -> int | None:
     ``multiprocessing.forkserver`` documents no way to reach the server process; its pid is
     ``_forkserver._forkserver_pid``.
     """
+    import multiprocessing.forkserver
+
     server = multiprocessing.forkserver._forkserver
     pid = getattr(server, "_forkserver_pid", None)
     return pid if isinstance(pid, int) else None
@@ -295,7 +301,63 @@ def forget_forkserver() -> None:
     There is no public way to stop a forkserver; ``_forkserver._stop()`` closes our socket
     and reaps the server so that multiprocessing does not try to use it again.
     """
+    import multiprocessing.forkserver
+
     multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def forkserver_started_by(start: Callable[[str, Sequence[int]], int | None]) -> Iterator[None]:
+    """While inside, multiprocessing starts its forkserver through ``start(command, fds)``.
+
+    ``start`` returns the pid of a child of this process that runs the Python source
+    ``command`` (what multiprocessing would run as ``python -c command``) holding the file
+    descriptors ``fds``, or None to have multiprocessing start the new interpreter itself.
+    Other processes multiprocessing starts meanwhile (its resource tracker) start as usual.
+
+    multiprocessing has no way to choose how the server process is made: it calls
+    ``multiprocessing.util.spawnv_passfds``, which this replaces for the duration.
+    """
+    import multiprocessing.forkserver
+    import multiprocessing.util
+
+    util: Any = multiprocessing.util
+    spawnv_passfds = util.spawnv_passfds
+
+    def spawn(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
+        command = args[-1]
+        pid = None
+        if len(args) >= 2 and args[-2] == "-c" and "multiprocessing.forkserver" in command:
+            pid = start(command, passfds)
+        return spawnv_passfds(path, args, passfds) if pid is None else pid
+
+    util.spawnv_passfds = spawn
+    try:
+        yield
+    finally:
+        util.spawnv_passfds = spawnv_passfds
+
+
+def forget_parent_multiprocessing() -> None:
+    """In a fork that is to serve as a forkserver: forget the parent's forkserver and
+    resource tracker, as a new interpreter would not know them.
+
+    The fork is made while the parent holds the forkserver's lock and knows its own
+    resource tracker's pid; left as they are, a rank that starts processes of its own would
+    wait for that lock forever. Each object gets the state of a new one
+    (``multiprocessing.forkserver._forkserver``, ``resource_tracker._resource_tracker``):
+    the module-level functions are bound to these very objects, so they cannot be replaced.
+    """
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    for module, name in (
+        (multiprocessing.forkserver, "_forkserver"),
+        (multiprocessing.resource_tracker, "_resource_tracker"),
+    ):
+        obj = getattr(module, name)
+        obj.__dict__.clear()
+        obj.__dict__.update(type(obj)().__dict__)
 
 
 def bootstrapping() -> bool:
@@ -305,6 +367,8 @@ def bootstrapping() -> bool:
     multiprocessing checks this through the private ``current_process()._inheriting`` and
     then raises a long generic error; the harness checks first to say what to do instead.
     """
+    import multiprocessing
+
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
@@ -434,6 +498,37 @@ def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
     importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
 
 
+def _rewrite_hooks() -> list[Any]:
+    """pytest's assertion-rewriting import hooks installed in this process (one per config)."""
+    return [f for f in sys.meta_path if type(f).__module__ == ASSERT_REWRITER_MODULE]
+
+
+def exempt_from_assert_rewriting(*packages: str) -> None:
+    """Have pytest's import hook leave the modules of these packages imported from now on.
+
+    pytest rewrites the asserts of every module of a distribution that registers a pytest
+    plugin, fhelium's included, and caches the result beside the module. Where it cannot
+    write there (a read-only install; ``PYTHONDONTWRITEBYTECODE``, set in many containers),
+    it parsed, rewrote and compiled the harness's modules again in every run: ~0.1 s
+    before the first distributed test. Their asserts state invariants, not test outcomes,
+    so they gain nothing from it. pytest can mark names (``register_assert_rewrite``), not
+    unmark them: the hook keeps them in ``_must_rewrite`` and caches lookups in
+    ``_marked_for_rewrite_cache``.
+    """
+    for hook in _rewrite_hooks():
+        marked = hook._must_rewrite
+        marked.difference_update([name for name in marked if name.split(".")[0] in packages])
+        hook._marked_for_rewrite_cache.clear()
+
+
+def leave_pytest_import_hook() -> None:
+    """Remove pytest's assertion-rewriting import hooks from this process (a fork of the
+    pytest process that is to serve as a forkserver, where ranks import test modules
+    their own way, as they do from a new interpreter)."""
+    for hook in _rewrite_hooks():
+        sys.meta_path.remove(hook)
+
+
 def asserts_rewritten(module: ModuleType) -> bool:
     """Whether pytest rewrote the asserts of an imported module.
 
@@ -456,8 +551,44 @@ def _probe_group_count() -> object:
 
 
 def _probe_forkserver() -> object:
+    import multiprocessing.forkserver
+
     server: Any = multiprocessing.forkserver._forkserver
     return (server._forkserver_pid if hasattr(server, "_forkserver_pid") else None, server._stop)
+
+
+def _probe_forkserver_start() -> object:
+    import inspect
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+    import multiprocessing.util
+
+    util: Any = multiprocessing.util
+    source = inspect.getsource(multiprocessing.forkserver.ForkServer.ensure_running)
+    if "util.spawnv_passfds(" not in source or "'-c'" not in source:
+        raise AttributeError("the forkserver is no longer started by util.spawnv_passfds -c")
+    fresh = (
+        multiprocessing.forkserver.ForkServer().__dict__,
+        multiprocessing.resource_tracker.ResourceTracker().__dict__,
+    )
+    return util.spawnv_passfds, fresh
+
+
+def _probe_rewrite_hook() -> object:
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+
+    class Config:
+        def getini(self, name: str) -> object:
+            raise ValueError(name)
+
+    hook: Any = AssertionRewritingHook(Config())  # type: ignore[arg-type]
+    if type(hook).__module__ != ASSERT_REWRITER_MODULE:
+        raise AttributeError(f"pytest's import hook moved to {type(hook).__module__}")
+    hook.mark_rewrite("harness_probe")
+    marked, cache = hook._must_rewrite, hook._marked_for_rewrite_cache
+    if "harness_probe" not in marked or not isinstance(cache, dict):
+        raise AttributeError("pytest's import hook keeps its marked names elsewhere")
+    return marked, cache
 
 
 def _probe_inheriting() -> object:
@@ -610,6 +741,8 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
+    "multiprocessing.util.spawnv_passfds starts the forkserver; ForkServer(), "
+    "ResourceTracker() as new": _probe_forkserver_start,
     "multiprocessing.current_process()._inheriting": _probe_inheriting,
     "os.environ._data (the bytes behind os.environ)": _probe_environ_bytes,
     "coverage.Coverage.config.config_file": _probe_coverage_config,
@@ -621,6 +754,8 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     ),
     "pytest.Config._parser._inidict": _probe_inidict,
     "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
+    "_pytest.assertion.rewrite.AssertionRewritingHook (._must_rewrite, "
+    "._marked_for_rewrite_cache)": _probe_rewrite_hook,
     "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
     "pytest_timeout._get_item_settings (pytest-timeout)": _probe_pytest_timeout,
     "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,

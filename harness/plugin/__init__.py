@@ -32,8 +32,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from harness.plugin import interrupts, report, warmup
-from harness.plugin.marker import (
+from harness import compat
+
+# Before the plugin's other modules are imported: pytest rewrites the asserts of every module
+# of a plugin's distribution and, where it cannot cache the result (read-only install,
+# PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
+compat.exempt_from_assert_rewriting("harness", "fhelium")
+
+from harness.plugin import interrupts, report, warmup  # noqa: E402  (after the exemption)
+from harness.plugin.marker import (  # noqa: E402
     DEFAULT_TIMEOUT_S,
     MARKER,
     claim_marker,
@@ -45,7 +52,7 @@ from harness.plugin.marker import (
     parametrize,
     timeout_setting,
 )
-from harness.validate import BACKEND_CHOICES
+from harness.validate import BACKEND_CHOICES  # noqa: E402
 
 if TYPE_CHECKING:
     from harness.controller.world import World
