@@ -11,9 +11,12 @@ This module imports no torch. ``torch.multiprocessing.get_context`` *is*
 the server can be started before the controller imports torch, and the two imports share
 the machine's cores instead of running one after the other.
 
-Started from a pytest process before it has run any of the project's code, the server is a
-fork of that process instead of a new interpreter (:func:`warm_up` with
-``fork_this_process``): it starts with pytest already imported, ~0.15 s sooner ready.
+Started from a pytest process before it has imported any of the project's code, the server
+is a fork of that process instead of a new interpreter (:func:`warm_up` with
+``fork_this_process``): it starts with pytest already imported, ~0.15 s sooner ready. It
+drops what a new interpreter would not have (other file descriptors, pytest's import hook,
+the parent's multiprocessing state); the modules stay as they are, so what a pytest plugin
+did when it was imported, the server and its ranks have done too.
 """
 
 from __future__ import annotations
