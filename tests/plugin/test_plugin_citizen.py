@@ -213,3 +213,37 @@ def test_loading_the_plugin_imports_neither_torch_nor_the_harness_core(
     )
     assert result.ret == 0, result.stderr.str()
     result.stdout.fnmatch_lines(["loaded: []"])
+
+
+def test_pytest_does_not_rewrite_the_harnesss_own_modules(pytester: pytest.Pytester) -> None:
+    # pytest rewrites every module of a plugin's distribution; where it cannot cache that
+    # (read-only install, PYTHONDONTWRITEBYTECODE) it did so again in every run, ~0.1 s before
+    # the first distributed test. The harness opts out before importing the rest of itself.
+    pytester.makeconftest(
+        """
+        import sys
+
+        def pytest_sessionfinish(session):
+            rewritten = sorted(
+                name
+                for name, module in list(sys.modules.items())
+                if name.startswith(("harness.", "fhelium"))
+                and type(getattr(module, "__loader__", None)).__name__ == "AssertionRewritingHook"
+            )
+            print(f"rewritten by pytest: {rewritten}")
+        """
+    )
+    pytester.makepyfile(test_named=NAMED)
+    result = pytester.runpytest_subprocess("-s", "test_named.py")
+    assert result.ret == 0
+    # Only the plugin's module itself and what it imports before it can opt out.
+    before_opting_out = [
+        "harness.compat",
+        "harness.errors",
+        "harness.plugin",
+        "harness.protocol",
+        "harness.protocol.failures",
+        "harness.protocol.traces",
+    ]
+    output = result.stdout.str()
+    assert f"rewritten by pytest: {before_opting_out}" in output, output
