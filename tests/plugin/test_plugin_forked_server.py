@@ -3,8 +3,9 @@
 Where a test file named on the command line uses the marker, the server is started before
 the conftests load, as a fork of the pytest process (pytest is imported already there, so it
 is ready sooner). Ranks forked from it must not see anything of that process: its open
-files, its buffered output, pytest's import hook. Where the process cannot be forked safely
-(another thread, torch, a tracer), the server is a new interpreter as before.
+files, its buffered output, pytest's import hook, its multiprocessing state (it held a lock
+at the fork). Where the process cannot be forked safely (another thread, torch, a tracer),
+the server is a new interpreter as before.
 """
 
 from __future__ import annotations
@@ -45,7 +46,12 @@ def pytest_sessionstart(session):
         command = handle.read().replace(b"\\0", b" ").decode()
     forked = "multiprocessing.forkserver" not in command
     held = os.path.abspath("held.txt")
-    links = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+    links = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            pass  # closed meanwhile: the server is importing torch
     print(f"server forked from pytest: {forked}; holds the plugin's file: {held in links}")
 """
 
