@@ -4,6 +4,7 @@ starts no forkserver and imports no torch for it."""
 
 from __future__ import annotations
 
+import ast
 import sys
 
 import pytest
@@ -236,14 +237,18 @@ def test_pytest_does_not_rewrite_the_harnesss_own_modules(pytester: pytest.Pytes
     pytester.makepyfile(test_named=NAMED)
     result = pytester.runpytest_subprocess("-s", "test_named.py")
     assert result.ret == 0
-    # Only the plugin's module itself and what it imports before it can opt out.
-    before_opting_out = [
+    output = result.stdout.str()
+    rewritten = ast.literal_eval(output.split("rewritten by pytest: ", 1)[1].splitlines()[0])
+    if "harness.plugin" not in rewritten:
+        pytest.skip("this pytest does not rewrite the plugin's modules in this install")
+    # Only the plugin's module itself and what it imports before it can opt out; none of
+    # what the first distributed test imports (the session, the controller, the world).
+    before_opting_out = {
         "harness.compat",
         "harness.errors",
         "harness.plugin",
         "harness.protocol",
         "harness.protocol.failures",
         "harness.protocol.traces",
-    ]
-    output = result.stdout.str()
-    assert f"rewritten by pytest: {before_opting_out}" in output, output
+    }
+    assert set(rewritten) <= before_opting_out, output
