@@ -33,6 +33,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.context import BaseContext
 
 from harness import compat
+from harness.protocol.rank_files import flush_std_streams
 
 _context: BaseContext | None = None
 
@@ -126,9 +127,7 @@ def _fork_server(command: str, fds: Sequence[int]) -> int | None:
         interpreter).
     """
     # Flushed first, or what they hold would be written again by the server's ranks.
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
-        if stream is not None:
-            stream.flush()
+    flush_std_streams(originals=True)
     try:
         pid = os.fork()
     except OSError:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from harness import compat
 from harness.errors import forget_interrupt_note, interrupt_collectives, interrupt_stacks
 
 _ARMED = pytest.StashKey[tuple[Any, float]]()
@@ -81,10 +82,6 @@ class PytestTimeout:
         if armed is not None and not armed[0].func_only:
             settings, started = armed
             return cls(item, settings, started, armed=True)
-        # Imported here, where a distributed test runs: this module is loaded into every
-        # pytest run, compat brings multiprocessing with it.
-        from harness import compat
-
         settings = compat.pytest_timeout_settings(item)
         if settings is None or not settings.timeout or settings.timeout <= 0:
             return None

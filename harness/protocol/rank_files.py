@@ -241,14 +241,22 @@ def write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def flush_std_streams() -> None:
+def flush_std_streams(*, originals: bool = False) -> None:
     """Flush Python's stdout and stderr buffers (before their file descriptors change hands,
-    or before the process ends with ``os._exit``), ignoring streams that cannot be flushed."""
-    for stream in (sys.stdout, sys.stderr):
+    or before the process ends with ``os._exit``), ignoring streams that cannot be flushed.
+
+    Args:
+        originals: flush ``sys.__stdout__`` and ``sys.__stderr__`` too, where the process is
+            about to fork (their buffers would otherwise be written twice).
+    """
+    streams = [sys.stdout, sys.stderr]
+    if originals:
+        streams += [sys.__stdout__, sys.__stderr__]
+    for stream in streams:
         try:
             stream.flush()
         except Exception:
-            pass
+            pass  # closed, None, or replaced by something without flush
 
 
 def _read(path: str) -> str:
