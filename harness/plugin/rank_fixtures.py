@@ -1,18 +1,22 @@
 """Where a distributed test's fixtures run, and what its ranks are sent (controller side).
 
-A fixture runs in the controller unless it must run in the ranks (spec section 5). It runs
+A fixture runs in the controller unless it must run in the ranks. It runs
 inside each rank when it is
 
 (a) one of the plugin's (``rank``, ``world_size``, ``local_rank``, ``local_device``);
 (b) a fixture that requests, directly or through others, a fixture that runs in the ranks
     (so ``@pytest.fixture def tag(rank): ...`` just works);
 (c) one of pytest's per-process built-ins (``monkeypatch``, ``capsys``, ``capsysbinary``,
-    ``capfd``, ``capfdbinary``, ``caplog``, ``recwarn``, ``tmp_path_factory``);
+    ``capfd``, ``capfdbinary``, ``caplog``, ``recwarn``);
 (d) declared with :func:`harness.fixture`.
 
 pytest's own fixtures are left where pytest runs them, whatever they request: ``tmp_path``
 stays one directory of the controller, shared by every rank. Asking for ``request`` does not
-move a fixture: it gets the controller's request there and a view of it in a rank.
+move a fixture: it gets the controller's request there and a view of it in a rank. Nor does
+asking for ``tmp_path_factory``: it is the session's, the same for every rank, so a
+controller fixture built on it (the everyday "directory shared by all ranks") stays in the
+controller and its value reaches every rank; the test body or a rank-side fixture that asks
+for it gets a rank-side twin over the controller's base directory.
 
 :func:`split` decides before pytest sets anything up, and takes the rank-side fixtures out of
 the item's ``fixturenames`` so that pytest does not run them in the controller;
@@ -49,6 +53,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _SCOPES = ("function", "class", "module", "package", "session")
 _PLUGIN_MODULE = "harness.plugin"
+_SHARED_FACTORY = "tmp_path_factory"
 
 
 @overload
@@ -149,9 +154,12 @@ def split(item: pytest.Function) -> RankSide:
         chain = defs.get(name)
         if chain and _in_ranks(chain[-1], defs, decided):
             _add(chain[-1], side, defs, decided)
+    factory = defs.get(_SHARED_FACTORY)
+    if factory and _shared_factory(factory[-1]) and _SHARED_FACTORY in compat.test_argnames(item):
+        _add(factory[-1], side, defs, decided)
     rank_names = {fixturedef.argname for fixturedef in side.fixtures}
     # The controller's tmp_path_factory is still set up: the ranks share its base directory.
-    keep = {"tmp_path_factory"}
+    keep = {_SHARED_FACTORY}
     item.fixturenames = [n for n in item.fixturenames if n not in rank_names or n in keep]
     side.wants_request = "request" in compat.test_argnames(item) or any(
         "request" in fixturedef.argnames for fixturedef in side.fixtures
@@ -212,8 +220,8 @@ def plan(
     )
     args = tuple((name, source(name, None)) for name in compat.test_argnames(item))
     basetemp = None
-    if any(f.builtin == "tmp_path_factory" for f in fixtures):
-        basetemp = str(item.funcargs["tmp_path_factory"].getbasetemp())  # type: ignore[attr-defined]
+    if any(f.builtin == _SHARED_FACTORY for f in fixtures):
+        basetemp = str(item.funcargs[_SHARED_FACTORY].getbasetemp())  # type: ignore[attr-defined]
     return FixturePlan(
         args=args,
         fixtures=fixtures,
@@ -288,7 +296,7 @@ def _add(
         dependency = _dependency(fixturedef, arg, defs) if arg != "request" else None
         if dependency is None:
             continue
-        if _in_ranks(dependency, defs, decided):
+        if _in_ranks(dependency, defs, decided) or _shared_factory(dependency):
             _add(dependency, side, defs, decided)
         elif arg == fixturedef.argname:
             pytest.fail(
@@ -308,6 +316,13 @@ def _add(
         )
     side.keys[id(fixturedef)] = f"{fixturedef.argname}@{fixturedef.baseid}#{len(side.fixtures)}"
     side.fixtures.append(fixturedef)
+
+
+def _shared_factory(fixturedef: Any) -> bool:
+    """Whether this is pytest's own ``tmp_path_factory``: never a reason to move a fixture
+    into the ranks, but a rank-side consumer gets it there (see the module's docstring)."""
+    module = getattr(fixturedef.func, "__module__", "") or ""
+    return fixturedef.argname == _SHARED_FACTORY and module.startswith("_pytest.")
 
 
 def _builtin(fixturedef: Any) -> bool:

@@ -249,10 +249,10 @@ PER_PROCESS_FIXTURES = (
     "capfdbinary",
     "caplog",
     "recwarn",
-    "tmp_path_factory",
 )
 """pytest's built-in fixtures that run in the ranks of a distributed test (and ``request``,
-which every fixture can ask for, gets a rank-side view there)."""
+which every fixture can ask for, gets a rank-side view there). ``tmp_path_factory`` is not
+one: it is the session's, the same for every rank (a rank-side consumer gets a twin)."""
 
 IN_RANKS_ATTR = "__harness_in_ranks__"
 """Set (True) on a fixture function by ``harness.fixture``: it runs inside the ranks."""

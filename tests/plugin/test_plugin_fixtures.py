@@ -209,6 +209,51 @@ def test_tmp_path_factory_in_the_ranks_is_the_sessions(pytester: pytest.Pytester
     result.assert_outcomes(passed=1)
 
 
+def test_a_session_directory_built_on_tmp_path_factory_is_shared(
+    pytester: pytest.Pytester,
+) -> None:
+    # The everyday idiom: a session fixture makes one directory with tmp_path_factory; rank 0
+    # saves a checkpoint there and rank 1 loads it. The fixture stays in the pytest process,
+    # so every rank gets the same directory, test after test.
+    pytester.makepyfile(
+        """
+        import os
+
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.fixture(scope="session")
+        def shared_dir(tmp_path_factory):
+            return tmp_path_factory.mktemp("shared")
+
+        @pytest.fixture
+        def checkpoint(shared_dir, rank):  # rank-side: it asks for rank
+            return shared_dir / "model.pt"
+
+        @pytest.mark.distributed(world_size=2)
+        def test_save_on_0_load_on_1(rank, shared_dir, checkpoint):
+            assert shared_dir.name == "shared0"
+            if rank == 0:
+                torch.save({"w": torch.arange(4)}, checkpoint)
+            dist.barrier()
+            assert torch.equal(torch.load(checkpoint)["w"], torch.arange(4))
+
+        @pytest.mark.distributed(world_size=2)
+        def test_same_directory_later(rank, shared_dir, tmp_path_factory):
+            # the body may still ask for the factory itself: the session's base directory
+            assert shared_dir.parent == tmp_path_factory.getbasetemp()
+            assert sorted(os.listdir(shared_dir)) == ["model.pt"]
+
+        def test_in_the_controller(shared_dir):
+            assert shared_dir.name == "shared0"
+            assert sorted(os.listdir(shared_dir)) == ["model.pt"]
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+
+
 HARNESS_FIXTURES = """
 import os
 
