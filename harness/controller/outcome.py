@@ -64,8 +64,9 @@ class Outcome:
         skip: The skip, when every rank skipped.
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
         reusable: False when the world must be rebuilt before the next call although the
-            call succeeded (it destroyed the default process group on some ranks only, or
-            left the ranks' process-group counters out of step).
+            call succeeded (it destroyed the default process group on some ranks only, left
+            the ranks' process-group counters out of step, or a collective raised in a
+            rank and the test handled the error: the group may be broken).
         notice: Why a successful call left the world unfit, when the caller should hear it
             ('' otherwise).
         regroup: True when the call destroyed the harness's default process group on every
@@ -246,7 +247,10 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
         ranks' groups are still in step (see :func:`verdicts.in_step`).
     """
     states = dict.fromkeys(range(world_size), verdicts.DONE)
-    found = _verdicts(traces, states, world_size)
+    # A collective that raised where the test handled the error is no desync, nor is what
+    # followed it on its group: only what completed on every member is compared. The rank
+    # that raised said it is not to be reused (Done.reusable): the world is rebuilt.
+    found = _verdicts(traces, states, world_size, until_raised=True)
     if not found and all(trace is not None for trace in traces.values()):
         return outcome
     if not found:
@@ -278,12 +282,16 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
 
 
 def _verdicts(
-    traces: Mapping[int, RankTrace | None], states: Mapping[int, str], world_size: int
+    traces: Mapping[int, RankTrace | None],
+    states: Mapping[int, str],
+    world_size: int,
+    *,
+    until_raised: bool = False,
 ) -> list[str]:
     """``verdicts.find``, which must never turn the user's failure into one of ours: the
     traces come from the ranks, whatever state their code left them in."""
     try:
-        return verdicts.find(traces, states, world_size)
+        return verdicts.find(traces, states, world_size, until_raised=until_raised)
     except Exception as exc:
         return [f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
+from dataclasses import replace
 
 from harness.protocol.traces import (
     DEFAULT_GROUP,
@@ -41,7 +42,11 @@ DIED = "died"
 
 
 def find(
-    traces: Mapping[int, RankTrace | None], states: Mapping[int, str], world_size: int
+    traces: Mapping[int, RankTrace | None],
+    states: Mapping[int, str],
+    world_size: int,
+    *,
+    until_raised: bool = False,
 ) -> list[str]:
     """Compare the ranks' traces of one call.
 
@@ -50,6 +55,10 @@ def find(
             or did not answer the request).
         states: Per rank, what became of it: ``RUNNING``, ``DONE``, ``FAILED`` or ``DIED``.
         world_size: The number of ranks (the members of the default group).
+        until_raised: Compare each group only up to its first collective that raised on any
+            member (``GroupHistory.raised``), that one excluded: the desync check of a call
+            that returned everywhere, whose test handled that error (a failed call's
+            verdicts compare everything: where a rank raised is what its reader wants).
 
     Returns:
         One line per finding, at most one per process group; empty when the ranks agree.
@@ -69,12 +78,38 @@ def find(
         if len(compared) < 2:
             continue
         histories = {rank: known[rank].groups.get(group) for rank in compared}
+        if until_raised:
+            histories = _before_raised(histories)
         verdict = _difference(group, names[group], histories) or _missing(
             group, names[group], histories, known, states
         )
         if verdict:
             verdicts.append(verdict)
     return verdicts
+
+
+def _before_raised(
+    histories: Mapping[int, GroupHistory | None],
+) -> dict[int, GroupHistory | None]:
+    """The members' histories of a group cut before its first collective that raised on
+    any of them (unchanged where none did)."""
+    raised = [h.raised for h in histories.values() if h is not None and h.raised]
+    if not raised:
+        return dict(histories)
+    keep = min(raised) - 1
+    size = array("I").itemsize
+    return {
+        rank: None
+        if h is None
+        else replace(
+            h,
+            count=min(h.count, keep),
+            op_ids=h.op_ids[: keep * size],
+            place_ids=h.place_ids[: keep * size],
+            raised=0,
+        )
+        for rank, h in histories.items()
+    }
 
 
 def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:

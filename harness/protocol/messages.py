@@ -176,7 +176,8 @@ class Done:
     """The call returned normally.
 
     ``reusable`` is False when the call left the rank unfit for another call, so the
-    controller rebuilds the world first. ``group_count`` is the rank's process-group counter
+    controller rebuilds the world first (a collective raised and the call went on: its
+    group may be broken). ``group_count`` is the rank's process-group counter
     after the call: ranks whose counters differ (a ``new_group`` called on some ranks only)
     could not meet in their next group. ``grouped`` is whether the harness's default
     process group is still the rank's default group after the call (False: the call

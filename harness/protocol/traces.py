@@ -99,7 +99,8 @@ class Collective:
         seq: Its number among the group's collectives in this call, from 1 (0 for a
             point-to-point op).
         op: What it was called with.
-        file, line: The first stack frame outside torch and the harness that called it.
+        file, line: Its call site: the first stack frame outside torch's implementation
+            (torch's own tests count as a call site), the harness and multiprocessing.
         state: ``IN_FLIGHT``, ``COMPLETED``, ``ISSUED`` or ``RAISED``.
     """
 
@@ -129,6 +130,10 @@ class GroupHistory:
             in ``ops``.
         places: The distinct call sites ``(file, line)``, in the order first seen.
         place_ids: ``array("I")`` bytes: for each collective, its index in ``places``.
+        raised: The number of the first collective on the group that raised on this rank
+            (a point-to-point op that raised counts as the next collective's number); 0
+            when none did. The desync check compares the group's collectives before it
+            only: the test may have caused and handled the error on purpose.
     """
 
     group: str
@@ -138,6 +143,7 @@ class GroupHistory:
     op_ids: bytes
     places: tuple[tuple[str, int], ...]
     place_ids: bytes
+    raised: int = 0
 
     def keys(self) -> list[str]:
         """The compared ``Op.key`` of each collective kept, in order."""
@@ -205,7 +211,10 @@ Fingerprint = tuple[tuple[str, tuple[int, ...] | None, int, int], ...]
 """What a rank sends after a passing call for the desync check, instead of its whole trace:
 per process group it issued collectives on, ``(group id, member ranks or None for the
 default group, count, checksum)``, the checksum covering each collective's ``Op.key`` in
-order. Members of a group whose counts or checksums differ are asked for their traces."""
+order. Members of a group whose counts or checksums differ are asked for their traces.
+Where a collective raised on the rank (``GroupHistory.raised``), count and checksum cover
+the group's collectives before it only, the part the desync check compares; that the
+world is then rebuilt, the rank says in ``Done.reusable``."""
 
 
 def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:

@@ -213,6 +213,9 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         )
     return Done(
         blob,
+        # A collective that raised (an error the test caused and handled) may have left its
+        # group broken: the next call gets fresh ranks.
+        reusable=not recorder.raised,
         group_count=compat.process_group_count(),
         grouped=_harness_group_up(),
         leaks=watch.findings(),

@@ -11,8 +11,10 @@ object). Once, because a test module imported inside the rank that did
 call would miss it. Between calls a wrapper costs one global read; during a call
 (:class:`Recorder`, a context manager around it) it records, before calling torch: the
 group, the collective's number in that group, the op with its reduce op, root, tensor
-shapes, dtypes and device, and the first stack frame outside torch and the harness. After
-torch returns it marks the record completed (issued, for a ``Work`` handle; raised).
+shapes, dtypes and device, and the call site: the first stack frame outside torch's
+implementation, the harness and multiprocessing (torch's own tests, under ``torch/testing``,
+are a call site; see :func:`is_call_site`). After torch returns it marks the record
+completed (issued, for a ``Work`` handle; raised).
 
 Cost: what is recorded are ids into per-call tables (a tensor's dtype and ``torch.Size``
 are hashed, never formatted); an op or a call site is turned into text once per call, the
@@ -43,6 +45,7 @@ import dataclasses
 import functools
 import inspect
 import linecache
+import multiprocessing
 import os
 import sysconfig
 import threading
@@ -142,11 +145,28 @@ _P2P: dict[str, tuple[_Part, ...]] = {
 TRACED = (*_COLLECTIVES, *_P2P)
 """The functions of ``torch.distributed`` that are recorded (those this torch has)."""
 
-_SKIPPED_DIRS = (
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_TORCH_TESTS_DIR = _TORCH_DIR + "testing" + os.sep
+# The harness's frames, and multiprocessing's (the bootstrap below a rank's loop, and
+# below the processes of a MultiProcessTestCase), are never what the user called from.
+_NEVER_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.abspath(multiprocessing.__file__)) + os.sep,
 )
-"""Frames in these (torch, the harness) are not the call site a reader wants."""
+
+
+def is_call_site(path: str) -> bool:
+    """Whether a frame of code in ``path`` is a call site a reader wants: anything but
+    torch's implementation, the harness and :mod:`multiprocessing`. torch's own test code
+    (``torch/testing``: PyTorch's distributed tests and their helpers) is a call site.
+
+    Args:
+        path: A frame's ``co_filename``.
+    """
+    if path.startswith(_TORCH_DIR):
+        return path.startswith(_TORCH_TESTS_DIR)
+    return not path.startswith(_NEVER_DIRS)
+
 
 _NOT_MEMBER = object()
 _MISSING = object()
@@ -166,7 +186,18 @@ class _Spec:
 class _Group:
     """What a call issued on one process group (see ``GroupHistory``)."""
 
-    __slots__ = ("count", "group", "id", "op_ids", "op_list", "ops", "place_ids", "places", "ranks")
+    __slots__ = (
+        "count",
+        "group",
+        "id",
+        "op_ids",
+        "op_list",
+        "ops",
+        "place_ids",
+        "places",
+        "raised",
+        "ranks",
+    )
 
     def __init__(self, id: str, ranks: tuple[int, ...] | None, group: Any) -> None:
         self.id = id
@@ -178,6 +209,7 @@ class _Group:
         self.places: dict[tuple[str, int], int] = {}
         self.op_ids = array("I")
         self.place_ids = array("I")
+        self.raised = 0  # the number of the first collective that raised (0: none)
 
     def history(self) -> GroupHistory:
         # Taken from another thread while the main thread may still record: the ids first,
@@ -193,6 +225,7 @@ class _Group:
             op_ids,
             tuple(self.places),
             place_ids,
+            self.raised,
         )
 
 
@@ -210,6 +243,9 @@ class Recorder:
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
         self._recent: deque[list[Any]] = deque(maxlen=RECENT)
         self.started_ns = 0
+        # Whether a recorded collective or point-to-point op raised (and the call went on):
+        # its group may be broken, so the rank is not reused.
+        self.raised = False
 
     def __enter__(self) -> Recorder:
         global _current
@@ -252,11 +288,15 @@ class Recorder:
     def fingerprint(self) -> Fingerprint:
         """Per group, what the desync check compares: the group's id and member ranks, how
         many collectives the call issued on it, and a checksum of their ops in order (see
-        :data:`harness.protocol.traces.Fingerprint`). A few microseconds: what the ranks
-        send after every passing call."""
+        :data:`harness.protocol.traces.Fingerprint`); on a group where a collective raised,
+        only those before it. A few microseconds: what the ranks send after every passing
+        call."""
         prints = []
         for group in self._records():
             if not group.count:
+                continue
+            if group.raised:
+                prints.append(_before_raised(group))
                 continue
             keys = "\0".join(op.key for op in group.op_list).encode()
             checksum = zlib.crc32(group.op_ids, zlib.crc32(keys))
@@ -278,12 +318,22 @@ class Recorder:
             result = fn(*args, **kwargs)
         except BaseException:
             record[4] = RAISED
+            self._raised(record)
             raise
         finally:
             self.busy.discard(thread)
         # recv returns the sender's rank; a Work or a list of them: issued, not finished.
         record[4] = COMPLETED if result is None or isinstance(result, int) else ISSUED
         return result
+
+    def _raised(self, record: list[Any]) -> None:
+        """Note that a recorded collective raised: the desync check stops comparing its
+        group there, and the rank is not reused."""
+        self.raised = True
+        group: _Group = record[0]
+        if not group.raised:
+            # A point-to-point op has no number: the group's next collective takes its place.
+            group.raised = record[1] or group.count + 1
 
     def _enter(self, spec: _Spec, args: Any, kwargs: Any) -> list[Any] | None:
         at = spec.group_at
@@ -340,6 +390,18 @@ class Recorder:
         return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
 
 
+def _before_raised(group: _Group) -> tuple[str, tuple[int, ...] | None, int, int]:
+    """A group's fingerprint entry over its collectives before the first that raised: the
+    count, and a checksum made as for a whole group, over the ops those used (ops are
+    numbered as first seen, so they are the first ones), so that it equals the entry of a
+    member that issued just those collectives."""
+    count = min(group.raised - 1, len(group.op_ids))
+    ids = group.op_ids[:count]
+    used = max(ids) + 1 if ids else 0
+    keys = "\0".join(op.key for op in group.op_list[:used]).encode()
+    return (group.id, group.ranks, group.raised - 1, zlib.crc32(ids, zlib.crc32(keys)))
+
+
 _current: Recorder | None = None
 """The recorder of the call in progress; None between calls (wrappers then call through)."""
 
@@ -368,8 +430,9 @@ _PACKAGE_DIRS = tuple({sysconfig.get_paths()[name] + os.sep for name in ("pureli
 
 
 def _library(path: str) -> bool:
-    """Whether a frame in ``path`` is torch's, the harness's or the standard library's."""
-    if path.startswith(_SKIPPED_DIRS):
+    """Whether a frame in ``path`` is torch's (its tests excepted, see
+    :func:`is_call_site`), the harness's or the standard library's."""
+    if not is_call_site(path):
         return True
     return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
 
@@ -644,14 +707,23 @@ def _reduce_name(op: Any) -> str:
 
 
 def _call_site() -> tuple[str, int]:
-    """The first frame outside torch and the harness: where the user called the collective."""
+    """Where the user called the collective: the first frame that :func:`is_call_site`;
+    where there is none (torch called it, and nothing but the harness called torch), the
+    outermost frame outside the harness and multiprocessing, which names the torch
+    function that was called."""
     # Past this function, Recorder._enter, Recorder.call and the wrapper.
     frame = compat.frame(4)
-    while frame is not None and frame.f_code.co_filename.startswith(_SKIPPED_DIRS):
+    outermost = None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if is_call_site(path):
+            return (path, frame.f_lineno)
+        if path.startswith(_TORCH_DIR):
+            outermost = frame
         frame = frame.f_back
-    if frame is None:
+    if outermost is None:
         return ("?", 0)
-    return (frame.f_code.co_filename, frame.f_lineno)
+    return (outermost.f_code.co_filename, outermost.f_lineno)
 
 
 _SPECS = _specs()

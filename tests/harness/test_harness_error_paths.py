@@ -1,0 +1,82 @@
+"""Error paths a test exercises on purpose: a collective that raises on one rank and is
+handled there is no desync (the world is rebuilt after it, silently), while a real mismatch
+before it still fails the call; and a collective called from PyTorch's own test code (under
+``torch/testing``) is reported where that code called it. Real ranks, real Gloo."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+
+import error_paths_rankfns as fns
+import pytest
+import torch
+
+import harness
+from harness.rank import trace
+
+
+def test_a_collective_that_raised_and_was_handled_passes(world2: harness.World) -> None:
+    world2.run(fns.caught_bad_root)  # a world an earlier test broke is rebuilt now
+    pids = world2.pids
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rebuild is the test's intent: no warning
+        assert world2.run(fns.caught_bad_root) == [[2.0] * 4] * 2
+    # The group may be broken after a raised collective: the next call gets fresh ranks.
+    assert world2.run(fns.caught_bad_root) == [[2.0] * 4] * 2
+    assert world2.pids != pids
+
+
+def test_a_mismatch_before_a_raised_collective_still_fails(world2: harness.World) -> None:
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world2.run(fns.mismatch_before_a_caught_error)
+    where = fns.line_of("sum-max")
+    assert info.value.verdicts == [
+        "collective #1 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {where}; "
+        f"rank 1 all_reduce(MAX, float32[4]) at {where}"
+    ]
+
+
+def test_a_collective_from_torch_testing_is_reported_there(world2: harness.World) -> None:
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world2.run(fns.collective_from_torch_testing)
+    section = str(info.value).split("- collectives -", 1)[1]
+    assert "  #1 all_reduce(MAX, float32[4]) at fake_test.py:4" in section
+    assert "process.py" not in str(info.value)
+
+
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__))
+
+
+@pytest.mark.parametrize(
+    ("path", "site"),
+    [
+        pytest.param(
+            os.path.join(_TORCH, "testing", "_internal", "distributed", "distributed_test.py"),
+            True,
+            id="torch-distributed-tests",
+        ),
+        pytest.param(
+            os.path.join(_TORCH, "testing", "_internal", "common_distributed.py"),
+            True,
+            id="torch-test-helpers",
+        ),
+        pytest.param(
+            os.path.join(_TORCH, "distributed", "distributed_c10d.py"), False, id="torch-c10d"
+        ),
+        pytest.param(
+            os.path.join(_TORCH, "nn", "parallel", "distributed.py"), False, id="torch-ddp"
+        ),
+        pytest.param(
+            os.path.join(os.path.dirname(multiprocessing.__file__), "process.py"),
+            False,
+            id="multiprocessing",
+        ),
+        pytest.param(trace.__file__, False, id="harness"),
+        pytest.param(__file__, True, id="user-test"),
+    ],
+)
+def test_which_frames_can_be_a_call_site(path: str, site: bool) -> None:
+    assert trace.is_call_site(path) is site
