@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import (
     CollectiveMismatch,
     DistributedError,
+    OrderDependenceWarning,
     RankCrash,
     RankError,
     RankFailure,
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CollectiveMismatch",
     "DistributedError",
+    "OrderDependenceWarning",
     "RankCrash",
     "RankError",
     "RankFailure",

@@ -15,6 +15,7 @@ from harness.protocol.traces import RankTrace, render
 __all__ = [
     "CollectiveMismatch",
     "DistributedError",
+    "OrderDependenceWarning",
     "RankCrash",
     "RankError",
     "RankFailure",
@@ -151,6 +152,13 @@ class CollectiveMismatch(DistributedError):
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
     """
+
+
+class OrderDependenceWarning(UserWarning):
+    """A distributed test's outcome on a reused world differs from its outcome on fresh
+    processes: it depends on what an earlier test left in the ranks. The message names the
+    test, the earlier test that causes it where one was found, and the command that shows
+    it."""
 
 
 _INTERRUPT_ATTR = "__harness_interrupt__"

@@ -173,6 +173,12 @@ class World:
         return not self._finalizer.alive
 
     @property
+    def generation(self) -> int:
+        """How many times the World has started ranks (1 for its first processes; each
+        rebuild after a failure adds one)."""
+        return self._generation
+
+    @property
     def broken(self) -> bool:
         """Whether the last call failed: its ranks are gone, and the next call starts new ones."""
         return self._broken

@@ -39,7 +39,7 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
-from harness.plugin import interrupts, report, warmup  # noqa: E402  (after the exemption)
+from harness.plugin import confirm, interrupts, report, warmup  # noqa: E402  (after the exemption)
 from harness.plugin.marker import (  # noqa: E402
     DEFAULT_TIMEOUT_S,
     MARKER,
@@ -113,6 +113,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "ranks (one world per world size) instead of spawning processes for every test "
         "(default: ini dist_mptc)",
     )
+    group.addoption(
+        "--dist-verify",
+        action="store_true",
+        default=False,
+        help="run every distributed test on its reused world and again on fresh processes, "
+        "and report each test whose outcome differs (an order dependence); the fresh "
+        "outcome is the verdict",
+    )
+    parser.addini(
+        "dist_confirm",
+        help="fresh (default): a distributed test that fails on a reused world runs again "
+        "on fresh processes before it is reported (passing there, the fresh verdict stands "
+        "and the order dependence is reported); off: failures are reported as they are",
+        default="fresh",
+    )
+    parser.addini(
+        "dist_order_dependent",
+        help="what an order dependence found on fresh processes does: warn (default: a "
+        "warning naming the earlier test that causes it) or fail (the test fails)",
+        default="warn",
+    )
+    parser.addini(
+        "dist_bisect_runs",
+        help="how many fresh worlds the search for the earlier test behind an order "
+        "dependence may start (default: 8; 0: no search)",
+        default="8",
+    )
     parser.addini(
         "dist_mptc",
         type="bool",
@@ -162,6 +189,7 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
     leaks_setting(config)  # a bad dist_leaks too
+    confirm.settings(config)  # and dist_confirm, dist_order_dependent, dist_bisect_runs
     config.pluginmanager.register(report, "harness-report")
     config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
     if mptc_setting(config):

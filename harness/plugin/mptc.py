@@ -22,6 +22,7 @@ Every touch of torch's private test API goes through :mod:`harness.compat`.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import sys
@@ -36,11 +37,12 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import report
+from harness.plugin import confirm, report
 from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
+    from harness.controller.world import World
     from harness.plugin.session import DistSession
     from harness.protocol.messages import TestRef
 
@@ -157,24 +159,37 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     )
     captured = session.config.getoption("capture", "fd") != "no"
     output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
-    timeout = compat.mptc_timeout(case)
-    name = f"test {item.nodeid}"
-    started = time.time()
+    step = confirm.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
+    new_world = functools.partial(
+        World, world_size, backend="gloo", init=False, leaks=session.leaks
+    )
+
+    def attempt(world: World) -> tuple[str, _Ended]:
+        ended = _Ended.run(step, world, output, world_size)
+        return ended.judge(case, fn), ended
+
+    checked = ""
     if session.isolate_all:
-        with World(world_size, backend="gloo", init=False, leaks=session.leaks) as world:
-            outcome = world.call(rank_body, (call,), timeout=timeout, output=output, name=name)
-            pids = world.pids
+        with new_world() as world:
+            ended = _Ended.run(step, world, output, world_size)
     else:
         # The ranks make their own groups with whatever backend the test asks for; the
         # world's backend only names it (Gloo: a world of any size starts on any machine).
         world = session.world(world_size, "gloo", init=False)
-        outcome = world.call(rank_body, (call,), timeout=timeout, output=output, name=name)
-        pids = world.pids
-    elapsed = time.time() - started
+        earlier = session.history.before(world)
+        ended = _Ended.run(step, world, output, world_size)
+        session.history.record(world, step)
+        fresh, checked = session.check_fresh(
+            item, earlier, ended.judge(case, fn), attempt, new_world, ("--dist-mptc",)
+        )
+        ended = fresh if fresh is not None else ended
+    outcome = ended.outcome
     report.add_output_sections(item, outcome.outputs)
-    processes, pipes = _processes(outcome, world_size, pids)
+    if outcome.error is not None:
+        command = confirm.command(session.config, [item.nodeid], ("--dist-mptc",))
+        confirm.set_repro(item, f"{checked}run ({world_size} ranks): {command}")
     try:
-        compat.mptc_check(case, fn, elapsed, processes, pipes)
+        compat.mptc_check(case, fn, ended.elapsed, ended.processes, ended.pipes)
     except unittest.SkipTest:
         raise
     except Exception:
@@ -183,11 +198,40 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         raise
     if outcome.error is not None:
         warnings.warn(
-            f"{name} passed by its class's own check although {outcome.error.summary}; its "
-            "ranks were replaced by fresh processes for the next test",
+            f"test {item.nodeid} passed by its class's own check although "
+            f"{outcome.error.summary}; its ranks were replaced by fresh processes for the next "
+            "test",
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+@dataclass
+class _Ended:
+    """How one run of a test on a world ended, as the class's check sees its processes."""
+
+    outcome: Outcome
+    elapsed: float
+    processes: list[_Exited]
+    pipes: dict[int, _Sent]
+
+    @classmethod
+    def run(cls, step: confirm.Step, world: World, output: str, world_size: int) -> _Ended:
+        started = time.time()
+        outcome = step.call(world, output)
+        elapsed = time.time() - started
+        processes, pipes = _processes(outcome, world_size, world.pids)
+        return cls(outcome, elapsed, processes, pipes)
+
+    def judge(self, case: Any, fn: Any) -> str:
+        """The class's own verdict on this run (``confirm.PASSED``, ``FAILED``, ``SKIPPED``)."""
+        try:
+            compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
+        except unittest.SkipTest:
+            return confirm.SKIPPED
+        except Exception:
+            return confirm.FAILED
+        return confirm.PASSED
 
 
 def _describe(item: pytest.Function, test_name: str) -> TestRef:

@@ -4,8 +4,9 @@ pytest would show a ``DistributedError`` as a traceback through the harness's ow
 report instead shows what a reader needs: one line that says which rank failed and how,
 the verdicts on the ranks' collectives when they disagree, then each failing rank's
 traceback under a ``rank N`` heading, root cause first, and a ``collectives`` section (laid
-out by ``DistributedError.report``, as ``str()`` of the error is). The ranks'
-captured output is attached as report sections ``rank N stdout`` / ``rank N stderr``.
+out by ``DistributedError.report``, as ``str()`` of the error is), and last the command that
+reproduces the failure (:func:`harness.plugin.confirm.repro`). The ranks' captured output is
+attached as report sections ``rank N stdout`` / ``rank N stderr``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 import pytest
 
 from harness.errors import DistributedError
+from harness.plugin import confirm
 
 
 class _Writer(Protocol):
@@ -52,6 +54,7 @@ class DistributedFailureRepr:
 
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
+        self._repro = confirm.repro(item)
         self._headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         self.reprcrash = CrashLine(
@@ -74,6 +77,9 @@ class DistributedFailureRepr:
         if error.hint:
             tw.line()
             tw.line(error.hint, bold=True)
+        if self._repro:
+            tw.line()
+            tw.line(self._repro)
 
     def __str__(self) -> str:
         # What pytest-xdist sends back from a worker, and what --tb=native falls back to.

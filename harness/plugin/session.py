@@ -9,12 +9,12 @@ terms. Under an external launcher it hands the test to :mod:`harness.plugin.laun
 from __future__ import annotations
 
 import builtins
-import contextlib
 import functools
 import pickle
 import sys
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -22,7 +22,7 @@ from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError, WorldTimeout
-from harness.plugin import interrupts, rank_fixtures, report
+from harness.plugin import confirm, interrupts, rank_fixtures, report
 from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
@@ -42,12 +42,14 @@ from harness.protocol.messages import (
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
     from harness.plugin.launcher import LauncherRank
 
 _RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
 _CALL_ERROR = pytest.StashKey[BaseException]()
 _CALL_SKIP = pytest.StashKey[str]()
 _NEXT_ITEM = pytest.StashKey[pytest.Item]()
+_T = TypeVar("_T")
 
 
 class DistSession:
@@ -60,6 +62,8 @@ class DistSession:
         self.default_timeout = timeout_setting(config)
         self.leaks = leaks_setting(config)
         self.check_collectives = not config.getoption("dist_no_collective_check", False)
+        self.fidelity = confirm.settings(config)
+        self.history = confirm.History()
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
         if launched is not None:
@@ -154,9 +158,6 @@ class DistSession:
         # Under -s the ranks share the terminal: each line says which rank wrote it.
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
-        seed = self._seed(item)
-        next_seed = None if isolate else self._next_seed(item)
-        name = f"test {item.nodeid}"
         # pytest-timeout's limit, if any, is this test's deadline; its timer must not fire
         # while the ranks run (it would show our frames, not theirs): see plugin.interrupts.
         limit = interrupts.PytestTimeout.of(item)
@@ -164,33 +165,39 @@ class DistSession:
         if limit is not None:
             timeout = limit.bound(timeout)
             limit.pause()
+        step = confirm.Step(item.nodeid, run_test, (ref, plan), timeout, self._seed(item), check)
+        scoped = any(f.scope != "function" for f in plan.fixtures)
+        new_world = functools.partial(
+            World, world_size, backend=backend, init=init, leaks=self.leaks
+        )
+        options = (f"--dist-backend={backend}",)
         try:
-            with contextlib.ExitStack() as stack:
-                if isolate:
-                    world = stack.enter_context(
-                        World(world_size, backend=backend, init=init, leaks=self.leaks)
-                    )
-                else:
-                    world = self.world(world_size, backend, init)
-                outcome = world.call(
-                    run_test,
-                    (ref, plan),
-                    timeout=timeout,
-                    output=output,
-                    seed=seed,
-                    name=name,
-                    check_collectives=check,
-                    next_seed=next_seed,
-                )
-                if outcome.error is None and not isolate:
+            if isolate:
+                with new_world() as world:
+                    outcome = _fresh_call(world, step, output, scoped)
+                checked = ""
+            else:
+                world = self.world(world_size, backend, init)
+                earlier = self.history.before(world)
+                outcome = step.call(world, output, self._next_seed(item))
+                self.history.record(world, step)
+                if outcome.error is None:
                     self._keep_scopes(item, plan, world, own_timeout)
-                elif outcome.error is None and any(f.scope != "function" for f in plan.fixtures):
-                    # The world ends with this test: so do its wider-scoped rank fixtures.
-                    ending = world.call(end_scopes, (None,), timeout=timeout, output=output)
-                    outcome = ending if ending.error is not None else outcome
+                fresh, checked = self.check_fresh(
+                    item,
+                    earlier,
+                    confirm.kind(outcome),
+                    lambda world: _judged(_fresh_call(world, step, output, scoped)),
+                    new_world,
+                    options,
+                )
+                outcome = fresh if fresh is not None else outcome
         finally:
             if limit is not None:
                 limit.resume()
+        if outcome.error is not None:
+            command = confirm.command(self.config, [item.nodeid], options)
+            confirm.set_repro(item, f"{checked}run ({world_size} ranks, {backend}): {command}")
         if limit is not None and isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
             outcome.error.hint = limit.hint()
         report.add_output_sections(item, outcome.outputs)
@@ -210,6 +217,60 @@ class DistSession:
             item.addfinalizer(raise_teardown_error)
         elif outcome.error is not None:
             item.stash[_CALL_ERROR] = outcome.error
+
+    def check_fresh(
+        self,
+        item: pytest.Item,
+        earlier: list[confirm.Step],
+        reused: str,
+        attempt: Callable[[World], tuple[str, _T]],
+        new_world: Callable[[], World],
+        options: Sequence[str],
+    ) -> tuple[_T | None, str]:
+        """Hold a test's outcome on a reused world against fresh processes, where the
+        settings ask for it: a failure (``dist_confirm``), any outcome (``--dist-verify``).
+
+        Args:
+            item: The test.
+            earlier: The tests that ran on the reused world before it (none: the world was
+                fresh, and nothing is checked).
+            reused: How it ended there (``confirm.PASSED``, ``FAILED`` or ``SKIPPED``).
+            attempt: Runs the test on a world as it ran on the reused one; returns how it
+                ended and what the caller needs of the run.
+            new_world: Starts a fresh world like the reused one.
+            options: What the commands in messages need besides the test ids.
+
+        Returns:
+            What ``attempt`` returned of the fresh run where its verdict replaces the
+            reused one's (None: the reused verdict stands), and what a failure report says
+            of the check before its repro command ('' when nothing was checked).
+        """
+        settings = self.fidelity
+        if not earlier or not (settings.verify or (settings.confirm and reused == confirm.FAILED)):
+            return None, ""
+        try:
+            fresh, found = confirm.on_fresh(new_world, (), attempt)
+        except Exception as exc:  # the fresh world did not start
+            return None, f"not confirmed on fresh processes ({exc}); "
+        if fresh == reused:
+            return None, "confirmed on fresh processes; "
+        finding = None
+        if settings.bisect_runs:
+            finding = confirm.bisect(
+                new_world,
+                earlier,
+                lambda world: attempt(world)[0],
+                reused,
+                settings.bisect_runs,
+            )
+        message = confirm.order_message(
+            self.config, item.nodeid, [s.nodeid for s in earlier], reused, fresh, finding, options
+        )
+        try:
+            confirm.report(item, settings, message, fresh)
+        except pytest.fail.Exception as exc:
+            item.stash[_CALL_ERROR] = exc
+        return found, ""
 
     def finish_call(self, item: pytest.Function) -> None:
         """pytest's call phase of a marked test: raise the body's failure, if any."""
@@ -368,6 +429,19 @@ def _pickles(value: Any) -> bool:
     except Exception:
         return False
     return True
+
+
+def _judged(outcome: Outcome) -> tuple[str, Outcome]:
+    return confirm.kind(outcome), outcome
+
+
+def _fresh_call(world: World, step: confirm.Step, output: str, scoped: bool) -> Outcome:
+    """Run a test on a world that ends with it: its wider-scoped rank fixtures end too."""
+    outcome = step.call(world, output)
+    if outcome.error is None and scoped:
+        ending = world.call(end_scopes, (None,), timeout=step.timeout, output=output)
+        outcome = ending if ending.error is not None else outcome
+    return outcome
 
 
 def _phase(error: DistributedError | None) -> str:

@@ -223,7 +223,9 @@ class TestFailure(Base):
         dist.barrier()
 """,
     )
-    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc")
+    # dist_confirm=off: the failing test runs on the reused ranks only (a confirmation on
+    # fresh processes would record its pids again; see test_plugin_confirm.py).
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-o", "dist_confirm=off")
     result.assert_outcomes(passed=2, failed=1)
     failure = _failure(result, "test_2_fails")
     assert failure.startswith("RankError: rank 1 raised AssertionError"), failure
@@ -478,7 +480,9 @@ class TestParam(Base):
 instantiate_parametrized_tests(TestParam)
 """,
     )
-    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-v")
+    # dist_confirm=off: the failing test runs on the reused ranks only (its confirmation on
+    # fresh processes would record its pids again).
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-v", "-o", "dist_confirm=off")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
         [
