@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import select
 import time
+from dataclasses import replace
 
 from harness.controller import spawn, stacks
 from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.protocol.messages import TRACE_REQUEST, Done, Ready, Skipped
+from harness.protocol.messages import TRACE_REQUEST, Done, Failed, Failing, Ready, Skipped
 from harness.protocol.traces import RankTrace
 
 FAILURE_GRACE_S = 0.5
@@ -40,7 +41,10 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
     Returns:
         The replies by rank, and whether the deadline passed. After the first reply that
         is not a success, the others get a grace period; those still silent after it are
-        missing from the result (the caller tears them down).
+        missing from the result (the caller tears them down). A rank whose test body failed
+        says so before its fixtures' teardown (``Failing``): that counts as its ``Failed``
+        from then on, replaced by the ``Failed`` that ends its call if it comes in time,
+        dated when the body failed.
     """
     replies: dict[int, Reply] = {}
     pending = {proc.rank: proc for proc in ranks}
@@ -64,6 +68,18 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
             if proc.rank not in pending:
                 continue
             reply = _receive(proc)
+            early = replies.get(proc.rank)
+            if isinstance(reply, Failing):
+                # The rank tears down its fixtures now, and answers after: its failure is
+                # this one until then (also when it is torn down meanwhile).
+                replies[proc.rank] = Failed(reply.failure, reply.at, reply.trace)
+                end = time.monotonic() + FAILURE_GRACE_S
+                grace_end = end if grace_end is None else min(grace_end, end)
+                continue
+            if isinstance(early, Failed):
+                # The call's end after a Failing: dated when the body failed; a rank that
+                # died in its teardown is reported with the body's failure.
+                reply = replace(reply, at=early.at) if isinstance(reply, Failed) else early
             replies[proc.rank] = reply
             del pending[proc.rank]
             for done in (proc.conn.fileno(), proc.process.sentinel):

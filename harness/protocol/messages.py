@@ -4,7 +4,8 @@ Each rank has one duplex pipe to its controller. Everything that crosses it is o
 classes below, so the protocol can be read here in one place:
 
 controller -> rank
-    ``Call``     run one function and answer with ``Done``, ``Failed`` or ``Skipped``.
+    ``Call``     run one function and answer with ``Done``, ``Failed`` or ``Skipped``
+                 (a pytest test whose body failed sends ``Failing`` first).
     ``Regroup``  make a fresh default process group (every rank's call destroyed the
                  harness's) and answer with ``Ready`` or ``Failed``.
 
@@ -14,6 +15,10 @@ rank -> controller
                  It also names the rank's main and watchdog threads and where its own code
                  lives, so that its stack dumps can be made readable.
     ``Done``     the call returned; ``value`` is its pickled return value.
+    ``Failing``  the test body (or a rank-side fixture's setup) of a pytest test call
+                 raised; sent before the rank tears down that test's rank-side fixtures,
+                 which may take long, and followed by the call's ``Failed`` unless the rank
+                 is torn down first.
     ``Failed``   the call (or start-up) raised; the rank exits right after sending this, so
                  peers blocked in a collective with it fail at once instead of waiting for
                  the process-group timeout.
@@ -221,6 +226,24 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class Failing:
+    """A pytest test's body, or the setup of one of its rank-side fixtures, raised; the rank
+    now tears down the fixtures already set up, then answers the call with ``Failed``.
+
+    That teardown may take long (a fixture that waits for its peers, or sleeps), and a rank
+    still in it when the controller stops waiting is torn down: so the failure is sent
+    first. The controller takes it as the rank's ``Failed`` at once (the root cause is the
+    rank that failed first, and the peers' grace period starts); the ``Failed`` that follows
+    replaces it but keeps its ``at``. Fields as in ``Failed``: ``at`` is when the body
+    raised; ``trace`` what collectives the call had issued by then.
+    """
+
+    failure: RankFailure
+    at: float
+    trace: RankTrace | None = None
+
+
+@dataclass(frozen=True)
 class Skipped:
     """The call raised a skip exception; ``kind`` is ``"pytest"`` or ``"unittest"``;
     ``phase`` is the pytest phase it belongs to (``"setup"`` when a rank-side fixture
@@ -233,7 +256,7 @@ class Skipped:
     trace: RankTrace | None = None
 
 
-RankMessage = Ready | Done | Failed | Skipped
+RankMessage = Ready | Done | Failing | Failed | Skipped
 """Everything a rank sends."""
 
 

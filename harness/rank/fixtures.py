@@ -63,6 +63,8 @@ class Setup:
         test: What a ``request`` view says about the test (``module``, ``cls``,
             ``instance``, ``function``).
         load: Finds a fixture function from its reference (the test module's importer).
+        failing: Called with a setup error (marked) before the fixtures already set up are
+            torn down: their teardown may take long, the controller hears of the error first.
     """
 
     def __init__(
@@ -70,10 +72,12 @@ class Setup:
         plan: FixturePlan,
         test: dict[str, Any],
         load: Callable[[FunctionRef], Callable[..., Any]],
+        failing: Callable[[BaseException], None] | None = None,
     ) -> None:
         self._plan = plan
         self._test = test
         self._load = load
+        self._failing = failing
         self._values: dict[str, Any] = {}
         self._function_scoped: list[_Live] = []
 
@@ -90,6 +94,8 @@ class Setup:
             return {name: self._resolve(arg, None) for name, arg in self._plan.args}
         except BaseException as exc:
             _mark(exc, "setup")
+            if self._failing is not None:
+                self._failing(exc)
             self.teardown(quiet=True)
             raise
 

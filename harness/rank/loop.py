@@ -39,6 +39,7 @@ from harness.protocol.messages import (
     Call,
     Done,
     Failed,
+    Failing,
     RankMessage,
     RankSetup,
     Ready,
@@ -66,6 +67,15 @@ _exiting = threading.Lock()
 # faulthandler writes to these from a signal handler; they must stay open for the rank's life.
 _dump_files: list[TextIO] = []
 
+# The rank's pipe to its controller (set once the rank is up).
+_conn: Connection | None = None
+
+# While a call runs: its rank and recorder, for report_failing.
+_running: tuple[int, trace.Recorder] | None = None
+
+# The exception report_failing sent during the call in progress, and when it was raised.
+_failing: tuple[BaseException, float] | None = None
+
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     """Run one rank until the controller stops it; never returns."""
@@ -77,7 +87,8 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
-    global _dump_files
+    global _dump_files, _conn
+    _conn = conn
     files = RankFiles(setup.workdir, setup.rank)
     try:
         _dump_files = _install_dumps(files)
@@ -182,22 +193,26 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
             _failure(exc, rank, f"could not unpickle the call sent to rank {rank}"),
             time.monotonic(),
         )
+    global _running, _failing
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks)
     recorder = trace.Recorder()
+    _running, _failing = (rank, recorder), None
     try:
         # The call's warning filters end with it; so does the watch on its threads, and
         # the recording of its collectives.
         with warnings.catch_warnings(), watch.threads(), recorder:
             value = fn(*args, **kwargs)
     except BaseException as exc:
-        at = time.monotonic()
+        at = _failed_at(exc)
         skip = _skip_kind(exc)
         issued = recorder.trace()
         if skip:
             phase = getattr(exc, PHASE_ATTR, "call")
             return Skipped(_skip_reason(exc), skip, at, phase, issued)
         return Failed(_failure(exc, rank), at, issued)
+    finally:
+        _running = _failing = None
     try:
         blob = pickle.dumps(value)
     except BaseException as exc:
@@ -223,6 +238,38 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
     )
+
+
+def report_failing(exc: BaseException) -> None:
+    """Tell the controller now that the call in progress fails with ``exc``, before the rank
+    runs what must follow (the teardown of a pytest test's rank-side fixtures, which may take
+    long): see ``Failing``. The call's ``Failed`` still follows, dated alike.
+
+    Does nothing outside a call, for a skip, or for a call that already reported one.
+
+    Args:
+        exc: What the test body (or a fixture's setup) raised, marked with its phase.
+    """
+    global _failing
+    running, conn = _running, _conn
+    if running is None or conn is None or _failing is not None or _skip_kind(exc):
+        return
+    at = time.monotonic()
+    rank, recorder = running
+    try:
+        conn.send(Failing(_failure(exc, rank), at, recorder.trace()))
+    except Exception:
+        return  # the call's Failed says it, later
+    _failing = (exc, at)
+
+
+def _failed_at(exc: BaseException) -> float:
+    """When the call failed with ``exc``: when ``report_failing`` sent it, before the
+    teardown that came after (else now)."""
+    reported = _failing
+    if reported is not None and reported[0] is exc:
+        return reported[1]
+    return time.monotonic()
 
 
 def _regroup(message: Regroup, setup: RankSetup, ready: Ready) -> RankMessage:

@@ -6,7 +6,9 @@ The plugin (:mod:`harness.plugin.session`) sends a reference to the test functio
 fixtures that run in the ranks. Here the module is imported the way pytest imported it in the
 controller (with its ``sys.path``, and with pytest's assertion rewriting when the controller's
 copy was rewritten), the class (if any) is instantiated, the rank-side fixtures are set up
-(:mod:`harness.rank.fixtures`), the body is called, and they are torn down.
+(:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when the body
+(or a fixture's setup) raised, only after the controller heard of it
+(:func:`harness.rank.loop.report_failing`), since a teardown may take long.
 
 What it may import: see :mod:`harness.rank`; pytest's assertion rewriter through
 :mod:`harness.compat`.
@@ -61,11 +63,18 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
         "instance": owner if cls is not None else None,
         "function": function,
     }
-    setup = fixtures.Setup(plan, test, _load_fixture)
+    # Here, not at the top: the launcher mode's plugin imports this module in pytest's
+    # process, which needs no rank loop.
+    from harness.rank import loop
+
+    setup = fixtures.Setup(plan, test, _load_fixture, failing=loop.report_failing)
     kwargs = setup.arguments()
     try:
         function(**kwargs)
-    except BaseException:
+    except BaseException as exc:
+        # The controller hears of the failure before the teardown, which may take long or
+        # be cut short: this rank's failure is the root cause when it came first.
+        loop.report_failing(exc)
         setup.teardown(quiet=True)
         raise
     setup.teardown()
