@@ -8,12 +8,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import warnings
+from array import array
 
 import error_paths_rankfns as fns
 import pytest
 import torch
 
 import harness
+from harness.controller import verdicts
+from harness.protocol.traces import DEFAULT_GROUP, GroupHistory, Op, RankTrace
 from harness.rank import trace
 
 
@@ -80,3 +83,38 @@ _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
 )
 def test_which_frames_can_be_a_call_site(path: str, site: bool) -> None:
     assert trace.is_call_site(path) is site
+
+
+# ---------------------------------------------------------------- the comparison, on plain data
+
+SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
+MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")
+BARRIER = Op("monitored_barrier", "monitored_barrier()", "monitored_barrier()")
+
+
+def _trace(ops: list[Op], raised: int = 0) -> RankTrace:
+    distinct = list(dict.fromkeys(ops))
+    ids = array("I", [distinct.index(op) for op in ops]).tobytes()
+    places = (("/x/test_x.py", 7),)
+    history = GroupHistory(
+        DEFAULT_GROUP, None, len(ops), tuple(distinct), ids, places, bytes(4 * len(ops)), raised
+    )
+    return RankTrace((), {DEFAULT_GROUP: history})
+
+
+def test_a_passing_calls_check_stops_at_the_first_raised_collective() -> None:
+    # Rank 0's #3 raised (its test handled it); what either rank did from there on differs.
+    traces = {0: _trace([SUM, SUM, BARRIER, MAX], raised=3), 1: _trace([SUM, SUM, SUM])}
+    done = dict.fromkeys(traces, verdicts.DONE)
+    assert verdicts.find(traces, done, 2, until_raised=True) == []
+    # A failed call's verdicts still compare everything.
+    assert verdicts.find(traces, done, 2) != []
+
+
+def test_a_difference_before_the_raised_collective_is_still_found() -> None:
+    traces = {0: _trace([SUM, BARRIER], raised=2), 1: _trace([MAX])}
+    done = dict.fromkeys(traces, verdicts.DONE)
+    assert verdicts.find(traces, done, 2, until_raised=True) == [
+        "collective #1 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at "
+        "test_x.py:7; rank 1 all_reduce(MAX, float32[4]) at test_x.py:7"
+    ]
