@@ -71,12 +71,16 @@ def format_dump(
 
 
 def _user_frames(frames: list[tuple[str, int, str]], code_dir: str) -> list[tuple[str, int, str]]:
-    # Drop the outermost frames that belong to multiprocessing's bootstrap or the rank loop;
-    # keep everything from the first frame of user code on. A thread that is all harness
-    # (the rank waiting for work) keeps its frames, so the reader still sees where it waits.
-    # Past the first user frame, the rank side's frames are its collective-recording
-    # wrapper (harness.rank.trace) between the user's call and torch's: left out too.
-    harness = (_MULTIPROCESSING_DIR, "<", code_dir)
+    # Drop the outermost frames that belong to multiprocessing's bootstrap or the harness
+    # (the rank loop, and harness.compat's runner of a MultiProcessTestCase test: the
+    # package above the rank side), as the rank's call sites do; keep everything from the
+    # first frame of user code on (torch's own test code included). A thread that is all
+    # harness (the rank waiting for work) keeps its frames, so the reader still sees where
+    # it waits. Past the first user frame, the rank side's frames are its
+    # collective-recording wrapper (harness.rank.trace) between the user's call and
+    # torch's: left out too.
+    package = os.path.dirname(code_dir.rstrip(os.sep)) + os.sep
+    harness = (_MULTIPROCESSING_DIR, "<", code_dir, package)
     for index, (path, _, _) in enumerate(frames):
         if not path.startswith(harness):
             return [frame for frame in frames[index:] if not frame[0].startswith(code_dir)]

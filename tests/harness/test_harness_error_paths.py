@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import textwrap
 import warnings
 from array import array
+from pathlib import Path
 
 import error_paths_rankfns as fns
 import pytest
@@ -16,6 +18,7 @@ import torch
 
 import harness
 from harness.controller import verdicts
+from harness.controller.stacks import format_dump
 from harness.protocol.traces import DEFAULT_GROUP, GroupHistory, Op, RankTrace
 from harness.rank import trace
 
@@ -118,3 +121,22 @@ def test_a_difference_before_the_raised_collective_is_still_found() -> None:
         "collective #1 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at "
         "test_x.py:7; rank 1 all_reduce(MAX, float32[4]) at test_x.py:7"
     ]
+
+
+def test_a_stack_starts_at_torchs_test_code_not_at_the_harness(tmp_path: Path) -> None:
+    package = tmp_path / "harness"
+    code_dir = str(package / "rank") + os.sep
+    test_file = os.path.join(_TORCH, "testing", "_internal", "distributed", "distributed_test.py")
+    dump = textwrap.dedent(
+        f"""\
+        Thread 0x00000001 (most recent call first):
+          File "{os.path.join(_TORCH, "distributed", "distributed_c10d.py")}", line 9 in barrier
+          File "{test_file}", line 5 in test_barrier
+          File "{package / "compat.py"}", line 3 in mptc_run
+          File "{code_dir}loop.py", line 2 in main
+          File "{os.path.dirname(multiprocessing.__file__)}/process.py", line 1 in run
+        """
+    )
+    text = format_dump(dump, code_dir=code_dir, main_thread=1)
+    files = [line.split('"')[1] for line in text.splitlines() if line.startswith("  File ")]
+    assert files == [test_file, os.path.join(_TORCH, "distributed", "distributed_c10d.py")]
