@@ -78,8 +78,12 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
                 continue
             if isinstance(early, Failed):
                 # The call's end after a Failing: dated when the body failed; a rank that
-                # died in its teardown is reported with the body's failure.
+                # died in its teardown is reported with the body's failure. Peers blocked
+                # in a collective with it fail once it exits, which is now: they get their
+                # grace from here.
                 reply = replace(reply, at=early.at) if isinstance(reply, Failed) else early
+                end = time.monotonic() + FAILURE_GRACE_S
+                grace_end = end if grace_end is None else max(grace_end, end)
             replies[proc.rank] = reply
             del pending[proc.rank]
             for done in (proc.conn.fileno(), proc.process.sentinel):
