@@ -23,6 +23,7 @@ __all__ = [
     "ASSERT_REWRITER_MODULE",
     "PRIVATE_APIS",
     "asserts_rewritten",
+    "backend_registry",
     "bootstrapping",
     "coverage_config_file",
     "environ_bytes",
@@ -53,7 +54,10 @@ __all__ = [
     "mptc_trim_traceback",
     "process_group_count",
     "pytest_timeout_settings",
+    "restore_backend_registry",
     "rewrite_asserts",
+    "rpc_agent_running",
+    "rpc_init_count",
     "skip_at_test",
     "test_argnames",
     "xfail_raises",
@@ -85,6 +89,76 @@ def process_group_count() -> int:
     from torch.distributed import distributed_c10d
 
     return int(distributed_c10d._world.group_count)
+
+
+def backend_registry() -> dict[str, Any]:
+    """A copy of torch.distributed's backend registry, to put back with
+    :func:`restore_backend_registry`.
+
+    torch has no way to unregister a backend. ``Backend.register_backend(name, ...)`` adds the
+    name as a class attribute of ``Backend`` (``Backend.NAME``) and to the class-level
+    containers ``backend_list`` (what ``is_backend_available`` reads), ``backend_type_map``,
+    ``backend_capability``, ``default_device_backend_map`` and ``_plugins`` (whichever this
+    torch has, 2.4 to 2.13): the copy holds every class attribute, containers copied.
+
+    Returns:
+        ``{attribute name: value}``, lists and dicts as shallow copies.
+    """
+    from torch.distributed import Backend
+
+    return {
+        name: (value.copy() if isinstance(value, (list, dict)) else value)
+        for name, value in vars(Backend).items()
+    }
+
+
+def restore_backend_registry(saved: dict[str, Any]) -> None:
+    """Put torch.distributed's backend registry back as :func:`backend_registry` copied it.
+
+    Attributes added since are deleted, containers are refilled in place (other modules may
+    hold them), anything else rebound. Only what differs is touched.
+
+    Args:
+        saved: What :func:`backend_registry` returned.
+    """
+    from torch.distributed import Backend
+
+    now = vars(Backend)
+    for name in [name for name in now if name not in saved]:
+        delattr(Backend, name)
+    for name, value in saved.items():
+        current: Any = now.get(name)
+        if isinstance(value, list) and type(current) is list:
+            if current != value:
+                current[:] = value
+        elif isinstance(value, dict) and type(current) is dict:
+            if current != value:
+                current.clear()
+                current.update(value)
+        elif current is not value:
+            setattr(Backend, name, value.copy() if isinstance(value, (list, dict)) else value)
+
+
+def rpc_init_count() -> int:
+    """How many times this process has initialized ``torch.distributed.rpc`` (0 where that
+    module was never imported).
+
+    ``init_rpc`` counts its initializations in ``torch.distributed.rpc._init_counter`` (it
+    prefixes each one's store with it); torch says nowhere else whether RPC was ever used.
+    """
+    rpc: Any = sys.modules.get("torch.distributed.rpc")
+    return int(getattr(rpc, "_init_counter", 0)) if rpc is not None else 0
+
+
+def rpc_agent_running() -> bool:
+    """Whether an RPC agent is set in this process (``init_rpc`` without ``shutdown``).
+
+    ``torch.distributed.rpc._is_current_rpc_agent_set`` (from ``torch._C``); there is no
+    public ``is_initialized`` for RPC.
+    """
+    rpc: Any = sys.modules.get("torch.distributed.rpc")
+    is_set = getattr(rpc, "_is_current_rpc_agent_set", None) if rpc is not None else None
+    return bool(is_set()) if is_set is not None else False
 
 
 # -- torch's private test API (torch.testing._internal) --------------------------------------
@@ -550,6 +624,36 @@ def _probe_group_count() -> object:
     return process_group_count()
 
 
+def _probe_backend_registry() -> object:
+    import warnings
+
+    import torch.distributed as dist
+
+    saved = backend_registry()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist.Backend.register_backend("harnessprobe", lambda *args: None, devices=["cpu"])
+    try:
+        if not dist.is_backend_available("harnessprobe"):
+            raise AttributeError("Backend.register_backend no longer makes a backend available")
+    finally:
+        restore_backend_registry(saved)
+    if dist.is_backend_available("harnessprobe") or hasattr(dist.Backend, "HARNESSPROBE"):
+        raise AttributeError("torch keeps its backend registry outside Backend's attributes")
+    return saved
+
+
+def _probe_rpc_state() -> object:
+    import importlib
+
+    rpc = importlib.import_module("torch.distributed.rpc")
+    if not isinstance(getattr(rpc, "_init_counter", None), int):
+        raise AttributeError("torch.distributed.rpc no longer counts its inits in _init_counter")
+    if rpc.is_available() and rpc_agent_running():
+        raise AttributeError("_is_current_rpc_agent_set() says an agent runs where none was set")
+    return rpc_init_count()
+
+
 def _probe_forkserver() -> object:
     import multiprocessing.forkserver
 
@@ -740,6 +844,10 @@ def _probe_distributed_test_state() -> object:
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
     "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
+    "torch.distributed.Backend's registry (class attributes; backend_list, _plugins, ...)": (
+        _probe_backend_registry
+    ),
+    "torch.distributed.rpc._init_counter, _is_current_rpc_agent_set": _probe_rpc_state,
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
     "multiprocessing.util.spawnv_passfds starts the forkserver; ForkServer(), "
     "ResourceTracker() as new": _probe_forkserver_start,

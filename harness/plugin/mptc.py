@@ -53,11 +53,6 @@ _TERMINATED = -15
 terminates the other processes once one has failed; the harness stopped those ranks."""
 
 
-_INHERITED = ("INIT_METHOD", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE")
-"""Variables a rank sets itself (its rendezvous, its torchrun environment) that a native
-test process would inherit from pytest's process: where that process has them, they win."""
-
-
 def selected(item: pytest.Item) -> bool:
     """Whether the item is a ``MultiProcessTestCase`` test that runs on reused ranks."""
     return item.stash.get(_CASE, False)
@@ -148,9 +143,9 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     from harness.rank.mptc_body import run_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
-    # A native process inherits these from its parent (set by the test's setUp, say); a rank
-    # has its own rendezvous variables, which must not hide the parent's.
-    environ = {name: os.environ[name] for name in _INHERITED if name in os.environ}
+    # A native process inherits its parent's environment, as the test's setUp left it, and
+    # nothing else: the rank runs the test with exactly this one.
+    environ = dict(os.environ)
     call = CaseCall(
         test=_describe(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
@@ -183,6 +178,8 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             item, earlier, ended.judge(case, fn), attempt, new_world, ("--dist-mptc",)
         )
         ended = fresh if fresh is not None else ended
+        if _fresh_after(ended.outcome):
+            world.close()  # the next test gets new processes (harness.rank.mptc_body.FreshAfter)
     outcome = ended.outcome
     report.add_output_sections(item, outcome.outputs)
     if outcome.error is not None:
@@ -204,6 +201,16 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+def _fresh_after(outcome: Outcome) -> bool:
+    """Whether a rank asked for its world's processes to be replaced before the next test."""
+    from harness.rank.mptc_body import FreshAfter
+
+    values = outcome.values
+    if values is not None:
+        return any(isinstance(value, FreshAfter) for value in values)
+    return any(isinstance(pickle.loads(blob), FreshAfter) for blob in outcome.returned.values())
 
 
 @dataclass

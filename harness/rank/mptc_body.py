@@ -17,6 +17,15 @@ Every process group the test made is destroyed before the rank answers, as a pro
 would close them: a peer still waiting in a collective with this rank fails at once instead
 of at the group's timeout.
 
+The test sees what a native process of it would (one that ``torch.multiprocessing`` spawned
+from pytest's process): pytest's environment as it is now, the test's ``setUp`` included,
+and none of the rank's torchrun variables; and torch's default intra-op thread count for
+that environment, not the rank's own. Both are put back after the call
+(:class:`harness.rank.reset.ProcessState`), with everything else a call may change.
+
+A test that used RPC (``torch.distributed.rpc``) is answered with :class:`FreshAfter`: its
+ranks are replaced before the next test (see there for why).
+
 What it may import: see :mod:`harness.rank`; torch's test classes only through
 :mod:`harness.compat`.
 """
@@ -25,15 +34,47 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from harness import compat
 from harness.protocol.failures import EXIT_CODE_ATTR
 from harness.protocol.messages import CaseCall, CaseExit
+from harness.rank import reset
 from harness.rank.pytest_body import import_test_module
+
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""The variables torch's default intra-op thread count depends on."""
+
+# torch's default thread count, known for these values of _THREAD_VARIABLES. Taken when this
+# module is imported: in the forkserver (which preloads it for --dist-mptc sessions, before
+# any rank sets its own count) that is a fresh process's default for the server's
+# environment, which is pytest's. Imported in a rank instead, it is the rank's own count
+# with the rank's own variables, which a test sees only where pytest has the same.
+_default_threads: dict[tuple[str | None, ...], int] = {
+    tuple(os.environ.get(name) for name in _THREAD_VARIABLES): torch.get_num_threads()
+}
+
+
+@dataclass(frozen=True)
+class FreshAfter(CaseExit):
+    """A ``CaseExit`` after which the rank must not run another test: the controller
+    replaces the world's processes first.
+
+    So after a test that used RPC. RPC cannot be put back as a fresh process has it: an
+    agent a test left running stops only with its peers (a local shutdown can hang on them);
+    ``init_rpc`` counts its initializations in a module global that names each one's store
+    (ranks whose counts differ never meet); and torch's RPC test suites keep each test's
+    state in their own module globals (``dist_autograd_test``'s ``rpc_done`` and
+    ``known_context_ids``, ``rpc_test``'s futures), which only a fresh import resets.
+    """
+
+    reason: str = ""
 
 
 class ProcessExit(Exception):
@@ -64,12 +105,17 @@ def run_case(call: CaseCall) -> CaseExit:
     cls: Any = module
     for part in call.test.cls.split("."):
         cls = getattr(cls, part)
-    # A native process inherits the controller's environment; the rank's own rendezvous
-    # and torchrun variables must not hide the ones the controller has (its test's setUp
-    # may have chosen them). The rank puts its environment back after the call.
-    os.environ.update(call.environ)
-    compat.mptc_refresh_module_state()
     rank = int(os.environ["RANK"])
+    # A native process has the controller's environment, and nothing of the rank's own
+    # (RANK, LOCAL_RANK, TORCHELASTIC_*, OMP_NUM_THREADS, its rendezvous): the test may look
+    # (torch's own tests do), and code under test reads them. The rank puts its environment
+    # and thread count back after the call.
+    reset.update_environ(call.environ, exact=True)
+    threads = _native_threads(call.environ)
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    compat.mptc_refresh_module_state()
+    rpc_inits = compat.rpc_init_count()
     # A real pipe: run_test's event listener thread waits on it with connection.wait.
     ours, theirs = multiprocessing.Pipe()
     error: BaseException | None = None
@@ -96,11 +142,44 @@ def run_case(call: CaseCall) -> CaseExit:
         ours.close()
     _close_groups()
     if exitcode == 0 or exitcode in compat.mptc_skip_codes():
+        if compat.rpc_init_count() != rpc_inits or compat.rpc_agent_running():
+            return FreshAfter(exitcode, messages, "the test used torch.distributed.rpc")
         return CaseExit(exitcode, messages)
     assert error is not None
     setattr(error, EXIT_CODE_ATTR, exitcode)
     # Raised outside the except blocks above, so that no harness exception is chained to it.
     raise error
+
+
+def _native_threads(environ: dict[str, str]) -> int | None:
+    """torch's default intra-op thread count in a fresh process with ``environ``.
+
+    Args:
+        environ: The process's environment.
+
+    Returns:
+        The count, or None where it cannot be learnt (the rank's count then stays).
+    """
+    key = tuple(environ.get(name) for name in _THREAD_VARIABLES)
+    known = _default_threads.get(key)
+    if known is not None:
+        return known
+    # Variables the test's setUp changed: only a fresh interpreter says how torch (its
+    # OpenMP and MKL runtimes) reads them. Once per rank and values.
+    try:
+        fresh = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        count = int(fresh.stdout.split()[-1])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+    _default_threads[key] = count
+    return count
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -3,7 +3,9 @@
 A reused rank must look to each call as a fresh one would. :class:`ProcessState` is taken
 once when the rank is up and restored after every call: torch's default dtype, grad mode,
 deterministic-algorithms setting and intra-op thread count, ``sys.path``, the root logger's
-level and handlers, the working directory and ``os.environ``. (Warning filters are kept by
+level and handlers, the working directory, ``os.environ`` and torch.distributed's backend
+registry (what ``Backend.register_backend`` added). Calls of ``--dist-mptc`` tests come back
+through the same loop, so all of it applies to them too. (Warning filters are kept by
 running each call inside ``warnings.catch_warnings()``.) :func:`seed_all` gives a call the
 random numbers a fresh process seeded the same way would draw.
 """
@@ -37,6 +39,7 @@ class ProcessState:
     environ: dict[bytes, bytes]
     log_level: int
     log_handlers: list[logging.Handler] = field(default_factory=list)
+    backends: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def capture(cls) -> ProcessState:
@@ -52,6 +55,7 @@ class ProcessState:
             environ=dict(compat.environ_bytes()),
             log_level=root.level,
             log_handlers=list(root.handlers),
+            backends=compat.backend_registry(),
         )
 
     def restore(self) -> None:
@@ -77,6 +81,9 @@ class ProcessState:
         if root.handlers != self.log_handlers:
             root.handlers[:] = self.log_handlers
         _restore_environ(self.environ)
+        # A backend one call registered must not be available to the next
+        # (is_backend_available reads the registry).
+        compat.restore_backend_registry(self.backends)
         if os.getcwd() != self.cwd:
             os.chdir(self.cwd)
 

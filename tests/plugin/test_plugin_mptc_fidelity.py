@@ -1,0 +1,245 @@
+"""``--dist-mptc``: a reused rank shows each test the process state a fresh native one would.
+
+torch's own suites trip over state a reused rank kept from an earlier test: a backend an
+earlier test registered, the default dtype it set, an RPC agent it started (or shut down),
+the harness's own torchrun variables and thread count. Each inner suite here runs a test
+that changes such state and then one that expects a fresh process's, as a native run gives
+it; every outcome must be the native one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Iterator
+
+import pytest
+from plugin_testutil import read_pids
+
+# Every test here drives torch's MultiProcessTestCase through --dist-mptc with real Gloo
+# (and TensorPipe) between real processes.
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_test_modules() -> None:
+    """Import torch's test utilities once: an in-process pytester run unloads the modules its
+    tests imported, and torch's test utilities cannot be imported twice in one process."""
+    importlib.import_module("torch.testing._internal.common_distributed")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """The inner suites' setUp methods set variables in this process's environment."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+HEADER = """
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+PIDS = {pids_dir!r}
+
+
+def record(name, rank):
+    with open(os.path.join(PIDS, f"{{name}}-{{rank}}"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+class Base(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+"""
+
+
+def _run(pytester: pytest.Pytester, pids_dir: str, body: str) -> pytest.RunResult:
+    pytester.makepyfile(test_suite=HEADER.format(pids_dir=pids_dir) + body)
+    # Without a second run on fresh processes: a leak must show as the failure it causes.
+    return pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-o", "dist_confirm=off")
+
+
+def test_a_backend_registered_by_one_test_is_gone_in_the_next(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    # As test_c10d_common.py's test_is_backend_available after tests that register one.
+    result = _run(
+        pytester,
+        pids_dir,
+        """
+class TestRegistry(Base):
+    def test_1_registers(self):
+        record("registers", self.rank)
+        dist.Backend.register_backend("fidelitydummy", lambda *args: None, devices=["cpu"])
+        assert dist.is_backend_available("fidelitydummy")
+
+    def test_2_fresh(self):
+        record("fresh", self.rank)
+        assert not dist.is_backend_available("fidelitydummy")
+        assert not hasattr(dist.Backend, "FIDELITYDUMMY")
+        assert "fidelitydummy" not in dist.Backend.backend_list
+        assert "fidelitydummy" not in dist.Backend.backend_type_map
+        assert "fidelitydummy" not in dist.Backend.backend_capability
+        assert dist.Backend.default_device_backend_map["cpu"] == "gloo"
+""",
+    )
+    result.assert_outcomes(passed=2)
+    pids = read_pids(pids_dir, "")
+    assert pids["registers-0"] == pids["fresh-0"], "both tests ran on the same reused rank"
+
+
+def test_torch_settings_a_test_changed_are_put_back(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    result = _run(
+        pytester,
+        pids_dir,
+        """
+class TestSettings(Base):
+    def test_1_changes(self):
+        record("changes", self.rank)
+        torch.set_default_dtype(torch.float64)
+        torch.set_grad_enabled(False)
+        torch.use_deterministic_algorithms(True)
+
+    def test_2_fresh(self):
+        record("fresh", self.rank)
+        assert torch.get_default_dtype() == torch.float32
+        assert torch.ones(1).dtype == torch.float32
+        assert torch.is_grad_enabled()
+        assert not torch.are_deterministic_algorithms_enabled()
+""",
+    )
+    result.assert_outcomes(passed=2)
+    pids = read_pids(pids_dir, "")
+    assert pids["changes-0"] == pids["fresh-0"], "both tests ran on the same reused rank"
+
+
+def test_a_rank_has_the_environment_and_threads_of_a_native_process(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    # A native rank is a spawned child of pytest's process: pytest's environment as the
+    # test's setUp left it, no torchrun variables, and torch's default thread count (what a
+    # fresh interpreter with that environment has), whatever the harness's ranks use.
+    result = _run(
+        pytester,
+        pids_dir,
+        """
+def fresh_threads():
+    # What a fresh interpreter with this environment has (torch caps OMP_NUM_THREADS, say).
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+        capture_output=True, text=True, check=True,
+    )
+    return int(fresh.stdout)
+
+
+class TestEnvironment(Base):
+    def setUp(self):
+        os.environ["FIDELITY_FROM_SETUP"] = "1"
+        with open(os.path.join(PIDS, "controller-environ.json"), "w") as f:
+            json.dump(dict(os.environ), f)
+        super().setUp()
+
+    def test_environment(self):
+        for name in ("RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                     "ROLE_NAME", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE"):
+            assert name not in os.environ, name
+        assert not [name for name in os.environ if name.startswith("TORCHELASTIC_")]
+        with open(os.path.join(PIDS, "controller-environ.json")) as f:
+            controller = json.load(f)
+        # run_test sets this one itself, in every process.
+        mine = {k: v for k, v in os.environ.items() if k != "TORCH_SHOW_CPP_STACKTRACES"}
+        controller.pop("TORCH_SHOW_CPP_STACKTRACES", None)
+        assert mine == controller
+
+    def test_threads(self):
+        assert torch.get_num_threads() == fresh_threads()
+
+
+class TestThreadsFromEnvironment(Base):
+    def setUp(self):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        super().setUp()
+
+    def test_threads(self):
+        assert os.environ["OMP_NUM_THREADS"] == "1"
+        assert torch.get_num_threads() == fresh_threads()
+""",
+    )
+    result.assert_outcomes(passed=3)
+
+
+RPC_SUITE = """
+import torch.distributed.rpc as rpc
+
+
+class TestRpc(Base):
+    def _init(self):
+        options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self.file_name}")
+        rpc.init_rpc(
+            f"worker{self.rank}",
+            rank=self.rank,
+            world_size=self.world_size,
+            rpc_backend_options=options,
+        )
+
+    def _round(self, name):
+        record(name, self.rank)
+        self._init()
+        peer = f"worker{(self.rank + 1) % self.world_size}"
+        assert rpc.rpc_sync(peer, torch.add, args=(torch.ones(1), self.rank)).item() == (
+            1 + self.rank
+        )
+        rref = rpc.remote(peer, torch.mul, args=(torch.ones(1), 2))
+        assert rref.to_here().item() == 2.0
+
+    def test_1_rpc(self):
+        self._round("rpc1")
+        rpc.shutdown()
+
+    def test_2_rpc(self):
+        self._round("rpc2")
+        rpc.shutdown()
+
+    def test_3_left_running(self):
+        self._round("running")
+        import torch.distributed.rpc.api as api
+
+        api._ignore_rref_leak = False  # as torch's dist_init does
+
+    def test_4_rpc(self):
+        self._round("rpc4")
+        rpc.shutdown()
+
+    def test_5_plain(self):
+        record("plain5", self.rank)
+
+    def test_6_plain(self):
+        record("plain6", self.rank)
+"""
+
+
+def test_rpc_tests_in_a_row_each_start_rpc_as_in_a_fresh_process(
+    pytester: pytest.Pytester, pids_dir: str
+) -> None:
+    result = _run(pytester, pids_dir, RPC_SUITE)
+    result.assert_outcomes(passed=6)
+    pids = read_pids(pids_dir, "")
+    assert pids["plain5-0"] == pids["plain6-0"], "tests without RPC keep their ranks"
+    # RPC cannot be put back as a fresh process has it: a test that used it is the last
+    # one its ranks run.
+    ran = [pids[f"{name}-0"] for name in ("rpc1", "rpc2", "running", "rpc4", "plain5")]
+    assert len(set(ran)) == len(ran), ran
