@@ -263,6 +263,9 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
         keep = verdicts.in_step(traces, world_size)
     except Exception:
         keep = False  # not sure the ranks are in step: fresh ones are
+    # Not reusable for another reason (a collective raised where the test handled it): the
+    # world is rebuilt all the same, and the summary says so.
+    keep = keep and outcome.reusable
     rebuilt = "" if keep else "; the world is rebuilt before the next call"
     summary = (
         "every rank returned, but their collectives do not match, so the results may be "
@@ -274,7 +277,7 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
     return Outcome(
         error=error,
         outputs=outcome.outputs,
-        reusable=outcome.reusable and keep,
+        reusable=keep,
         notice=outcome.notice,
         regroup=outcome.regroup and keep,
         leaks=outcome.leaks,
