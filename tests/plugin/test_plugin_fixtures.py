@@ -376,8 +376,9 @@ def test_harness_fixture_session_scope_follows_a_rebuilt_world(
     result = pytester.runpytest("-p", "no:randomly")
     result.assert_outcomes(passed=2, failed=1)
     lines = (tmp_path / "log").read_text().splitlines()
-    # Set up in the first processes, and again in the ones the failure's rebuild started.
-    assert sum(line.startswith("session setup") for line in lines) == 4
+    # Set up in the first processes, in the fresh ones that confirm the failure, and again
+    # in the ones the failure's rebuild started.
+    assert sum(line.startswith("session setup") for line in lines) == 6
 
 
 @pytest.fixture(autouse=True)
