@@ -81,7 +81,8 @@ def test_a_body_failure_is_the_root_cause_while_its_teardown_runs(
     first = text.splitlines()[0]
     assert first.startswith("RankError: rank 1 raised AssertionError: the root cause"), text
     assert "AssertionError: the root cause" in text
-    assert text.index("AssertionError: the root cause") < text.index(
-        "RuntimeError: a consequence of rank 1"
-    )
+    # Rank 0's own failure is listed after it when it comes within the grace period that
+    # rank 1's failure started (on a loaded machine it may not: rank 0 is then torn down).
+    consequence = text.find("RuntimeError: a consequence of rank 1")
+    assert consequence == -1 or text.index("AssertionError: the root cause") < consequence
     assert_no_internal_frames(text)
