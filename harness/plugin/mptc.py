@@ -37,7 +37,7 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import confirm, report
+from harness.plugin import confirm, order, replay, report
 from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     )
     captured = session.config.getoption("capture", "fd") != "no"
     output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
-    step = confirm.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
+    step = replay.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
     new_world = functools.partial(
         World, world_size, backend="gloo", init=False, leaks=session.leaks
     )
@@ -163,7 +163,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         ended = _Ended.run(step, world, output, world_size)
         return ended.judge(case, fn), ended
 
-    checked = ""
+    note = ""
     if session.isolate_all:
         with new_world() as world:
             ended = _Ended.run(step, world, output, world_size)
@@ -174,17 +174,26 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         earlier = session.history.before(world)
         ended = _Ended.run(step, world, output, world_size)
         session.history.record(world, step)
-        fresh, checked = session.check_fresh(
-            item, earlier, ended.judge(case, fn), attempt, new_world, ("--dist-mptc",)
+        checked = confirm.check(
+            item,
+            session.fidelity,
+            earlier,
+            ended.judge(case, fn),
+            attempt,
+            new_world,
+            ("--dist-mptc",),
         )
-        ended = fresh if fresh is not None else ended
+        ended = checked.fresh if checked.fresh is not None else ended
+        note = checked.note
+        if checked.failure is not None:
+            raise checked.failure
         if _fresh_after(ended.outcome):
             world.close()  # the next test gets new processes (harness.rank.mptc_body.FreshAfter)
     outcome = ended.outcome
     report.add_output_sections(item, outcome.outputs)
     if outcome.error is not None:
-        command = confirm.command(session.config, [item.nodeid], ("--dist-mptc",))
-        confirm.set_repro(item, f"{checked}run ({world_size} ranks): {command}")
+        command = order.command(session.config, [item.nodeid], ("--dist-mptc",))
+        order.set_repro(item, f"{note}run ({world_size} ranks): {command}")
     try:
         compat.mptc_check(case, fn, ended.elapsed, ended.processes, ended.pipes)
     except unittest.SkipTest:
@@ -223,7 +232,7 @@ class _Ended:
     pipes: dict[int, _Sent]
 
     @classmethod
-    def run(cls, step: confirm.Step, world: World, output: str, world_size: int) -> _Ended:
+    def run(cls, step: replay.Step, world: World, output: str, world_size: int) -> _Ended:
         started = time.time()
         outcome = step.call(world, output)
         elapsed = time.time() - started
@@ -231,14 +240,14 @@ class _Ended:
         return cls(outcome, elapsed, processes, pipes)
 
     def judge(self, case: Any, fn: Any) -> str:
-        """The class's own verdict on this run (``confirm.PASSED``, ``FAILED``, ``SKIPPED``)."""
+        """The class's own verdict on this run (``replay.PASSED``, ``FAILED``, ``SKIPPED``)."""
         try:
             compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
         except unittest.SkipTest:
-            return confirm.SKIPPED
+            return replay.SKIPPED
         except Exception:
-            return confirm.FAILED
-        return confirm.PASSED
+            return replay.FAILED
+        return replay.PASSED
 
 
 def _describe(item: pytest.Function, test_name: str) -> TestRef:

@@ -5,7 +5,7 @@ report instead shows what a reader needs: one line that says which rank failed a
 the verdicts on the ranks' collectives when they disagree, then each failing rank's
 traceback under a ``rank N`` heading, root cause first, and a ``collectives`` section (laid
 out by ``DistributedError.report``, as ``str()`` of the error is), and last the command that
-reproduces the failure (:func:`harness.plugin.confirm.repro`). The ranks' captured output is
+reproduces the failure (:func:`harness.plugin.order.repro`). The ranks' captured output is
 attached as report sections ``rank N stdout`` / ``rank N stderr``.
 """
 
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pytest
 
 from harness.errors import DistributedError
-from harness.plugin import confirm
+from harness.plugin import order
 
 
 class _Writer(Protocol):
@@ -54,7 +54,7 @@ class DistributedFailureRepr:
 
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
-        self._repro = confirm.repro(item)
+        self._repro = order.repro(item)
         self._headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         self.reprcrash = CrashLine(

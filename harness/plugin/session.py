@@ -13,8 +13,7 @@ import functools
 import pickle
 import sys
 import zlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -22,7 +21,7 @@ from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError, WorldTimeout
-from harness.plugin import confirm, interrupts, rank_fixtures, report
+from harness.plugin import confirm, interrupts, order, rank_fixtures, replay, report
 from harness.plugin.marker import (
     BACKEND_PARAM,
     WORLD_SIZE_PARAM,
@@ -49,7 +48,6 @@ _RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
 _CALL_ERROR = pytest.StashKey[BaseException]()
 _CALL_SKIP = pytest.StashKey[str]()
 _NEXT_ITEM = pytest.StashKey[pytest.Item]()
-_T = TypeVar("_T")
 
 
 class DistSession:
@@ -63,7 +61,7 @@ class DistSession:
         self.leaks = leaks_setting(config)
         self.check_collectives = not config.getoption("dist_no_collective_check", False)
         self.fidelity = confirm.settings(config)
-        self.history = confirm.History()
+        self.history = replay.History()
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
         if launched is not None:
@@ -165,7 +163,7 @@ class DistSession:
         if limit is not None:
             timeout = limit.bound(timeout)
             limit.pause()
-        step = confirm.Step(item.nodeid, run_test, (ref, plan), timeout, self._seed(item), check)
+        step = replay.Step(item.nodeid, run_test, (ref, plan), timeout, self._seed(item), check)
         scoped = any(f.scope != "function" for f in plan.fixtures)
         new_world = functools.partial(
             World, world_size, backend=backend, init=init, leaks=self.leaks
@@ -175,7 +173,7 @@ class DistSession:
             if isolate:
                 with new_world() as world:
                     outcome = _fresh_call(world, step, output, scoped)
-                checked = ""
+                note = ""
             else:
                 world = self.world(world_size, backend, init)
                 earlier = self.history.before(world)
@@ -183,21 +181,25 @@ class DistSession:
                 self.history.record(world, step)
                 if outcome.error is None:
                     self._keep_scopes(item, plan, world, own_timeout)
-                fresh, checked = self.check_fresh(
+                checked = confirm.check(
                     item,
+                    self.fidelity,
                     earlier,
-                    confirm.kind(outcome),
+                    replay.kind(outcome),
                     lambda world: _judged(_fresh_call(world, step, output, scoped)),
                     new_world,
                     options,
                 )
-                outcome = fresh if fresh is not None else outcome
+                outcome = checked.fresh if checked.fresh is not None else outcome
+                note = checked.note
+                if checked.failure is not None:
+                    item.stash[_CALL_ERROR] = checked.failure
         finally:
             if limit is not None:
                 limit.resume()
         if outcome.error is not None:
-            command = confirm.command(self.config, [item.nodeid], options)
-            confirm.set_repro(item, f"{checked}run ({world_size} ranks, {backend}): {command}")
+            command = order.command(self.config, [item.nodeid], options)
+            order.set_repro(item, f"{note}run ({world_size} ranks, {backend}): {command}")
         if limit is not None and isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
             outcome.error.hint = limit.hint()
         report.add_output_sections(item, outcome.outputs)
@@ -217,60 +219,6 @@ class DistSession:
             item.addfinalizer(raise_teardown_error)
         elif outcome.error is not None:
             item.stash[_CALL_ERROR] = outcome.error
-
-    def check_fresh(
-        self,
-        item: pytest.Item,
-        earlier: list[confirm.Step],
-        reused: str,
-        attempt: Callable[[World], tuple[str, _T]],
-        new_world: Callable[[], World],
-        options: Sequence[str],
-    ) -> tuple[_T | None, str]:
-        """Hold a test's outcome on a reused world against fresh processes, where the
-        settings ask for it: a failure (``dist_confirm``), any outcome (``--dist-verify``).
-
-        Args:
-            item: The test.
-            earlier: The tests that ran on the reused world before it (none: the world was
-                fresh, and nothing is checked).
-            reused: How it ended there (``confirm.PASSED``, ``FAILED`` or ``SKIPPED``).
-            attempt: Runs the test on a world as it ran on the reused one; returns how it
-                ended and what the caller needs of the run.
-            new_world: Starts a fresh world like the reused one.
-            options: What the commands in messages need besides the test ids.
-
-        Returns:
-            What ``attempt`` returned of the fresh run where its verdict replaces the
-            reused one's (None: the reused verdict stands), and what a failure report says
-            of the check before its repro command ('' when nothing was checked).
-        """
-        settings = self.fidelity
-        if not earlier or not (settings.verify or (settings.confirm and reused == confirm.FAILED)):
-            return None, ""
-        try:
-            fresh, found = confirm.on_fresh(new_world, (), attempt)
-        except Exception as exc:  # the fresh world did not start
-            return None, f"not confirmed on fresh processes ({exc}); "
-        if fresh == reused:
-            return None, "confirmed on fresh processes; "
-        finding = None
-        if settings.bisect_runs:
-            finding = confirm.bisect(
-                new_world,
-                earlier,
-                lambda world: attempt(world)[0],
-                reused,
-                settings.bisect_runs,
-            )
-        message = confirm.order_message(
-            self.config, item.nodeid, [s.nodeid for s in earlier], reused, fresh, finding, options
-        )
-        try:
-            confirm.report(item, settings, message, fresh)
-        except pytest.fail.Exception as exc:
-            item.stash[_CALL_ERROR] = exc
-        return found, ""
 
     def finish_call(self, item: pytest.Function) -> None:
         """pytest's call phase of a marked test: raise the body's failure, if any."""
@@ -432,10 +380,10 @@ def _pickles(value: Any) -> bool:
 
 
 def _judged(outcome: Outcome) -> tuple[str, Outcome]:
-    return confirm.kind(outcome), outcome
+    return replay.kind(outcome), outcome
 
 
-def _fresh_call(world: World, step: confirm.Step, output: str, scoped: bool) -> Outcome:
+def _fresh_call(world: World, step: replay.Step, output: str, scoped: bool) -> Outcome:
     """Run a test on a world that ends with it: its wider-scoped rank fixtures end too."""
     outcome = step.call(world, output)
     if outcome.error is None and scoped:

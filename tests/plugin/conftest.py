@@ -10,6 +10,7 @@ Every test here also checks that no rank process is left behind once it is done.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Iterator
 
@@ -71,3 +72,11 @@ def _no_rank_left() -> Iterator[None]:
 def pids_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A directory (outside the inner project) where inner tests drop marker files."""
     return str(tmp_path_factory.mktemp("pids"))
+
+
+@pytest.fixture(scope="module")
+def torch_test_modules() -> None:
+    """Import torch's test utilities here, once: an in-process pytester run unloads the
+    modules its tests imported, and torch's test utilities cannot be imported twice in one
+    process (they register operator libraries)."""
+    importlib.import_module("torch.testing._internal.common_distributed")

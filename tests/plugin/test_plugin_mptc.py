@@ -10,20 +10,13 @@ every test, so that suite is kept to three tests).
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Iterator
 
 import pytest
 from plugin_testutil import alive, read_pids, reports
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _torch_test_modules() -> None:
-    """Import torch's test utilities here, once: an in-process pytester run unloads the
-    modules its tests imported, and torch's test utilities cannot be imported twice in one
-    process (they register operator libraries)."""
-    importlib.import_module("torch.testing._internal.common_distributed")
+pytestmark = pytest.mark.usefixtures("torch_test_modules")
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,131 @@
+"""Running tests again on other processes: what a world ran, and a fresh world to run it on.
+
+:class:`History` keeps, per world, the tests its current processes ran, as a :class:`Step`
+each (what runs the test again: its call, seed and deadline). :func:`on_fresh` runs some of
+them, then the test under scrutiny, on a fresh world. Used to confirm a reused world's
+verdict (:mod:`harness.plugin.confirm`) and to find the test an order dependence comes from
+(:mod:`harness.plugin.order`).
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from harness.protocol.messages import OUTPUT_CAPTURE
+
+if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
+    from harness.controller.world import World
+
+PASSED = "passed"
+FAILED = "failed"
+SKIPPED = "skipped"
+
+HISTORY_CAP = 1000
+"""Tests kept per world: a world that runs more keeps the latest (the search then starts
+from those, and says so when it cannot reproduce the failure with them)."""
+
+
+def kind(outcome: Outcome) -> str:
+    """How a call ended: ``FAILED``, ``SKIPPED`` or ``PASSED``."""
+    if outcome.error is not None:
+        return FAILED
+    return SKIPPED if outcome.skip is not None else PASSED
+
+
+@dataclass(frozen=True)
+class Step:
+    """One test as a world ran it: what runs it again on other processes.
+
+    Attributes:
+        nodeid: The test's pytest node id.
+        fn, args: The call its ranks were sent.
+        timeout: Its deadline in seconds (None: none).
+        seed: The seed its ranks' generators were given.
+        check_collectives: Whether its collectives were compared.
+    """
+
+    nodeid: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    timeout: float | None
+    seed: int | None
+    check_collectives: bool = True
+
+    def call(
+        self, world: World, output: str = OUTPUT_CAPTURE, next_seed: int | None = None
+    ) -> Outcome:
+        """Run the test on ``world`` (see ``World.call`` for ``output`` and ``next_seed``)."""
+        return world.call(
+            self.fn,
+            self.args,
+            timeout=self.timeout,
+            output=output,
+            seed=self.seed,
+            name=f"test {self.nodeid}",
+            check_collectives=self.check_collectives,
+            next_seed=next_seed,
+        )
+
+
+class History:
+    """The tests each world's current processes ran, oldest first."""
+
+    def __init__(self) -> None:
+        self._runs: weakref.WeakKeyDictionary[World, tuple[int, list[Step]]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def before(self, world: World) -> list[Step]:
+        """What ran on the processes the next call on ``world`` will use: empty when that
+        call starts fresh ones (a new world, or one that a failure broke)."""
+        if world.broken:
+            return []
+        generation, steps = self._runs.get(world, (0, []))
+        return list(steps) if generation == world.generation else []
+
+    def record(self, world: World, step: Step) -> None:
+        """Note that ``step`` ran on ``world`` (forgotten when the world is rebuilt)."""
+        if world.broken:
+            self._runs.pop(world, None)
+            return
+        generation, steps = self._runs.get(world, (world.generation, []))
+        if generation != world.generation:
+            steps = []
+        steps.append(step)
+        del steps[:-HISTORY_CAP]
+        self._runs[world] = (world.generation, steps)
+
+
+_T = TypeVar("_T")
+
+
+class Replayed(Exception):
+    """An earlier test failed when run again: the replay is not the sequence that ran."""
+
+    def __init__(self, nodeid: str) -> None:
+        super().__init__(nodeid)
+        self.nodeid = nodeid
+
+
+def on_fresh(
+    new_world: Callable[[], World], before: Sequence[Step], attempt: Callable[[World], _T]
+) -> _T:
+    """Run ``before``, then the attempt, on a fresh world (stopped afterwards).
+
+    Raises:
+        Replayed: A test of ``before`` failed this time.
+        DistributedError, RuntimeError: The fresh world could not start.
+    """
+    with new_world() as world, warnings.catch_warnings():
+        # What the earlier tests leak was reported when they ran.
+        warnings.simplefilter("ignore")
+        for step in before:
+            step.call(world)
+            if world.broken:
+                raise Replayed(step.nodeid)
+        return attempt(world)
