@@ -277,8 +277,9 @@ def compare(
     for test, native, ours in differences:
         print(f"  {test}: native {native}, --dist-mptc {ours}")
     for name, run in (("native", compared.native), ("--dist-mptc", compared.ours)):
-        if not run.outcomes:
-            print(f"\n{name} run reported no test (exit code {run.rc}); last lines:\n{run.tail}")
+        # pytest's exit code 2 and up: interrupted, an internal error, a usage error.
+        if not run.outcomes or run.rc not in (0, 1):
+            print(f"\n{name} run: exit code {run.rc}; last lines:\n{run.tail}")
     return compared
 
 
