@@ -1,0 +1,160 @@
+"""Every ```python block of the documentation (docs/*.md and README.md) runs here.
+
+So the docs cannot rot: an example that stops working fails this suite.
+
+* A block that defines pytest tests (it uses ``@pytest.mark.distributed`` or ``def test_``)
+  is written to a test file and run with ``pytester`` (``-p no:randomly``). It must pass,
+  unless an HTML comment right before its fence says what it demonstrates instead:
+  ``<!-- expect: failed=1 passed=1 warnings=1 -->`` (the counts of ``assert_outcomes``).
+  ``<!-- args: --dist-verify -->`` adds command-line arguments, ``<!-- file: test_sum.py -->``
+  names the file (default ``test_example.py``: the reports shown in the docs name it), and
+  ``<!-- run: subprocess -->`` runs pytest in a subprocess.
+* Any other block is a script: it runs as ``python example.py`` in an empty directory and
+  must exit 0.
+
+Blocks that are not meant to run (fragments, shell, configuration) use another fence
+language (``text``, ``sh``, ``ini``, ``toml``, ``yaml``).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
+_DIRECTIVE = re.compile(r"<!--\s*(?P<key>expect|args|file|run)\s*:\s*(?P<value>.*?)\s*-->")
+_TEST_BLOCK = re.compile(r"@pytest\.mark\.distributed|^\s*def test_", re.MULTILINE)
+
+
+@dataclass
+class Block:
+    """One fenced ```python block of a page and the directives right before it."""
+
+    page: Path
+    line: int
+    code: str
+    directives: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        return f"{self.page.relative_to(ROOT)}:{self.line}"
+
+    @property
+    def is_test(self) -> bool:
+        return bool(_TEST_BLOCK.search(self.code))
+
+
+def parse(page: Path) -> list[Block]:
+    """The ```python blocks of ``page``, with the ``<!-- key: value -->`` directives found
+    on the lines right before each fence (blank lines between are allowed)."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks: list[Block] = []
+    pending: dict[str, str] = {}
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        directive = _DIRECTIVE.search(line)
+        fence = _FENCE.match(line)
+        if directive:
+            for found in _DIRECTIVE.finditer(line):
+                pending[found["key"]] = found["value"]
+            i += 1
+            continue
+        if fence is None:
+            if line.strip():
+                pending = {}
+            i += 1
+            continue
+        start, marker, lang = i, fence["fence"], fence["lang"].lower()
+        body = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(marker):
+            body.append(lines[i])
+            i += 1
+        i += 1  # the closing fence
+        if lang in ("python", "py", "python3"):
+            code = textwrap.dedent("\n".join(body)) + "\n"
+            blocks.append(Block(page, start + 1, code, pending))
+        pending = {}
+    return blocks
+
+
+BLOCKS = [block for page in PAGES for block in parse(page)]
+
+
+def _expected(text: str) -> dict[str, int]:
+    counts = {}
+    for part in text.split():
+        key, _, value = part.partition("=")
+        counts[key] = int(value)
+    return counts
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.id for block in BLOCKS])
+def test_example(block: Block, pytester: pytest.Pytester) -> None:
+    if block.is_test:
+        _run_tests(block, pytester)
+    else:
+        _run_script(block, pytester.path)
+
+
+def _run_tests(block: Block, pytester: pytest.Pytester) -> None:
+    name = block.directives.get("file", "test_example.py").removesuffix(".py")
+    pytester.makepyfile(**{name: block.code})
+    args = ["-p", "no:randomly", *shlex.split(block.directives.get("args", ""))]
+    if block.directives.get("run") == "subprocess":
+        result = pytester.runpytest_subprocess(*args)
+    else:
+        result = pytester.runpytest(*args)
+    expect = block.directives.get("expect")
+    if expect is not None:
+        result.assert_outcomes(**_expected(expect))
+        return
+    outcomes = result.parseoutcomes()
+    assert result.ret == 0 and outcomes.get("passed", 0) > 0, (
+        f"the example of {block.id} should pass: {outcomes}"
+    )
+    assert not {"failed", "errors", "error"} & set(outcomes), outcomes
+
+
+def _run_script(block: Block, directory: Path) -> None:
+    script = directory / "example.py"
+    script.write_text(block.code, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, (
+        f"the script of {block.id} exited with {done.returncode}:\n"
+        f"{done.stdout}\n{done.stderr}"
+    )
+
+
+def test_examples_found() -> None:
+    """The docs have examples, and each page's python blocks are all seen (an indented or
+    otherwise unusual fence would be missed silently)."""
+    assert len(BLOCKS) >= 10
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        fences = len(re.findall(r"^[ \t]*```+\s*(?:python|py|python3)\s*$", text, re.M))
+        assert fences == sum(block.page == page for block in BLOCKS), page
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_no_outside_references(page: Path) -> None:
+    """The docs stand on their own: no link into a directory outside the repository."""
+    assert "../shared" not in page.read_text(encoding="utf-8")
