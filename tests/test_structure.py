@@ -87,6 +87,38 @@ def test_a_violating_import_breaks_a_contract(
     assert expected in result.stdout, result.stdout
 
 
+def _import_cycles(cwd: Path) -> subprocess.CompletedProcess[str]:
+    pytest.importorskip("grimp", reason="grimp comes with import-linter (pip install -e '.[test]')")
+    return subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "import_cycles.py")],
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(cwd)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_no_module_imports_itself_back() -> None:
+    result = _import_cycles(ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_deferred_import_that_closes_a_cycle_is_found(tmp_path: Path) -> None:
+    for package in ("harness", "fhelium"):
+        shutil.copytree(ROOT / package, tmp_path / package)
+    errors = tmp_path / "harness" / "errors.py"
+    # harness.controller.world imports harness.errors: this import inside a function is
+    # one that would only work because of when it runs.
+    errors.write_text(
+        errors.read_text() + "\n\ndef _late():\n    from harness.controller import world\n"
+    )
+    result = _import_cycles(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "harness.controller.world" in result.stdout, result.stdout
+    assert "harness.errors" in result.stdout, result.stdout
+
+
 @pytest.mark.parametrize("name", list(compat.PRIVATE_APIS))
 def test_private_api_is_still_there(name: str) -> None:
     probe: Callable[[], object] = compat.PRIVATE_APIS[name]

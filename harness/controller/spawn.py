@@ -27,7 +27,7 @@ from typing import Any
 from harness.controller.forkserver import context
 from harness.protocol.messages import STACKS_SIGNAL, RankSetup
 from harness.protocol.rank_files import RankFiles
-from harness.rank import entry
+from harness.rank import CODE_DIR, entry
 
 # How long ranks get to save coverage and exit after their lifeline closes before SIGKILL.
 STOP_GRACE_S = 5.0
@@ -92,7 +92,7 @@ class RankProcess:
     # Told by the rank's Ready message; used to make its stack dumps readable.
     main_thread: int = 0
     watchdog_thread: int = 0
-    code_dir: str = entry.CODE_DIR
+    code_dir: str = CODE_DIR
     reaped: bool = False
 
     def alive(self) -> bool:

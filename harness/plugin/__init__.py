@@ -61,8 +61,8 @@ if TYPE_CHECKING:
 # Nothing here imports torch: the session (and with it torch) is created on first use.
 _SESSION = pytest.StashKey["DistSession"]()
 _MPTC = "harness-mptc"
-"""The name :mod:`harness.plugin.mptc` is registered under when ``--dist-mptc`` is on (it is
-imported only then)."""
+"""The name :class:`harness.plugin.mptc.CasePlugin` is registered under when ``--dist-mptc``
+is on (the module is imported only then)."""
 
 
 def _session(config: pytest.Config) -> DistSession:
@@ -195,7 +195,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if mptc_setting(config):
         from harness.plugin import mptc
 
-        config.pluginmanager.register(mptc, _MPTC)
+        config.pluginmanager.register(mptc.CasePlugin(lambda: _session(config)), _MPTC)
     warmup.at_configure(config, name)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from harness import compat
 from harness.plugin.marker import find_mark, parse_mark
-from harness.rank.pytest_body import rank_value
+from harness.rank.identity import rank_value
 
 
 class LauncherRank:

@@ -29,7 +29,7 @@ import sys
 import time
 import unittest
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -58,51 +58,66 @@ def selected(item: pytest.Item) -> bool:
     return item.stash.get(_CASE, False)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Only torch's classes and their subclasses: any other unittest class runs as it would.
-    for item in items:
-        cls = getattr(item, "cls", None)
-        if isinstance(item, pytest.Function) and compat.mptc_is_case_class(cls):
-            item.stash[_CASE] = True
+class CasePlugin:
+    """The hooks of ``--dist-mptc``, registered by the plugin when the option is on.
 
+    Args:
+        session: Gives the plugin's session (its worlds and settings), made on first use.
+    """
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    # The case instance exists from pytest's setup phase on; its own setUp runs inside the
-    # call phase (unittest's run), so diverting it here comes before its processes start.
-    if selected(item) and launcher_world() is None:
-        assert isinstance(item, pytest.Function)
-        case = item.instance
-        runner = _CaseRunner(item, case)
-        compat.mptc_divert(case, runner.start, runner.join)
-    return (yield)
+    def __init__(self, session: Callable[[], DistSession]) -> None:
+        self._session = session
 
+    selected = staticmethod(selected)
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(
-    item: pytest.Item, call: pytest.CallInfo[None]
-) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-    # A wrapper: pytest's unittest plugin moves the test's exception into call.excinfo
-    # inside this hook, after the harness's own report hook has looked.
-    made = yield
-    excinfo = call.excinfo
-    if (
-        made.failed
-        and selected(item)
-        and excinfo is not None
-        and isinstance(excinfo.value, DistributedError)
-    ):
-        longrepr: Any = report.DistributedFailureRepr(excinfo.value, item)
-        made.longrepr = longrepr
-    return made
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # Only torch's classes and their subclasses: any other unittest class runs as it
+        # would.
+        for item in items:
+            cls = getattr(item, "cls", None)
+            if isinstance(item, pytest.Function) and compat.mptc_is_case_class(cls):
+                item.stash[_CASE] = True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
+        # The case instance exists from pytest's setup phase on; its own setUp runs inside
+        # the call phase (unittest's run), so diverting it here comes before its processes
+        # start.
+        if selected(item) and launcher_world() is None:
+            assert isinstance(item, pytest.Function)
+            case = item.instance
+            runner = _CaseRunner(item, case, self._session)
+            compat.mptc_divert(case, runner.start, runner.join)
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        # A wrapper: pytest's unittest plugin moves the test's exception into call.excinfo
+        # inside this hook, after the harness's own report hook has looked.
+        made = yield
+        excinfo = call.excinfo
+        if (
+            made.failed
+            and selected(item)
+            and excinfo is not None
+            and isinstance(excinfo.value, DistributedError)
+        ):
+            longrepr: Any = report.DistributedFailureRepr(excinfo.value, item)
+            made.longrepr = longrepr
+        return made
 
 
 class _CaseRunner:
     """The two points of one test case instance that run on the harness instead."""
 
-    def __init__(self, item: pytest.Function, case: Any) -> None:
+    def __init__(
+        self, item: pytest.Function, case: Any, session: Callable[[], DistSession]
+    ) -> None:
         self.item = item
         self.case = case
+        self.session = session
         self.started = False
 
     def start(self, proc: Any) -> None:
@@ -116,9 +131,7 @@ class _CaseRunner:
             # Its setUp started no processes: the class's own (empty) wait and check.
             compat.mptc_join_natively(self.case, fn)
             return
-        from harness.plugin import _session
-
-        run_case(_session(self.item.config), self.item, self.case, fn)
+        run_case(self.session(), self.item, self.case, fn)
 
 
 def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:

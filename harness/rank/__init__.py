@@ -10,6 +10,10 @@
   group, for failure reports and the desync check)
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
+* :mod:`~harness.rank.fixtures`     a test's rank-side fixtures: set-up, scopes, teardown
+* :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
+* :mod:`~harness.rank.identity`     the plugin's rank-side fixture values (``rank``, ...)
+* :mod:`~harness.rank.mptc_body`    a ``MultiProcessTestCase`` test on a reused rank
 * :mod:`~harness.rank.collectives`  the collective checks of ``python -m harness check``
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
 
@@ -20,3 +24,8 @@ never spawns ranks through the controller's machinery. An import-linter contract
 ``pyproject.toml`` enforces this. The modules are preloaded into the forkserver, so none may
 touch CUDA at import time.
 """
+
+import os
+
+CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+"""The rank side's directory: its frames are left out of the tracebacks and stacks shown."""

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from harness import compat
 from harness.protocol.messages import PLUGIN_FIXTURES, RequestInfo
+from harness.rank.identity import rank_value
 
 
 class CaptureResult(NamedTuple):
@@ -434,8 +435,6 @@ def builtin(name: str, basetemp: str | None) -> Generator[Any, None, None]:
         ValueError: ``name`` is not a built-in that runs in the ranks.
     """
     if name in PLUGIN_FIXTURES:
-        from harness.rank.pytest_body import rank_value
-
         return _value(rank_value(name))
     if name == "monkeypatch":
         return _closing(compat.monkeypatch(), "undo")

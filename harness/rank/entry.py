@@ -14,16 +14,12 @@ imports only the standard library.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from harness.protocol.messages import FixturePlan, RankSetup, TestRef
-
-CODE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-"""The rank side's directory: its frames are left out of the tracebacks and stacks shown."""
 
 
 def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:

@@ -47,8 +47,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
-from harness.rank import coverage, fixtures, leaks, output, reset, trace
-from harness.rank.entry import CODE_DIR
+from harness.rank import CODE_DIR, coverage, fixtures, leaks, output, reset, trace
 
 _PR_SET_PDEATHSIG = 1
 

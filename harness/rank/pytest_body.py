@@ -95,37 +95,6 @@ def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
     return function
 
 
-def rank_value(name: str) -> Any:
-    """The value of one of the plugin's rank-side fixtures (``rank``, ``world_size``,
-    ``local_rank``, ``local_device``) in this process.
-
-    Also used in-process under an external launcher, where pytest itself runs in a rank.
-    Without a process group (a world with ``init=False``, where the test makes its own),
-    ``rank`` and ``world_size`` are the torchrun variables ``RANK`` and ``WORLD_SIZE``, and
-    ``local_device`` is the device ``fhelium.distributed.init()`` will select:
-    ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU. (``local_device()`` itself
-    would report the process's current CUDA device, which in a reused rank depends on
-    whether an earlier test called ``init``.)
-    """
-    import torch
-    import torch.distributed as dist
-
-    import fhelium.distributed
-
-    grouped = dist.is_initialized()
-    if name == "rank":
-        return dist.get_rank() if grouped else int(os.environ.get("RANK", "0"))
-    if name == "world_size":
-        return dist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE", "1"))
-    if name == "local_rank":
-        return int(os.environ.get("LOCAL_RANK", "0"))
-    if not grouped:
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        return torch.device("cpu")
-    return fhelium.distributed.local_device()
-
-
 def import_test_module(ref: TestRef) -> ModuleType:
     """The module of a referenced test, imported as the controller did (its ``sys.path``
     first, pytest's assertion rewriting where the controller's copy has it)."""
