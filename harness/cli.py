@@ -7,8 +7,8 @@ with ``Work.wait()``), checks every rank's result exactly against what it must b
 prints one table row per collective with the slowest rank's latency.
 
 This module is the controller side: :func:`main` starts the :class:`~harness.World`, asks
-every rank :func:`~harness.rank.collectives.rank_info` (its device, and whether torch can
-use numpy there), then sends :func:`~harness.rank.collectives.check_row` once per row (the
+every rank :func:`~harness.rank.check_rows.rank_info` (its device, and whether torch can
+use numpy there), then sends :func:`~harness.rank.check_rows.check_row` once per row (the
 rank side), merges the ranks' answers (:func:`merge_rows`), prints them
 (:func:`format_table`) and picks the exit code (:func:`exit_code`).
 
@@ -28,7 +28,6 @@ with Gloo on CPU, every collective checked here is implemented (``reduce_scatter
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 
@@ -39,17 +38,15 @@ from harness.controller import forkserver
 from harness.controller.world import World
 from harness.errors import DistributedError, RankError, WorldTimeout
 from harness.protocol.failures import ranks_phrase
-from harness.rank.collectives import (
+from harness.rank.check_rows import (
     DEFAULT_REPEATS,
     FAIL,
-    FAULTS,
     NEEDS_NUMPY,
     NOT_APPLICABLE,
     OK,
     UNSUPPORTED,
     RankInfo,
     Row,
-    check_collectives,
     check_row,
     needs_numpy,
     rank_info,
@@ -59,11 +56,6 @@ from harness.rank.collectives import (
 DEFAULT_ROW_TIMEOUT_S = 30.0
 """Default ``--timeout``: a healthy row takes milliseconds; this leaves room for a loaded
 machine and a slow first collective (NCCL sets up its communicator there)."""
-
-FAULT_VARIABLE = "_HARNESS_CHECK_FAULT"
-"""Private, for the harness's own tests only: ``ACTION:ROW:RANK`` (several joined by ``;``)
-makes that rank misbehave in that row, ``ACTION`` being one of ``corrupt``, ``raise``,
-``hang`` (see :func:`harness.rank.collectives.check_row`). Not a stable interface."""
 
 _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 """How bad each kind of status is: the merged row shows the worst."""
@@ -85,7 +77,6 @@ def kind(status: str) -> str:
 
 __all__ = [
     "Row",
-    "check_collectives",
     "exit_code",
     "format_table",
     "main",
@@ -104,7 +95,7 @@ def merge_rows(per_rank: Sequence[Sequence[Row]]) -> list[Row]:
     the maximum over ranks: a collective is as slow as its slowest rank.
 
     Args:
-        per_rank: The return value of :func:`check_collectives` on each rank, by rank.
+        per_rank: Each rank's rows (:func:`~harness.rank.check_rows.check_row`'s), by rank.
 
     Returns:
         One merged ``Row`` per collective, in rank 0's order (then any names only later
@@ -272,65 +263,21 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 if every collective was ok (or unsupported / n/a); 1 if one failed (raised, timed
         out, crashed a rank or gave a wrong result) or the world broke; 2 if the world
-        cannot be started here or :data:`FAULT_VARIABLE` is invalid (argparse also exits 2
-        on a usage error); 130 on Ctrl-C.
+        cannot be started here (argparse also exits 2 on a usage error); 130 on Ctrl-C.
 
     Raises:
         SystemExit: From argparse, for ``--help`` or a usage error.
     """
     args = _parser().parse_args(argv)
     try:
-        faults = parse_faults(os.environ.get(FAULT_VARIABLE, ""), args.world_size)
-    except ValueError as exc:
-        print(f"harness check: {exc}", file=sys.stderr)
-        return 2
-    try:
-        return _check(args.world_size, args.backend, args.timeout, args.repeats, faults)
+        return _check(args.world_size, args.backend, args.timeout, args.repeats)
     except KeyboardInterrupt:
         # The World has already stopped its ranks (World.call and close run on the way out).
         print("interrupted", file=sys.stderr)
         return 130
 
 
-def parse_faults(text: str, world_size: int) -> dict[str, tuple[str, int]]:
-    """Parse :data:`FAULT_VARIABLE` (private: for the harness's own tests).
-
-    Args:
-        text: ``ACTION:ROW:RANK`` entries joined by ``;``; empty means none.
-        world_size: The number of ranks, which ``RANK`` must be below.
-
-    Returns:
-        ``{row name: (action, rank)}``.
-
-    Raises:
-        ValueError: An entry is malformed, or names an unknown action or row, or a rank
-            outside the world; the message names the entry and what would be valid.
-    """
-    faults: dict[str, tuple[str, int]] = {}
-    for entry in filter(None, (part.strip() for part in text.split(";"))):
-        where = f"{FAULT_VARIABLE} entry {entry!r}"
-        parts = entry.split(":")
-        if len(parts) != 3:
-            raise ValueError(f"{where} must be ACTION:ROW:RANK")
-        action, row, rank_text = (part.strip() for part in parts)
-        if action not in FAULTS:
-            raise ValueError(f"unknown action {action!r} in {where}; valid: {', '.join(FAULTS)}")
-        if row not in row_names():
-            raise ValueError(f"unknown row {row!r} in {where}; valid: {', '.join(row_names())}")
-        ranks = [str(rank) for rank in range(world_size)]
-        if rank_text not in ranks:
-            raise ValueError(f"unknown rank {rank_text!r} in {where}; valid: {', '.join(ranks)}")
-        faults[row] = (action, int(rank_text))
-    return faults
-
-
-def _check(
-    world_size: int,
-    backend: str,
-    timeout: float,
-    repeats: int,
-    faults: dict[str, tuple[str, int]],
-) -> int:
+def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     """Start the world, run the rows, print the report; return the exit code."""
     try:
         world = World(world_size, backend=backend)
@@ -356,7 +303,7 @@ def _check(
             flush=True,
         )
         no_numpy = _numpy_status(infos)
-        rows, details = _run_rows(world, repeats, timeout, faults, no_numpy)
+        rows, details = _run_rows(world, repeats, timeout, no_numpy)
     finally:
         world.close()
     # Details first, so that the table and its summary end the output.
@@ -399,11 +346,7 @@ def _numpy_problems(infos: Sequence[RankInfo]) -> str:
 
 
 def _run_rows(
-    world: World,
-    repeats: int,
-    timeout: float,
-    faults: dict[str, tuple[str, int]],
-    no_numpy: str | None,
+    world: World, repeats: int, timeout: float, no_numpy: str | None
 ) -> tuple[list[Row], list[tuple[str, str]]]:
     """Run every row as its own call.
 
@@ -417,7 +360,7 @@ def _run_rows(
         if no_numpy is not None and needs_numpy(name):
             rows.append(Row(name, no_numpy, None))
             continue
-        kwargs = {"name": name, "repeats": repeats, "fault": faults.get(name)}
+        kwargs = {"name": name, "repeats": repeats}
         try:
             # call, not run: a DistributedError raised here is about the world (it could
             # not be rebuilt after the previous row failed), not about this row.

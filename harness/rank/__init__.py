@@ -14,7 +14,10 @@
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
 * :mod:`~harness.rank.identity`     the plugin's rank-side fixture values (``rank``, ...)
 * :mod:`~harness.rank.mptc_body`    a ``MultiProcessTestCase`` test on a reused rank
-* :mod:`~harness.rank.collectives`  the collective checks of ``python -m harness check``
+* :mod:`~harness.rank.check_rows`   the rank half of ``python -m harness check``: one row
+  run, verified and timed
+* :mod:`~harness.rank.collective_kinds` the collective kinds it checks: how each is called
+  and what it must produce
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
 
 What it may import: the standard library, ``torch``, ``fhelium.distributed``, the protocol

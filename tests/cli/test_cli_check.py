@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import runpy
@@ -12,15 +13,17 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import check_faults
 import pytest
 import torch
+from check_faults import check_collectives
 
 import harness
 from harness import cli
 from harness.cli import exit_code, merge_rows, summary
 from harness.controller import supervise
-from harness.rank import collectives
-from harness.rank.collectives import Row, check_collectives
+from harness.rank import check_rows
+from harness.rank.check_rows import Row
 
 # Start-up (torch import, world start) dominates; the check itself takes well under a second.
 CLI_TIMEOUT_S = 60
@@ -71,7 +74,7 @@ def _table(stdout: str) -> dict[str, tuple[str, str]]:
 
 
 def test_row_names_cover_every_kind() -> None:
-    names = collectives.row_names()
+    names = check_rows.row_names()
     assert set(BASE_NAMES) <= set(names)
     assert any(n.startswith("all_gather_") and n not in BASE_NAMES for n in names)
     assert any(n.startswith("reduce_scatter_") and n not in BASE_NAMES for n in names)
@@ -109,7 +112,7 @@ def test_cli_check_passes(world_size: int) -> None:
     assert "start method " in header
     assert re.match(r"^collective\s+\| result\s+\|\s+latency$", lines[1])
     rows = _table(result.stdout)
-    assert list(rows) == collectives.row_names()
+    assert list(rows) == check_rows.row_names()
     for name in BASE_NAMES:
         status, latency = rows[name]
         assert status == "ok" or status.startswith(("unsupported", "n/a")), (name, status)
@@ -188,7 +191,7 @@ def test_rank_function_rows_on_two_ranks() -> None:
     results = harness.run(check_collectives, world_size=2, kwargs={"repeats": 1}, timeout=60)
     assert len(results) == 2
     for rows in results:
-        assert [row.name for row in rows] == collectives.row_names()
+        assert [row.name for row in rows] == check_rows.row_names()
         for row in rows:
             assert isinstance(row, Row)
             assert row.status == "ok" or row.status.startswith("unsupported"), row
@@ -204,7 +207,7 @@ def test_wrong_result_on_one_rank_is_a_failure() -> None:
     results = harness.run(
         check_collectives,
         world_size=2,
-        kwargs={"repeats": 1, "corrupt": ("all_reduce", 1)},
+        kwargs={"repeats": 1, "faults": {"all_reduce": ("corrupt", 1)}},
         timeout=60,
     )
     status = {row.name: row.status for row in results[1]}
@@ -257,9 +260,9 @@ def test_merge_disagreeing_or_missing_ranks_fail() -> None:
 
 def test_unimplemented_collective_is_unsupported_not_failed() -> None:
     exc = RuntimeError("Backend gloo does not support alltoall")
-    assert collectives._classify(exc, "gloo") == "unsupported: gloo does not implement it"
-    assert collectives._classify(NotImplementedError(), "ucc").startswith("unsupported")
-    other = collectives._classify(RuntimeError("Connection reset by peer"), "gloo")
+    assert check_rows._classify(exc, "gloo") == "unsupported: gloo does not implement it"
+    assert check_rows._classify(NotImplementedError(), "ucc").startswith("unsupported")
+    other = check_rows._classify(RuntimeError("Connection reset by peer"), "gloo")
     assert other == "FAIL: RuntimeError: Connection reset by peer"
 
 
@@ -290,13 +293,13 @@ OBJECT_ROWS = ["broadcast_object_list", "all_gather_object", "gather_object", "s
 NO_NUMPY_TIMEOUT_S = 300
 
 
-def _without_numpy(tmp_path: Path) -> dict[str, str]:
+def _without_numpy(tmp_path: Path, *path: Path) -> dict[str, str]:
     """An environment in which no process (controller, forkserver, ranks) can import numpy.
 
     A package named numpy first on PYTHONPATH that raises ModuleNotFoundError, as a missing
     module does: torch catches exactly that at import and then treats numpy as unavailable
     ("Numpy is not available" from ``Tensor.numpy()``); an ImportError would stop torch's
-    import instead. Every process of the check inherits PYTHONPATH.
+    import instead. Every process of the check inherits PYTHONPATH, ``path`` after it.
     """
     fake = tmp_path / "no_numpy" / "numpy"
     fake.mkdir(parents=True)
@@ -304,7 +307,8 @@ def _without_numpy(tmp_path: Path) -> dict[str, str]:
         "raise ModuleNotFoundError(\"No module named 'numpy'\", name='numpy')\n"
     )
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(fake.parent), env.get("PYTHONPATH", "")]))
+    entries = [str(fake.parent), *map(str, path), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, entries))
     return env
 
 
@@ -326,7 +330,7 @@ def test_cli_check_without_numpy_marks_object_collectives_na(tmp_path: Path) -> 
     ), output
     assert "pip install numpy" in result.stderr
     rows = _table(result.stdout)
-    assert list(rows) == collectives.row_names(), output
+    assert list(rows) == check_rows.row_names(), output
     for name, (status, latency) in rows.items():
         if name in OBJECT_ROWS:
             assert (status, latency) == ("n/a: needs numpy", "-"), (name, output)
@@ -340,7 +344,7 @@ def test_check_collectives_without_numpy_agrees_on_na(tmp_path: Path) -> None:
     # The one-call rank function decides with an all_reduce before any object collective.
     script = (
         "import harness\n"
-        "from harness.rank.collectives import check_collectives\n"
+        "from check_faults import check_collectives\n"
         "if __name__ == '__main__':\n"
         "    for rows in harness.run(check_collectives, world_size=2, backend='gloo',\n"
         "                            kwargs={'repeats': 1}, timeout=120):\n"
@@ -353,12 +357,12 @@ def test_check_collectives_without_numpy_agrees_on_na(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=NO_NUMPY_TIMEOUT_S,
-        env=_without_numpy(tmp_path),
+        env=_without_numpy(tmp_path, Path(check_faults.__file__).parent),
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
-    assert len(lines) == 2 * len(collectives.row_names())
+    assert len(lines) == 2 * len(check_rows.row_names())
     for line in lines:
         name, status = line.split(" | ")
         assert status == ("n/a: needs numpy" if name in OBJECT_ROWS else "ok"), line
@@ -367,10 +371,11 @@ def test_check_collectives_without_numpy_agrees_on_na(tmp_path: Path) -> None:
 def _fault_run(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-    fault: str,
+    faults: check_faults.Faults,
     *options: str,
 ) -> tuple[int, dict[str, tuple[str, str]], str, str]:
-    monkeypatch.setenv(cli.FAULT_VARIABLE, fault)
+    """``harness check`` in this process, its ranks running the rows with ``faults``."""
+    monkeypatch.setattr(cli, "check_row", functools.partial(check_faults.check_row, faults=faults))
     code = cli.main(["check", "--world-size", "2", "--backend", "gloo", "--repeats", "1", *options])
     captured = capsys.readouterr()
     return code, _table(captured.out), captured.out, captured.err
@@ -382,12 +387,12 @@ def test_cli_row_raising_on_one_rank_fails_that_row_and_goes_on(
     # Rank 1 raises after its broadcast returned, as torch does without numpy on the
     # receiving ranks: rank 0 is already waiting in the next repetition. Before each row
     # became its own call, that wait lasted until the check's timeout.
-    code, rows, out, err = _fault_run(monkeypatch, capsys, "raise:broadcast:1")
+    code, rows, out, err = _fault_run(monkeypatch, capsys, {"broadcast": ("raise", 1)})
     assert rows["broadcast"] == (
         "FAIL: rank 1: InjectedFault: injected failure in broadcast on rank 1",
         "-",
     ), out + err
-    names = collectives.row_names()
+    names = check_rows.row_names()
     assert list(rows) == names
     for name in names[names.index("broadcast") + 1 :]:
         assert rows[name][0] == "ok", (name, out + err)
@@ -405,14 +410,14 @@ def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
     # The injected hang never ends; only the per-row timeout set here ends the row. A
     # healthy row takes milliseconds, so the bound leaves plenty of room under load.
     code, rows, out, err = _fault_run(
-        monkeypatch, capsys, "hang:all_reduce (async):1", "--timeout", "10"
+        monkeypatch, capsys, {"all_reduce (async)": ("hang", 1)}, "--timeout", "10"
     )
     assert rows["all_reduce (async)"] == (
         "FAIL: timeout: not done within 10 s (every rank's stack is on stderr)",
         "-",
     ), out + err
     assert rows["all_reduce"][0] == "ok"
-    names = collectives.row_names()
+    names = check_rows.row_names()
     for name in names[names.index("all_reduce (async)") + 1 :]:
         assert rows[name][0] == "ok", (name, out + err)
     assert out.splitlines()[-1] == "1 problem: all_reduce (async)"
@@ -420,47 +425,6 @@ def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
     assert "harness check: all_reduce (async): the run did not finish within 10 s" in err
     assert "_hang" in err
     assert code == 1
-
-
-@pytest.mark.parametrize(
-    ("fault", "message"),
-    [
-        (
-            "explode:barrier:0",
-            "unknown action 'explode' in _HARNESS_CHECK_FAULT entry 'explode:barrier:0'; "
-            "valid: corrupt, raise, hang",
-        ),
-        (
-            "raise:nope:0",
-            "unknown row 'nope' in _HARNESS_CHECK_FAULT entry 'raise:nope:0'; valid: all_reduce, ",
-        ),
-        (
-            "raise:barrier:2",
-            "unknown rank '2' in _HARNESS_CHECK_FAULT entry 'raise:barrier:2'; valid: 0, 1",
-        ),
-        ("raise:barrier", "_HARNESS_CHECK_FAULT entry 'raise:barrier' must be ACTION:ROW:RANK"),
-    ],
-)
-def test_cli_invalid_fault_names_the_value_and_starts_nothing(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    fault: str,
-    message: str,
-) -> None:
-    monkeypatch.setenv(cli.FAULT_VARIABLE, fault)
-    # world size 2: ranks 0 and 1 are valid. No world starts before the value is checked.
-    assert cli.main(["check", "--world-size", "2"]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert message in captured.err
-
-
-def test_parse_faults() -> None:
-    assert cli.parse_faults("", 2) == {}
-    assert cli.parse_faults("raise:broadcast:1; hang:isend/irecv (async):0", 2) == {
-        "broadcast": ("raise", 1),
-        "isend/irecv (async)": ("hang", 0),
-    }
 
 
 def test_cli_rejects_a_bad_timeout(capsys: pytest.CaptureFixture[str]) -> None:
@@ -473,7 +437,7 @@ def test_cli_rejects_a_bad_timeout(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_numpy_status_is_one_decision_for_every_rank() -> None:
-    info = collectives.RankInfo
+    info = check_rows.RankInfo
     missing = "RuntimeError: Numpy is not available"
     assert cli._numpy_status([info("cpu", None), info("cpu", None)]) is None
     assert cli._numpy_status([info("cpu", missing), info("cpu", missing)]) == "n/a: needs numpy"
@@ -487,6 +451,6 @@ def test_numpy_status_is_one_decision_for_every_rank() -> None:
 
 
 def test_needs_numpy_names_the_object_rows() -> None:
-    assert [n for n in collectives.row_names() if collectives.needs_numpy(n)] == OBJECT_ROWS
+    assert [n for n in check_rows.row_names() if check_rows.needs_numpy(n)] == OBJECT_ROWS
     with pytest.raises(ValueError, match=r"unknown collective row 'nope'; valid: all_reduce, "):
-        collectives.needs_numpy("nope")
+        check_rows.needs_numpy("nope")
