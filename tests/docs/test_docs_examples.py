@@ -121,10 +121,10 @@ def _run_tests(block: Block, pytester: pytest.Pytester) -> None:
         result.assert_outcomes(**_expected(expect))
         return
     outcomes = result.parseoutcomes()
-    assert result.ret == 0 and outcomes.get("passed", 0) > 0, (
-        f"the example of {block.id} should pass: {outcomes}"
-    )
-    assert not {"failed", "errors", "error"} & set(outcomes), outcomes
+    message = f"the example of {block.id} should pass: {outcomes}\n{result.stdout.str()}"
+    assert result.ret == 0, message
+    assert outcomes.get("passed", 0) > 0, message
+    assert not {"failed", "errors", "error"} & set(outcomes), message
 
 
 def _run_script(block: Block, directory: Path) -> None:
@@ -139,8 +139,7 @@ def _run_script(block: Block, directory: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, (
-        f"the script of {block.id} exited with {done.returncode}:\n"
-        f"{done.stdout}\n{done.stderr}"
+        f"the script of {block.id} exited with {done.returncode}:\n{done.stdout}\n{done.stderr}"
     )
 
 
