@@ -39,18 +39,14 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
-from harness.plugin import confirm, interrupts, report, warmup  # noqa: E402  (after the exemption)
+from harness.plugin import interrupts, report, settings, warmup  # noqa: E402
 from harness.plugin.marker import (  # noqa: E402
-    DEFAULT_TIMEOUT_S,
     MARKER,
     claim_marker,
     find_mark,
     launcher_world,
-    leaks_setting,
     marker_name,
-    mptc_setting,
     parametrize,
-    timeout_setting,
 )
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
@@ -89,7 +85,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="SECONDS",
         help=f"default time limit of one distributed test (default: ini dist_timeout, "
-        f"else {DEFAULT_TIMEOUT_S:g})",
+        f"else {settings.DEFAULT_TIMEOUT_S:g})",
     )
     group.addoption(
         "--dist-no-collective-check",
@@ -148,8 +144,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini(
         "dist_timeout",
-        help=f"default time limit of one distributed test in seconds ({DEFAULT_TIMEOUT_S:g})",
-        default=str(DEFAULT_TIMEOUT_S),
+        help="default time limit of one distributed test in seconds "
+        f"({settings.DEFAULT_TIMEOUT_S:g})",
+        default=str(settings.DEFAULT_TIMEOUT_S),
     )
     parser.addini(
         "dist_leaks",
@@ -187,12 +184,11 @@ def pytest_configure(config: pytest.Config) -> None:
             "test makes its own; check_collectives=False: a passing test's collectives are "
             "not compared between ranks)",
         )
-    timeout_setting(config)  # a bad --dist-timeout or dist_timeout is a usage error at once
-    leaks_setting(config)  # a bad dist_leaks too
-    confirm.settings(config)  # and dist_confirm, dist_order_dependent, dist_bisect_runs
+    # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
+    chosen = settings.read(config)
     config.pluginmanager.register(report, "harness-report")
     config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
-    if mptc_setting(config):
+    if chosen.mptc:
         from harness.plugin import mptc
 
         config.pluginmanager.register(mptc.CasePlugin(lambda: _session(config)), _MPTC)

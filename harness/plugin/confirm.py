@@ -23,65 +23,12 @@ import pytest
 
 from harness.plugin import order
 from harness.plugin.replay import FAILED, Step, on_fresh
+from harness.plugin.settings import Settings
 
 if TYPE_CHECKING:
     from harness.controller.world import World
 
-CONFIRM_CHOICES = ("fresh", "off")
-ORDER_CHOICES = ("warn", "fail")
-DEFAULT_BISECT_RUNS = 8
-
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """How the session checks verdicts against fresh processes.
-
-    Attributes:
-        confirm: Whether a failure on a reused world is run again on fresh ranks.
-        order_dependent: ``"warn"`` (the fresh verdict stands, a warning names the order
-            dependence) or ``"fail"`` (the test fails with that message).
-        bisect_runs: How many fresh worlds the search for the culprit may use.
-        verify: ``--dist-verify``: every test also runs on fresh ranks, pass or fail.
-    """
-
-    confirm: bool = True
-    order_dependent: str = "warn"
-    bisect_runs: int = DEFAULT_BISECT_RUNS
-    verify: bool = False
-
-
-def settings(config: pytest.Config) -> Settings:
-    """The session's settings from ``--dist-verify`` and ini ``dist_confirm``,
-    ``dist_order_dependent`` and ``dist_bisect_runs``.
-
-    Raises:
-        pytest.UsageError: A value that is not valid, named with what would be.
-    """
-    confirm = _choice(config, "dist_confirm", CONFIRM_CHOICES)
-    dependent = _choice(config, "dist_order_dependent", ORDER_CHOICES)
-    raw = str(config.getini("dist_bisect_runs") or DEFAULT_BISECT_RUNS).strip()
-    if not raw.isdecimal():
-        raise pytest.UsageError(
-            f"ini option dist_bisect_runs must be a whole number >= 0 (fresh worlds the "
-            f"search for an order dependence may start), got {raw!r}"
-        )
-    return Settings(
-        confirm=confirm == "fresh",
-        order_dependent=dependent,
-        bisect_runs=int(raw),
-        verify=bool(config.getoption("dist_verify", False)),
-    )
-
-
-def _choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:
-    value = str(config.getini(name) or choices[0]).strip()
-    if value not in choices:
-        raise pytest.UsageError(
-            f"ini option {name} must be one of {', '.join(choices)}, got {value!r}"
-        )
-    return value
 
 
 @dataclass(frozen=True)

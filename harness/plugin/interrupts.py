@@ -19,15 +19,23 @@ the harness's supervision loop (``selectors.py poll``) and nothing of the ranks.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from harness import compat
-from harness.errors import forget_interrupt_note, interrupt_collectives, interrupt_stacks
+from harness.errors import (
+    DistributedError,
+    WorldTimeout,
+    forget_interrupt_note,
+    interrupt_collectives,
+    interrupt_stacks,
+)
 
 _ARMED = pytest.StashKey[tuple[Any, float]]()
 _RUNNING = pytest.StashKey[pytest.Item]()
@@ -132,12 +140,30 @@ class PytestTimeout:
         # That call noted the shortened limit; keep pytest-timeout's own and its end instead.
         self._item.stash[_ARMED] = (self._settings, self.end - self.limit if left > 0 else now)
 
-    def hint(self) -> str:
-        """What a ``WorldTimeout`` at this deadline says about it."""
-        return (
-            f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test (it "
-            "counts the test's setup too); the harness took it over to show the ranks' stacks."
-        )
+    def explain(self, error: DistributedError, deadline: float, own: float) -> None:
+        """Say in a ``WorldTimeout`` whose deadline was this limit (shorter than the test's
+        ``own`` timeout) that it was pytest-timeout's."""
+        if isinstance(error, WorldTimeout) and deadline < own:
+            error.hint = (
+                f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test "
+                "(it counts the test's setup too); the harness took it over to show the "
+                "ranks' stacks."
+            )
+
+
+@contextlib.contextmanager
+def taken_over(limit: PytestTimeout | None, timeout: float) -> Iterator[float]:
+    """While the ranks run: pytest-timeout's timer paused, its limit taken over as their
+    deadline. Yields the deadline (``timeout``, or less of the limit is left)."""
+    if limit is None:
+        yield timeout
+        return
+    deadline = limit.bound(timeout)
+    limit.pause()
+    try:
+        yield deadline
+    finally:
+        limit.resume()
 
 
 class InterruptReporter:

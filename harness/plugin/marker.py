@@ -18,14 +18,11 @@ from typing import Any
 
 import pytest
 
-from harness import validate
-
 MARKER = "distributed"
 """The marker's default name."""
 
 WORLD_SIZE_PARAM = "_harness_world_size"
 BACKEND_PARAM = "_harness_backend"
-DEFAULT_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -137,33 +134,3 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
             if name not in metafunc.fixturenames:
                 metafunc.fixturenames.append(name)
             metafunc.parametrize(name, list(values), ids=[make_id(v) for v in values])
-
-
-def timeout_setting(config: pytest.Config) -> float:
-    """``--dist-timeout``, else ini ``dist_timeout``, else the default; a bad value is a
-    usage error naming it (not a failure of every distributed test, or an internal error)."""
-    option = config.getoption("dist_timeout")
-    if option is not None:
-        value, where = option, "--dist-timeout"
-    else:
-        value, where = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S, "ini option dist_timeout"
-    try:
-        return validate.seconds(value, where, text=True)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def leaks_setting(config: pytest.Config) -> str:
-    """ini ``dist_leaks`` (``warn``, the default, ``error`` or ``off``): what to do when a
-    test leaves threads, child processes or open files behind in a rank; a bad value is a
-    usage error naming it."""
-    value = str(config.getini("dist_leaks") or "warn").strip()
-    try:
-        return validate.one_of(value, "ini option dist_leaks", validate.LEAK_CHOICES)
-    except ValueError as exc:
-        raise pytest.UsageError(str(exc)) from None
-
-
-def mptc_setting(config: pytest.Config) -> bool:
-    """Whether ``--dist-mptc`` or ini ``dist_mptc`` is on."""
-    return bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc"))

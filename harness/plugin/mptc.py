@@ -169,7 +169,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
     step = replay.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
     new_world = functools.partial(
-        World, world_size, backend="gloo", init=False, leaks=session.leaks
+        World, world_size, backend="gloo", init=False, leaks=session.settings.leaks
     )
 
     def attempt(world: World) -> tuple[str, _Ended]:
@@ -177,7 +177,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         return ended.judge(case, fn), ended
 
     note = ""
-    if session.isolate_all:
+    if session.settings.isolate:
         with new_world() as world:
             ended = _Ended.run(step, world, output, world_size)
     else:
@@ -189,7 +189,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         session.history.record(world, step)
         checked = confirm.check(
             item,
-            session.fidelity,
+            session.settings,
             earlier,
             ended.judge(case, fn),
             attempt,

@@ -20,17 +20,9 @@ import pytest
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
-from harness.errors import DistributedError, WorldTimeout
-from harness.plugin import confirm, interrupts, order, rank_fixtures, replay, report
-from harness.plugin.marker import (
-    BACKEND_PARAM,
-    WORLD_SIZE_PARAM,
-    find_mark,
-    launcher_world,
-    leaks_setting,
-    parse_mark,
-    timeout_setting,
-)
+from harness.errors import DistributedError
+from harness.plugin import confirm, interrupts, order, rank_fixtures, replay, report, settings
+from harness.plugin.marker import find_mark, launcher_world
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
     OUTPUT_PREFIX,
@@ -55,12 +47,7 @@ class DistSession:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.backend_option: str = config.getoption("dist_backend") or "auto"
-        self.isolate_all: bool = bool(config.getoption("dist_isolate"))
-        self.default_timeout = timeout_setting(config)
-        self.leaks = leaks_setting(config)
-        self.check_collectives = not config.getoption("dist_no_collective_check", False)
-        self.fidelity = confirm.settings(config)
+        self.settings = settings.read(config)
         self.history = replay.History()
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
@@ -68,7 +55,7 @@ class DistSession:
             # Only under a launcher: it brings the rank side into this process.
             from harness.plugin.launcher import LauncherRank
 
-            self.launcher = LauncherRank(launched[1], self.default_timeout)
+            self.launcher = LauncherRank(launched[1], self.settings.timeout)
         self._worlds: dict[tuple[int, str, bool], World] = {}
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
@@ -90,14 +77,14 @@ class DistSession:
         world = self._worlds.get(key)
         if world is None or world.closed:
             world = self._worlds[key] = World(
-                world_size, backend=resolved, init=init, leaks=self.leaks
+                world_size, backend=resolved, init=init, leaks=self.settings.leaks
             )
         return world
 
     def resolve_backend(self, backend: object) -> str:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
         if isinstance(backend, str) and backend.lower() == "auto":
-            backend = self.backend_option
+            backend = self.settings.backend
         if not isinstance(backend, str):
             return resolve_backend(backend)  # raises, naming the value
         if backend not in self._resolved:
@@ -137,10 +124,11 @@ class DistSession:
         mark = find_mark(item)
         assert mark is not None
         try:
-            world_size, backend, timeout, isolate, init, check = self._resolve(item, mark)
-            key = (world_size, backend)
+            test = settings.for_test(self.settings, item, mark)
+            backend = self.resolve_backend(test.backend)
+            key = (test.world_size, backend)
             if key not in self._unavailable:
-                self._unavailable[key] = unavailable_reason(backend, world_size)
+                self._unavailable[key] = unavailable_reason(backend, test.world_size)
             reason = self._unavailable[key]
             if reason:
                 compat.skip_at_test(reason)
@@ -153,55 +141,68 @@ class DistSession:
             # test, rather than erroring its setup: nothing ran on the ranks.
             item.stash[_CALL_ERROR] = exc
             return
+        # pytest-timeout's limit, if any, is this test's deadline (see plugin.interrupts).
+        limit = interrupts.PytestTimeout.of(item)
+        with interrupts.taken_over(limit, test.timeout) as deadline:
+            step = replay.Step(
+                item.nodeid,
+                run_test,
+                (ref, plan),
+                deadline,
+                self._seed(item),
+                test.check_collectives,
+            )
+            outcome, note = self._run(item, test, backend, step, plan)
+        if outcome.error is not None:
+            options = (f"--dist-backend={backend}",)
+            command = order.command(self.config, [item.nodeid], options)
+            order.set_repro(item, f"{note}run ({test.world_size} ranks, {backend}): {command}")
+            if limit is not None:
+                limit.explain(outcome.error, deadline, test.timeout)
+        self._deliver(item, outcome)
+
+    def _run(
+        self,
+        item: pytest.Function,
+        test: settings.TestSettings,
+        backend: str,
+        step: replay.Step,
+        plan: FixturePlan,
+    ) -> tuple[Outcome, str]:
+        """Run the test on its world (reused, unless it asks for fresh processes), hold the
+        verdict against fresh processes where the settings say so, and return the outcome
+        with what the failure report says of that check."""
         # Under -s the ranks share the terminal: each line says which rank wrote it.
         captured = self.config.getoption("capture", "fd") != "no"
         output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
-        # pytest-timeout's limit, if any, is this test's deadline; its timer must not fire
-        # while the ranks run (it would show our frames, not theirs): see plugin.interrupts.
-        limit = interrupts.PytestTimeout.of(item)
-        own_timeout = timeout
-        if limit is not None:
-            timeout = limit.bound(timeout)
-            limit.pause()
-        step = replay.Step(item.nodeid, run_test, (ref, plan), timeout, self._seed(item), check)
         scoped = any(f.scope != "function" for f in plan.fixtures)
         new_world = functools.partial(
-            World, world_size, backend=backend, init=init, leaks=self.leaks
+            World, test.world_size, backend=backend, init=test.init, leaks=self.settings.leaks
         )
-        options = (f"--dist-backend={backend}",)
-        try:
-            if isolate:
-                with new_world() as world:
-                    outcome = _fresh_call(world, step, output, scoped)
-                note = ""
-            else:
-                world = self.world(world_size, backend, init)
-                earlier = self.history.before(world)
-                outcome = step.call(world, output, self._next_seed(item))
-                self.history.record(world, step)
-                if outcome.error is None:
-                    self._keep_scopes(item, plan, world, own_timeout)
-                checked = confirm.check(
-                    item,
-                    self.fidelity,
-                    earlier,
-                    replay.kind(outcome),
-                    lambda world: _judged(_fresh_call(world, step, output, scoped)),
-                    new_world,
-                    options,
-                )
-                outcome = checked.fresh if checked.fresh is not None else outcome
-                note = checked.note
-                if checked.failure is not None:
-                    item.stash[_CALL_ERROR] = checked.failure
-        finally:
-            if limit is not None:
-                limit.resume()
-        if outcome.error is not None:
-            command = order.command(self.config, [item.nodeid], options)
-            order.set_repro(item, f"{note}run ({world_size} ranks, {backend}): {command}")
-        if limit is not None and isinstance(outcome.error, WorldTimeout) and timeout < own_timeout:
-            outcome.error.hint = limit.hint()
+        if test.isolate:
+            with new_world() as world:
+                return _fresh_call(world, step, output, scoped), ""
+        world = self.world(test.world_size, backend, test.init)
+        earlier = self.history.before(world)
+        outcome = step.call(world, output, self._next_seed(item))
+        self.history.record(world, step)
+        if outcome.error is None:
+            self._keep_scopes(item, plan, world, test.timeout)
+        checked = confirm.check(
+            item,
+            self.settings,
+            earlier,
+            replay.kind(outcome),
+            lambda world: _judged(_fresh_call(world, step, output, scoped)),
+            new_world,
+            (f"--dist-backend={backend}",),
+        )
+        if checked.failure is not None:
+            item.stash[_CALL_ERROR] = checked.failure
+        return (checked.fresh if checked.fresh is not None else outcome), checked.note
+
+    def _deliver(self, item: pytest.Function, outcome: Outcome) -> None:
+        """Raise what belongs to the setup phase; keep the rest for the call or teardown."""
         report.add_output_sections(item, outcome.outputs)
         phase = _phase(outcome.error)
         if outcome.error is not None and phase == "setup":
@@ -225,8 +226,9 @@ class DistSession:
         if self.launcher is not None:
             mark = find_mark(item)
             assert mark is not None
-            world_size, backend, _, _, init, _ = self._resolve(item, mark)
-            self.launcher.run_item(item, world_size, backend, init=init)
+            test = settings.for_test(self.settings, item, mark)
+            backend = self.resolve_backend(test.backend)
+            self.launcher.run_item(item, test.world_size, backend, init=test.init)
             return
         skip = item.stash.get(_CALL_SKIP, None)
         if skip is not None:
@@ -263,23 +265,19 @@ class DistSession:
         errors = []
         # Run in some test's teardown, under its pytest-timeout timer, if any: as in run_item.
         limit = interrupts.PytestTimeout.in_teardown(self.config)
-        own_timeout = timeout
-        if limit is not None:
-            timeout = limit.bound(timeout)
-            limit.pause()
-        for world in self._scopes.pop(scope_key, set()):
-            if world.closed or world.broken:
-                continue  # its processes, and the fixtures in them, are gone already
-            outcome = world.call(end_scopes, ([scope_key],), timeout=timeout, output=OUTPUT_CAPTURE)
-            report.add_output_sections(item, outcome.outputs)
-            if outcome.error is not None:
-                errors.append(outcome.error)
-        if limit is not None:
-            limit.resume()
-            for error in errors:
-                if isinstance(error, WorldTimeout) and timeout < own_timeout:
-                    error.hint = limit.hint()
+        with interrupts.taken_over(limit, timeout) as deadline:
+            for world in self._scopes.pop(scope_key, set()):
+                if world.closed or world.broken:
+                    continue  # its processes, and the fixtures in them, are gone already
+                outcome = world.call(
+                    end_scopes, ([scope_key],), timeout=deadline, output=OUTPUT_CAPTURE
+                )
+                report.add_output_sections(item, outcome.outputs)
+                if outcome.error is not None:
+                    errors.append(outcome.error)
         if errors:
+            if limit is not None:
+                limit.explain(errors[0], deadline, timeout)
             raise errors[0]
 
     def _request_info(self, item: pytest.Function) -> RequestInfo:
@@ -315,38 +313,6 @@ class DistSession:
         if nextitem is None or find_mark(nextitem) is None:
             return None
         return self._seed(nextitem)
-
-    def _resolve(
-        self, item: pytest.Function, mark: pytest.Mark
-    ) -> tuple[int, str, float, bool, bool, bool]:
-        problem = None
-        try:
-            spec = parse_mark(mark)
-            params = getattr(item, "callspec", None)
-            params = params.params if params is not None else {}
-            world_size = validate.positive_int(
-                params.get(WORLD_SIZE_PARAM, spec.world_size), "world_size"
-            )
-            backend = self.resolve_backend(params.get(BACKEND_PARAM, spec.backend))
-            timeout = (
-                None
-                if spec.timeout is None
-                else validate.seconds(spec.timeout, "timeout", optional=True)
-            )
-            init = validate.flag(spec.init, "init")
-            check = validate.flag(spec.check_collectives, "check_collectives")
-        except (TypeError, ValueError) as exc:
-            problem = str(exc)
-        if problem is not None:  # raised here, not in the except: no chained traceback
-            pytest.fail(f"invalid @pytest.mark.{mark.name}: {problem}", pytrace=False)
-        return (
-            world_size,
-            backend,
-            timeout if timeout is not None else self.default_timeout,
-            bool(spec.isolate) or self.isolate_all,
-            init,
-            check and self.check_collectives,
-        )
 
 
 def _describe(item: pytest.Function) -> TestRef:

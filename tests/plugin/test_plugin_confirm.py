@@ -397,10 +397,10 @@ class TestOrder(MultiProcessTestCase):
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        ("dist_confirm=maybe", "ini option dist_confirm must be one of fresh, off, got 'maybe'"),
+        ("dist_confirm=maybe", "unknown ini option dist_confirm 'maybe'; valid: 'fresh', 'off'"),
         (
             "dist_order_dependent=raise",
-            "ini option dist_order_dependent must be one of warn, fail, got 'raise'",
+            "unknown ini option dist_order_dependent 'raise'; valid: 'warn', 'fail'",
         ),
         ("dist_bisect_runs=-1", "ini option dist_bisect_runs must be a whole number >= 0*"),
     ],
