@@ -23,7 +23,14 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import coverage, forkserver, spawn, supervise
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import Outcome, classify, desync, leak_error, leak_report
+from harness.controller.outcome import (
+    Outcome,
+    Reply,
+    classify,
+    desync,
+    leak_error,
+    leak_report,
+)
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.errors import CollectiveMismatch, note_interrupt
@@ -285,26 +292,18 @@ class World:
                     "MASTER_PORT": str(spawn.free_port()),
                     "INIT_METHOD": "file://" + self._fresh_rendezvous_file(),
                 }
-            # One pickle for every rank: pickling the message once per rank costs more.
-            message = pickle.dumps(
-                Call(
-                    payload,
-                    output,
-                    _environ_changes(self._environ),
-                    seed,
-                    rendezvous,
-                    self.leaks != "off",
-                    check_collectives,
-                    next_seed,
-                )
+            call = Call(
+                payload,
+                output=output,
+                env=_environ_changes(self._environ),
+                seed=seed,
+                rendezvous=rendezvous,
+                check_leaks=self.leaks != "off",
+                check_collectives=check_collectives,
+                next_seed=next_seed,
             )
-            for proc in ranks:
-                try:
-                    proc.conn.send_bytes(message)
-                except OSError:
-                    pass  # died while idle; its sentinel reports it
             deadline = time.monotonic() + timeout if timeout is not None else None
-            replies, timed_out = supervise.gather(ranks, deadline)
+            replies, timed_out = self._exchange(call, deadline)
             # A failed call: what the ranks that did not answer, or returned, were doing:
             # their collectives (asked first, answered at once by their watchdog), then
             # their stacks. A failure's own reply carries its collectives.
@@ -412,15 +411,10 @@ class World:
         """Have every rank make a fresh default group, the last call having destroyed the
         harness's on every rank; bounded like a start. Returns why it failed ('' when it did
         not): the World is then rebuilt before the next call."""
-        ranks = self._state.ranks
         try:
-            message = pickle.dumps(Regroup(self._fresh_rendezvous_file()))
-            for proc in ranks:
-                try:
-                    proc.conn.send_bytes(message)
-                except OSError:
-                    pass  # died meanwhile; its sentinel reports it
-            replies, _ = supervise.gather(ranks, time.monotonic() + START_TIMEOUT_S)
+            replies, _ = self._exchange(
+                Regroup(self._fresh_rendezvous_file()), time.monotonic() + START_TIMEOUT_S
+            )
             outcome = classify(
                 replies,
                 self.world_size,
@@ -439,6 +433,20 @@ class World:
             "the call destroyed the default process group, and a fresh one could not be made "
             f"on the same processes; the world is rebuilt before the next call: {outcome.error}"
         )
+
+    def _exchange(
+        self, message: Call | Regroup, deadline: float | None
+    ) -> tuple[dict[int, Reply], bool]:
+        """Send ``message`` to every rank and gather their replies (see ``supervise.gather``)."""
+        ranks = self._state.ranks
+        # One pickle for every rank: pickling the message once per rank costs more.
+        data = pickle.dumps(message)
+        for proc in ranks:
+            try:
+                proc.conn.send_bytes(data)
+            except OSError:
+                pass  # died while idle; its sentinel reports it
+        return supervise.gather(ranks, deadline)
 
     def _fresh_rendezvous_file(self) -> str:
         """A file in the live generation's private directory that no rendezvous used before."""
