@@ -67,10 +67,12 @@ class FreshAfter(CaseExit):
     replaces the world's processes first.
 
     So after a test that used RPC. RPC cannot be put back as a fresh process has it: an
-    agent a test left running stops only with its peers (a local shutdown can hang on them);
-    ``init_rpc`` counts its initializations in a module global that names each one's store
-    (ranks whose counts differ never meet); and torch's RPC test suites keep each test's
-    state in their own module globals (``dist_autograd_test``'s ``rpc_done`` and
+    agent a test left running makes the next ``init_rpc`` fail ("RPC is already
+    initialized"), and stopping it here would be a shutdown without its peers; ``init_rpc``
+    counts its initializations in a module global that names each one's store (ranks whose
+    counts differ never meet); a second ``init_rpc`` after a clean ``shutdown`` was far slower
+    than in a fresh process (see benchmarks/README.md); and torch's RPC test suites keep each
+    test's state in their own module globals (``dist_autograd_test``'s ``rpc_done`` and
     ``known_context_ids``, ``rpc_test``'s futures), which only a fresh import resets.
     """
 
