@@ -57,9 +57,9 @@ def rate(count: int, traced: bool) -> float:
 def wrapper_cost(count: int) -> float:
     """Microseconds the recording adds to one ``all_reduce`` call, with a no-op in place of
     torch's function: the wrapper alone, free of the collective's own noise."""
-    from harness.rank import trace
+    from harness.rank import describe, trace
 
-    spec = trace._spec("all_reduce", dist.all_reduce.__harness_traced__)
+    spec = describe.spec("all_reduce", dist.all_reduce.__harness_traced__)
     tensor = torch.ones(1)
 
     def noop(*args: object, **kwargs: object) -> None:

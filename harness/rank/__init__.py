@@ -8,6 +8,9 @@
   child processes, open files), reported to the controller
 * :mod:`~harness.rank.trace`        which collectives a call issues (recorded per process
   group, for failure reports and the desync check)
+* :mod:`~harness.rank.describe`     how one call of a recorded collective reads (its op)
+* :mod:`~harness.rank.sites`        where the user's code is: a collective's call site, a
+  blocked thread's position
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.fixtures`     a test's rank-side fixtures: set-up, scopes, teardown

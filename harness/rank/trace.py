@@ -1,6 +1,8 @@
 """Which collectives a call issues: this module runs INSIDE each rank process, never in the
-controller. It may import the stdlib, torch, the protocol (:mod:`harness.protocol.traces`)
-and ``harness.compat`` (torch's flight recorder is private); never the controller, nor pytest.
+controller. It may import the stdlib, torch, the protocol (:mod:`harness.protocol.traces`),
+``harness.compat`` (torch's flight recorder is private) and its two helpers: how a call
+reads (:mod:`harness.rank.describe`) and where it was called from
+(:mod:`harness.rank.sites`); never the controller, nor pytest.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
 ``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank, in
@@ -13,14 +15,14 @@ call would miss it. Between calls a wrapper costs one global read; during a call
 group, the collective's number in that group, the op with its reduce op, root, tensor
 shapes, dtypes and device, and the call site: the first stack frame outside torch's
 implementation, the harness and multiprocessing (torch's own tests, under ``torch/testing``,
-are a call site; see :func:`is_call_site`). After torch returns it marks the record
-completed (issued, for a ``Work`` handle; raised).
+are a call site; see :func:`~harness.rank.sites.is_call_site`). After torch returns it
+marks the record completed (issued, for a ``Work`` handle; raised).
 
-Cost: what is recorded are ids into per-call tables (a tensor's dtype and ``torch.Size``
-are hashed, never formatted); an op or a call site is turned into text once per call, the
-first time it is seen. A collective called from inside another on the same thread
-(``all_gather_object`` calls ``all_gather``) is not recorded again. Collectives issued from
-other threads are recorded too, in the order they start.
+Cost: what is recorded are ids into per-call tables (of the calls' raw descriptions, see
+:mod:`harness.rank.describe`: hashed, never formatted); an op or a call site is turned into
+text once per call, the first time it is seen. A collective called from inside another on
+the same thread (``all_gather_object`` calls ``all_gather``) is not recorded again.
+Collectives issued from other threads are recorded too, in the order they start.
 
 What this does not see: collectives torch issues in C++ (DDP's bucket all-reduces,
 functional collectives ``torch.distributed._functional_collectives``, DTensor) and code
@@ -40,25 +42,17 @@ While the rank's main thread is blocked (in a collective that never completes, o
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
-import inspect
-import linecache
-import multiprocessing
 import os
-import sysconfig
 import threading
 import time
 import zlib
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from harness import compat
@@ -76,111 +70,31 @@ from harness.protocol.traces import (
     Op,
     RankTrace,
 )
+from harness.rank import describe, sites
+from harness.rank.describe import Spec
+from harness.rank.sites import is_call_site
+
+__all__ = ["RECENT", "Recorder", "install", "is_call_site", "snapshot"]
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
-
-# How each function's arguments are described: (parameter, kind, shown, compared).
-# kinds: "tensor", "tensors" (a list), "objects" (a list: its length), "op" (a reduce op),
-# "root" (a global rank: src/dst), "group_root" (a rank in the group: group_src/group_dst),
-# "p2p" (batch_isend_irecv's list of P2POp). "shown": part of Op.text; "compared": part of
-# Op.key, what must be equal on every member rank.
-_Part = tuple[str, str, bool, bool]
-_T = "tensor"
-_L = "tensors"
-
-_COLLECTIVES: dict[str, tuple[_Part, ...]] = {
-    "all_reduce": (("op", "op", True, True), ("tensor", _T, True, True)),
-    "all_reduce_coalesced": (("op", "op", True, True), ("tensors", _L, True, True)),
-    "broadcast": (("src", "root", True, True), ("group_src", "group_root", True, True),
-                  ("tensor", _T, True, True)),
-    "reduce": (("dst", "root", True, True), ("group_dst", "group_root", True, True),
-               ("op", "op", True, True), ("tensor", _T, True, True)),
-    # all_gather's inputs may differ in size by rank where the backend allows it; the list
-    # of outputs is the same on every rank.
-    "all_gather": (("tensor", _T, True, False), ("tensor_list", _L, False, True)),
-    "all_gather_into_tensor": (("output_tensor", _T, True, True), ("input_tensor", _T, True, True)),
-    "all_gather_single": (("output_tensor", _T, True, True), ("input_tensor", _T, True, True)),
-    "all_gather_coalesced": (("input_tensor_list", _L, True, True),),
-    # gather_list / scatter_list exist on the root only.
-    "gather": (("dst", "root", True, True), ("group_dst", "group_root", True, True),
-               ("tensor", _T, True, True)),
-    "scatter": (("src", "root", True, True), ("group_src", "group_root", True, True),
-                ("tensor", _T, True, True)),
-    "reduce_scatter": (("op", "op", True, True), ("output", _T, True, True),
-                       ("input_list", _L, True, True)),
-    "reduce_scatter_tensor": (("op", "op", True, True), ("output", _T, True, True),
-                              ("input", _T, True, True)),
-    "reduce_scatter_single": (("op", "op", True, True), ("output", _T, True, True),
-                              ("input", _T, True, True)),
-    # Split sizes differ by rank: only the dtype and the number of chunks must agree.
-    "all_to_all": (("input_tensor_list", _L, True, False),
-                   ("input_tensor_list", "dtypes", False, True)),
-    "all_to_all_single": (("input", _T, True, False), ("input", "dtypes", False, True)),
-    "barrier": (),
-    "monitored_barrier": (),
-    "broadcast_object_list": (("src", "root", True, True), ("group_src", "group_root", True, True),
-                              ("object_list", "objects", True, True)),
-    "all_gather_object": (("object_list", "objects", True, True),),
-    "gather_object": (("dst", "root", True, True), ("group_dst", "group_root", True, True)),
-    "scatter_object_list": (("src", "root", True, True), ("group_src", "group_root", True, True)),
-}  # fmt: skip
-
-_P2P: dict[str, tuple[_Part, ...]] = {
-    "send": (("dst", "root", True, False), ("group_dst", "group_root", True, False),
-             ("tensor", _T, True, False)),
-    "recv": (("src", "root", True, False), ("group_src", "group_root", True, False),
-             ("tensor", _T, True, False)),
-    "isend": (("dst", "root", True, False), ("group_dst", "group_root", True, False),
-              ("tensor", _T, True, False)),
-    "irecv": (("src", "root", True, False), ("group_src", "group_root", True, False),
-              ("tensor", _T, True, False)),
-    "send_object_list": (("dst", "root", True, False), ("group_dst", "group_root", True, False),
-                         ("object_list", "objects", True, False)),
-    "recv_object_list": (("src", "root", True, False), ("group_src", "group_root", True, False),
-                         ("object_list", "objects", True, False)),
-    "batch_isend_irecv": (("p2p_op_list", "p2p", True, False),),
-}  # fmt: skip
-
-TRACED = (*_COLLECTIVES, *_P2P)
-"""The functions of ``torch.distributed`` that are recorded (those this torch has)."""
-
-_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
-_TORCH_TESTS_DIR = _TORCH_DIR + "testing" + os.sep
-# The harness's frames, and multiprocessing's (the bootstrap below a rank's loop, and
-# below the processes of a MultiProcessTestCase), are never what the user called from.
-_NEVER_DIRS = (
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-    os.path.dirname(os.path.abspath(multiprocessing.__file__)) + os.sep,
-)
-
-
-def is_call_site(path: str) -> bool:
-    """Whether a frame of code in ``path`` is a call site a reader wants: anything but
-    torch's implementation, the harness and :mod:`multiprocessing`. torch's own test code
-    (``torch/testing``: PyTorch's distributed tests and their helpers) is a call site.
-
-    Args:
-        path: A frame's ``co_filename``.
-    """
-    if path.startswith(_TORCH_DIR):
-        return path.startswith(_TORCH_TESTS_DIR)
-    return not path.startswith(_NEVER_DIRS)
-
 
 _NOT_MEMBER = object()
 _MISSING = object()
 
 
-@dataclass(frozen=True)
-class _Spec:
-    """How to record one function: its name and where each described argument is."""
+class _Record:
+    """One collective (or point-to-point op) the call issued, as :meth:`Recorder.trace`
+    turns it into a ``Collective``."""
 
-    name: str
-    p2p: bool
-    # (kind, position, parameter, default, shown, compared), in the order they read.
-    parts: tuple[tuple[str, int, str, Any, bool, bool], ...]
-    group_at: int  # position of the "group" parameter (-1: none)
+    __slots__ = ("group", "op", "place", "seq", "state")
+
+    def __init__(self, group: _Group, seq: int, op: Op, place: tuple[str, int]) -> None:
+        self.group = group
+        self.seq = seq  # its number among the group's collectives (0: point-to-point)
+        self.op = op
+        self.place = place  # its call site: (file, line)
+        self.state = IN_FLIGHT
 
 
 class _Group:
@@ -241,7 +155,7 @@ class Recorder:
         self.busy: set[int] = set()
         self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
-        self._recent: deque[list[Any]] = deque(maxlen=RECENT)
+        self._recent: deque[_Record] = deque(maxlen=RECENT)
         self.started_ns = 0
         # Whether a recorded collective or point-to-point op raised (and the call went on):
         # its group may be broken, so the rank is not reused.
@@ -275,13 +189,12 @@ class Recorder:
     def trace(self) -> RankTrace:
         """What was recorded so far (after the block: what the call issued)."""
         records = list(self._recent)
-        recorded = _flight_recorder(self.started_ns, {(r[2].name, r[3]) for r in records})
+        recorded = _flight_recorder(self.started_ns, {(r.op.name, r.place) for r in records})
         if not records and not recorded:
             return EMPTY
-        recent = []
-        for group, seq, op, place, state in records:
-            file, line = place
-            recent.append(Collective(group.id, seq, op, file, line, state))
+        recent = [
+            Collective(r.group.id, r.seq, r.op, r.place[0], r.place[1], r.state) for r in records
+        ]
         groups = {g.id: g.history() for g in self._records() if g.count}
         return RankTrace(tuple(recent), groups, recorded=recorded)
 
@@ -303,7 +216,7 @@ class Recorder:
             prints.append((group.id, group.ranks, group.count, checksum))
         return tuple(prints)
 
-    def call(self, spec: _Spec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
+    def call(self, spec: Spec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Record ``fn(*args, **kwargs)`` and call it."""
         try:
             record = self._enter(spec, args, kwargs)
@@ -317,25 +230,25 @@ class Recorder:
         try:
             result = fn(*args, **kwargs)
         except BaseException:
-            record[4] = RAISED
+            record.state = RAISED
             self._raised(record)
             raise
         finally:
             self.busy.discard(thread)
         # recv returns the sender's rank; a Work or a list of them: issued, not finished.
-        record[4] = COMPLETED if result is None or isinstance(result, int) else ISSUED
+        record.state = COMPLETED if result is None or isinstance(result, int) else ISSUED
         return result
 
-    def _raised(self, record: list[Any]) -> None:
+    def _raised(self, record: _Record) -> None:
         """Note that a recorded collective raised: the desync check stops comparing its
         group there, and the rank is not reused."""
         self.raised = True
-        group: _Group = record[0]
+        group = record.group
         if not group.raised:
             # A point-to-point op has no number: the group's next collective takes its place.
-            group.raised = record[1] or group.count + 1
+            group.raised = record.seq or group.count + 1
 
-    def _enter(self, spec: _Spec, args: Any, kwargs: Any) -> list[Any] | None:
+    def _enter(self, spec: Spec, args: Any, kwargs: Any) -> _Record | None:
         at = spec.group_at
         handle = args[at] if 0 <= at < len(args) else kwargs.get("group")
         group = self._groups.get(handle, _MISSING)
@@ -343,19 +256,14 @@ class Recorder:
             group = self._groups[handle] = self._group(handle)
         if group is _NOT_MEMBER:
             return None  # torch returns at once on a rank outside the group: nothing issued
-        given = len(args)
-        raw = tuple(
-            [
-                _raw(kind, args[pos] if pos < given else kwargs.get(name, default))
-                for kind, pos, name, default, _, _ in spec.parts
-            ]
-        )
+        raw = describe.raw(spec, args, kwargs)
         key = (spec.name, raw)  # the name's hash is cached: cheaper than the spec's
         op_id = group.ops.get(key)
         if op_id is None:
             op_id = group.ops[key] = len(group.op_list)
-            group.op_list.append(_op(spec, raw, group.group))
-        place = _call_site()
+            group.op_list.append(describe.op(spec, raw, group.group))
+        # Past this method, Recorder.call and the wrapper: the frame that called torch.
+        place = sites.call_site(compat.frame(3))
         place_id = group.places.get(place)
         if place_id is None:
             place_id = group.places[place] = len(group.places)
@@ -366,7 +274,7 @@ class Recorder:
             if seq <= SEQUENCE_CAP:
                 group.op_ids.append(op_id)
                 group.place_ids.append(place_id)
-        record = [group, seq, group.op_list[op_id], place, IN_FLIGHT]
+        record = _Record(group, seq, group.op_list[op_id], place)
         self._recent.append(record)
         return record
 
@@ -421,20 +329,8 @@ def snapshot(main_thread: int) -> RankTrace:
     if recorder is None:
         return _last.trace() if _last is not None else EMPTY
     trace = recorder.trace()
-    where = _position(main_thread)
+    where = sites.position(main_thread)
     return dataclasses.replace(trace, blocked_at=where) if where else trace
-
-
-_STDLIB_DIRS = tuple({sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "platstdlib")})
-_PACKAGE_DIRS = tuple({sysconfig.get_paths()[name] + os.sep for name in ("purelib", "platlib")})
-
-
-def _library(path: str) -> bool:
-    """Whether a frame in ``path`` is torch's (its tests excepted, see
-    :func:`is_call_site`), the harness's or the standard library's."""
-    if not is_call_site(path):
-        return True
-    return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
 
 
 def _flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tuple[str, ...]:
@@ -453,7 +349,7 @@ def _flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> t
         place = ("?", 0)
         for frame in entry.get("frames") or []:
             path = str(frame.get("filename", ""))
-            if not _library(path):
+            if not sites.library(path):
                 place = (path, int(frame.get("line", 0)))
                 break
         if (name, place) in seen:
@@ -476,41 +372,6 @@ def _flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> t
 _FR_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
               "int": "int32", "bfloat16": "bfloat16", "bool": "bool", "byte": "uint8"}  # fmt: skip
 """The flight recorder names dtypes as C++ does (``Float``); the wrapper as Python does."""
-
-
-def _position(thread: int) -> str:
-    """Where ``thread`` is, as a reader names it: ``"Event.wait at test_x.py:12"`` (the
-    library function the user's code called), ``"time.sleep at test_x.py:30"`` (a C
-    function: named from the source line), or '' when only library code is running."""
-    frame = compat.frame_of_thread(thread)
-    callee: FrameType | None = None
-    while frame is not None and _library(frame.f_code.co_filename):
-        callee, frame = frame, frame.f_back
-    if frame is None:
-        return ""
-    file, line = frame.f_code.co_filename, frame.f_lineno
-    if callee is not None:
-        code = callee.f_code
-        what = getattr(code, "co_qualname", code.co_name)
-    else:
-        what = _called(linecache.getline(file, line))
-    place = f"{os.path.basename(file)}:{line}"
-    return f"{what} at {place}" if what else f"at {place}"
-
-
-def _called(source: str) -> str:
-    """The outermost function a line of source calls (``time.sleep``), '' when none."""
-    try:
-        tree = ast.parse(source.strip())
-    except SyntaxError:
-        return ""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            try:
-                return ast.unparse(node.func)
-            except Exception:
-                return ""
-    return ""
 
 
 def install() -> list[str]:
@@ -537,19 +398,19 @@ def install() -> list[str]:
 _ORIGINAL = "__harness_traced__"
 
 
-def _specs() -> dict[str, _Spec]:
+def _specs() -> dict[str, Spec]:
     """How to record each function this torch has; reading the signatures takes a few ms,
     so it is done at import, which is in the forkserver: every rank forked from it starts
     with them."""
     specs = {}
-    for name in TRACED:
+    for name in describe.TRACED:
         fn = getattr(dist, name, None)
         if fn is not None:
-            specs[name] = _spec(name, getattr(fn, _ORIGINAL, fn))
+            specs[name] = describe.spec(name, getattr(fn, _ORIGINAL, fn))
     return specs
 
 
-def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
+def _wrap(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
         recorder = _current
@@ -559,171 +420,6 @@ def _wrap(fn: Callable[..., Any], spec: _Spec) -> Callable[..., Any]:
 
     setattr(traced, _ORIGINAL, fn)
     return traced
-
-
-def _spec(name: str, fn: Callable[..., Any]) -> _Spec:
-    """Where ``fn``'s described arguments are, from its signature (which differs between
-    torch releases: ``group_src`` is new in 2.6)."""
-    params = list(inspect.signature(fn).parameters.values())
-    position = {p.name: i for i, p in enumerate(params)}
-    p2p = name in _P2P
-    parts = []
-    for param, kind, shown, compared in (_P2P if p2p else _COLLECTIVES)[name]:
-        if param not in position:
-            continue
-        default = params[position[param]].default
-        default = None if default is inspect.Parameter.empty else default
-        parts.append((kind, position[param], param, default, shown, compared))
-    return _Spec(name, p2p, tuple(parts), position.get("group", -1))
-
-
-_REDUCE_NAMES: dict[int, tuple[Any, str]] = {}
-"""``id(op) -> (op, name)`` of the reduce ops seen (the op is held so its id stays its own)."""
-
-
-def _raw(kind: str, value: Any) -> Any:
-    """A hashable description of one argument, cheap to make: nothing is formatted."""
-    if value is None:
-        return None
-    if kind == "tensor":
-        return (value.dtype, value.shape, value.device)
-    if kind == "tensors":
-        return tuple((t.dtype, t.shape, t.device) for t in value)
-    if kind == "dtypes":
-        if isinstance(value, (list, tuple)):
-            return tuple(t.dtype for t in value)
-        return value.dtype
-    if kind == "objects":
-        return len(value)
-    if kind == "op":
-        # A ReduceOp hashes and compares through pybind (about 1 us each): its name,
-        # cached by identity, is what the op table is keyed by.
-        cached = _REDUCE_NAMES.get(id(value))
-        if cached is not None and cached[0] is value:
-            return cached[1]
-        if len(_REDUCE_NAMES) > 64:
-            _REDUCE_NAMES.clear()  # ReduceOp objects made per call (premul_sum): bounded
-        name = _reduce_name(value)
-        _REDUCE_NAMES[id(value)] = (value, name)
-        return name
-    if kind == "p2p":
-        return tuple(
-            (
-                getattr(p.op, "__name__", "?"),
-                p.peer,
-                getattr(p, "group_peer", None),
-                (p.tensor.dtype, p.tensor.shape, p.tensor.device),
-            )
-            for p in value
-        )
-    return value  # a root: an int
-
-
-def _op(spec: _Spec, raw: tuple[Any, ...], group: Any) -> Op:
-    """Turn a raw description into text (once per distinct op and call)."""
-    shown: list[str] = []
-    key: list[str] = []
-    reduce_op = root = device = ""
-    tensors: list[str] = []
-    for (kind, _, param, _, is_shown, is_compared), value in zip(spec.parts, raw, strict=True):
-        if value is None:
-            continue
-        text = ""
-        if kind == "tensor":
-            text = _tensor(value)
-            tensors.append(_tensor(value, device=False))
-            device = device or str(value[2])
-        elif kind == "tensors":
-            described = [_tensor(t) for t in value]
-            tensors += [_tensor(t, device=False) for t in value]
-            device = device or (str(value[0][2]) if value else "")
-            text = "[" + ", ".join(described) + "]"
-        elif kind == "dtypes":
-            if isinstance(value, tuple):
-                text = f"{len(value)} x {'/'.join(sorted({_dtype(d) for d in value}))}"
-            else:
-                text = _dtype(value)
-        elif kind == "objects":
-            text = f"{value} object" + ("" if value == 1 else "s")
-        elif kind == "op":
-            text = reduce_op = _reduce_name(value)
-        elif kind == "root":
-            text = root = f"{param}={value}"
-        elif kind == "group_root":
-            role = param.removeprefix("group_")
-            try:
-                text = root = f"{role}={dist.get_global_rank(group, value)}"
-            except Exception:
-                text = root = f"{param}={value}"
-        elif kind == "p2p":
-            text = ", ".join(
-                f"{name}({'dst' if name == 'isend' else 'src'}="
-                f"{peer if peer is not None else gpeer}, {_tensor(t)})"
-                for name, peer, gpeer, t in value
-            )
-        if is_shown:
-            shown.append(text)
-        if is_compared:
-            key.append(_tensor_key(kind, value) if kind in ("tensor", "tensors") else text)
-    return Op(
-        spec.name,
-        f"{spec.name}({', '.join(shown)})",
-        f"{spec.name}({', '.join(key)})",
-        reduce_op,
-        root,
-        tuple(tensors),
-        device,
-        spec.p2p,
-    )
-
-
-def _dtype(dtype: Any) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _tensor(value: tuple[Any, Any, Any], device: bool = True) -> str:
-    dtype, shape, where = value
-    text = f"{_dtype(dtype)}[{', '.join(map(str, shape))}]"
-    if device and str(where) != "cpu":
-        text += f" {where}"
-    return text
-
-
-def _tensor_key(kind: str, value: Any) -> str:
-    # The device is left out: cuda:0 on rank 0 against cuda:1 on rank 1 is right.
-    if kind == "tensor":
-        return _tensor(value, device=False)
-    return "[" + ", ".join(_tensor(t, device=False) for t in value) + "]"
-
-
-def _reduce_name(op: Any) -> str:
-    """``"SUM"`` for ``ReduceOp.SUM`` (a ``RedOpType``) or a ``ReduceOp`` wrapping one."""
-    name = getattr(op, "name", None)
-    if isinstance(name, str):
-        return name
-    inner = getattr(op, "op", None)
-    name = getattr(inner, "name", None)
-    return name if isinstance(name, str) else str(op)
-
-
-def _call_site() -> tuple[str, int]:
-    """Where the user called the collective: the first frame that :func:`is_call_site`;
-    where there is none (torch called it, and nothing but the harness called torch), the
-    outermost frame outside the harness and multiprocessing, which names the torch
-    function that was called."""
-    # Past this function, Recorder._enter, Recorder.call and the wrapper.
-    frame = compat.frame(4)
-    outermost = None
-    while frame is not None:
-        path = frame.f_code.co_filename
-        if is_call_site(path):
-            return (path, frame.f_lineno)
-        if path.startswith(_TORCH_DIR):
-            outermost = frame
-        frame = frame.f_back
-    if outermost is None:
-        return ("?", 0)
-    return (outermost.f_code.co_filename, outermost.f_lineno)
 
 
 _SPECS = _specs()
