@@ -9,6 +9,10 @@ So the docs cannot rot: an example that stops working fails this suite.
   ``<!-- args: --dist-verify -->`` adds command-line arguments, ``<!-- file: test_sum.py -->``
   names the file (default ``test_example.py``: the reports shown in the docs name it), and
   ``<!-- run: subprocess -->`` runs pytest in a subprocess.
+  When a ```text block follows it (before the next heading), that block is the report the
+  docs show: its key lines (the error's summary line, verdict lines, the repro command, an
+  order dependence's message) must appear in the real output, so a shown report cannot
+  drift from what the harness prints.
 * Any other block is a script: it runs as ``python example.py`` in an empty directory and
   must exit 0.
 
@@ -44,6 +48,7 @@ class Block:
     line: int
     code: str
     directives: dict[str, str] = field(default_factory=dict)
+    shown: str | None = None
 
     @property
     def id(self) -> str:
@@ -60,6 +65,7 @@ def parse(page: Path) -> list[Block]:
     lines = page.read_text(encoding="utf-8").splitlines()
     blocks: list[Block] = []
     pending: dict[str, str] = {}
+    last: Block | None = None  # the python block a following text block shows the output of
     i = 0
     while i < len(lines):
         line = lines[i]
@@ -73,6 +79,8 @@ def parse(page: Path) -> list[Block]:
         if fence is None:
             if line.strip():
                 pending = {}
+            if line.startswith("#"):
+                last = None
             i += 1
             continue
         start, marker, lang = i, fence["fence"], fence["lang"].lower()
@@ -84,12 +92,34 @@ def parse(page: Path) -> list[Block]:
         i += 1  # the closing fence
         if lang in ("python", "py", "python3"):
             code = textwrap.dedent("\n".join(body)) + "\n"
-            blocks.append(Block(page, start + 1, code, pending))
+            last = Block(page, start + 1, code, pending)
+            blocks.append(last)
+        elif lang == "text" and last is not None and last.shown is None:
+            last.shown = "\n".join(body)
         pending = {}
     return blocks
 
 
 BLOCKS = [block for page in PAGES for block in parse(page)]
+
+
+_KEY_LINE = re.compile(
+    r"^(?:RankError|WorldTimeout|CollectiveMismatch|RankCrash|RankLeak): "
+    r"|^rank \d+ never reached |^run \(|^confirmed on fresh processes; |^The deadline was "
+    r"|^\S+ (?:failed|passed) (?:after|on a reused world) "
+)
+
+
+def key_lines(shown: str) -> list[str]:
+    """The lines of a shown report that must be in the real output: the error's summary,
+    verdicts, the repro command, an order dependence's message (without its file path)."""
+    found = []
+    for line in shown.splitlines():
+        if "OrderDependenceWarning: " in line:
+            found.append(line.split("OrderDependenceWarning: ", 1)[1])
+        elif _KEY_LINE.match(line):
+            found.append(line)
+    return found
 
 
 def _expected(text: str) -> dict[str, int]:
@@ -116,12 +146,15 @@ def _run_tests(block: Block, pytester: pytest.Pytester) -> None:
         result = pytester.runpytest_subprocess(*args)
     else:
         result = pytester.runpytest(*args)
+    output = result.stdout.str()
+    for line in key_lines(block.shown or ""):
+        assert line in output, f"{block.id} shows a line the run did not print:\n{line}\n{output}"
     expect = block.directives.get("expect")
     if expect is not None:
         result.assert_outcomes(**_expected(expect))
         return
     outcomes = result.parseoutcomes()
-    message = f"the example of {block.id} should pass: {outcomes}\n{result.stdout.str()}"
+    message = f"the example of {block.id} should pass: {outcomes}\n{output}"
     assert result.ret == 0, message
     assert outcomes.get("passed", 0) > 0, message
     assert not {"failed", "errors", "error"} & set(outcomes), message
@@ -141,6 +174,14 @@ def _run_script(block: Block, directory: Path) -> None:
     assert done.returncode == 0, (
         f"the script of {block.id} exited with {done.returncode}:\n{done.stdout}\n{done.stderr}"
     )
+
+
+def test_shown_reports_are_checked() -> None:
+    """Every report the docs show after a failing example has lines that are checked."""
+    for block in BLOCKS:
+        if block.is_test and _expected(block.directives.get("expect", "")).get("failed"):
+            assert block.shown is not None, f"{block.id}: no report shown after it"
+            assert key_lines(block.shown), f"{block.id}: its report has no checked line"
 
 
 def test_examples_found() -> None:
