@@ -14,7 +14,9 @@ So the docs cannot rot: an example that stops working fails this suite.
   order dependence's message) must appear in the real output, so a shown report cannot
   drift from what the harness prints.
 * Any other block is a script: it runs as ``python example.py`` in an empty directory and
-  must exit 0.
+  must exit 0. It runs with CUDA hidden (``CUDA_VISIBLE_DEVICES=""``), so that its
+  ``"auto"`` backend is Gloo on any machine, as the pytest examples run on Gloo
+  (``--dist-backend=gloo``, see conftest.py).
 
 Blocks that are not meant to run (fragments, shell, configuration) use another fence
 language (``text``, ``sh``, ``ini``, ``toml``, ``yaml``).
@@ -22,6 +24,7 @@ language (``text``, ``sh``, ``ini``, ``toml``, ``yaml``).
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import subprocess
@@ -166,6 +169,7 @@ def _run_script(block: Block, directory: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(script)],
         cwd=directory,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
         capture_output=True,
         text=True,
         timeout=180,
