@@ -35,11 +35,17 @@ def pickle_call(
 
 def picklable(obj: Any) -> bool:
     """Whether ``obj`` pickles."""
+    return pickle_problem(obj) is None
+
+
+def pickle_problem(obj: Any) -> str | None:
+    """Why ``obj`` does not pickle (``"TypeError: cannot pickle '_thread.lock' object"``),
+    or None when it does."""
     try:
         pickle.dumps(obj)
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def short_repr(obj: Any) -> str:

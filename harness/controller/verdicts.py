@@ -20,6 +20,7 @@ from array import array
 from collections.abc import Mapping
 from dataclasses import replace
 
+from harness.protocol.failures import ranks_phrase
 from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
@@ -28,7 +29,6 @@ from harness.protocol.traces import (
     GroupHistory,
     RankTrace,
     group_names,
-    ranks_span,
 )
 
 RUNNING = "running"
@@ -161,7 +161,7 @@ def _difference(group: str, name: str, histories: Mapping[int, GroupHistory | No
             assert found is not None
             op, where = found
             by_op.setdefault(f"{op.text} at {where}", []).append(rank)
-        parts = [f"{ranks_span(ranks)} {text}" for text, ranks in by_op.items()]
+        parts = [f"{ranks_phrase(ranks)} {text}" for text, ranks in by_op.items()]
         where_group = "on the default group" if group == DEFAULT_GROUP else f"on {name}"
         return f"collective #{seq} {where_group} differs: " + "; ".join(parts)
     return ""
@@ -192,8 +192,8 @@ def _missing(
     label = _label(seq, group, name)
     waiting = _waiting(ahead, group, top, known)
     state = {states.get(rank, RUNNING) for rank in behind}
-    who = ranks_span(behind)
-    others = ranks_span(ahead)
+    who = ranks_phrase(behind)
+    others = ranks_phrase(ahead)
     if state == {RUNNING}:
         if waiting and top == seq:
             text = f"{who} never reached {label} ({op_name}) that {others} {waiting}"

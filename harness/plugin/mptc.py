@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import sys
 import time
 import unittest
 import warnings
@@ -37,14 +36,13 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import confirm, order, replay, report
+from harness.plugin import confirm, order, rank_fixtures, replay, report
 from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
     from harness.plugin.session import DistSession
-    from harness.protocol.messages import TestRef
 
 _CASE = pytest.StashKey[bool]()
 
@@ -160,7 +158,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # nothing else: the rank runs the test with exactly this one.
     environ = dict(os.environ)
     call = CaseCall(
-        test=_describe(item, compat.mptc_test_name(case)),
+        test=rank_fixtures.reference(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
         kwargs=compat.mptc_run_kwargs(case),
         environ=environ,
@@ -261,33 +259,6 @@ class _Ended:
         except Exception:
             return replay.FAILED
         return replay.PASSED
-
-
-def _describe(item: pytest.Function, test_name: str) -> TestRef:
-    """Where a rank finds the test's class: its module, and the attribute path to the class
-    there (``__qualname__``, or the name pytest collected it under: classes made by
-    ``instantiate_device_type_tests`` are module attributes under another name)."""
-    from harness.protocol.messages import TestRef
-
-    module = item.module
-    cls = item.cls
-    assert module is not None
-    assert module.__file__ is not None
-    assert cls is not None
-    path: str = cls.__qualname__
-    owner: Any = module
-    for part in path.split("."):
-        owner = getattr(owner, part, None)
-    if owner is not cls:
-        path = item.parent.name if item.parent is not None else cls.__name__
-    return TestRef(
-        module=module.__name__,
-        path=module.__file__,
-        cls=path,
-        function=test_name,
-        sys_path=tuple(sys.path),
-        rewrite=compat.asserts_rewritten(module),
-    )
 
 
 @dataclass

@@ -26,7 +26,7 @@ controller fixtures' values. The ranks run the plan in :mod:`harness.rank.fixtur
 
 from __future__ import annotations
 
-import pickle
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
@@ -34,7 +34,7 @@ from typing import Any, TypeVar, overload
 import pytest
 
 from harness import compat
-from harness.controller.pickling import short_repr
+from harness.controller.pickling import pickle_problem, short_repr
 from harness.protocol.messages import (
     ARG_FIXTURE,
     ARG_REQUEST,
@@ -47,6 +47,7 @@ from harness.protocol.messages import (
     FunctionRef,
     RankFixture,
     RequestInfo,
+    TestRef,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -350,8 +351,6 @@ def _reference(fixturedef: Any) -> FunctionRef | None:
     module_name = getattr(function, "__module__", None)
     if not module_name or "<locals>" in qualname:
         return None
-    import sys
-
     module = sys.modules.get(module_name)
     path = getattr(module, "__file__", None)
     if module is None or path is None:
@@ -359,15 +358,47 @@ def _reference(fixturedef: Any) -> FunctionRef | None:
     return FunctionRef(module_name, path, qualname, compat.asserts_rewritten(module))
 
 
+def reference(
+    item: pytest.Function, function: str, instance_state: dict[str, Any] | None = None
+) -> TestRef:
+    """Where a rank finds a test: its module, the attribute path to its class there
+    (``__qualname__``, or the name pytest collected it under: classes made by torch's
+    ``instantiate_device_type_tests`` are module attributes under another name) and the
+    name of its function.
+
+    Args:
+        item: The test.
+        function: The function's (or method's) name in its module or class.
+        instance_state: The test class instance's ``__dict__`` to give the rank's instance.
+    """
+    module = item.module
+    assert module is not None
+    assert module.__file__ is not None
+    cls = item.cls
+    path = None
+    if cls is not None:
+        path = cls.__qualname__
+        owner: Any = module
+        for part in path.split("."):
+            owner = getattr(owner, part, None)
+        if owner is not cls:
+            path = item.parent.name if item.parent is not None else cls.__name__
+    return TestRef(
+        module=module.__name__,
+        path=module.__file__,
+        cls=path,
+        function=function,
+        sys_path=tuple(sys.path),
+        rewrite=compat.asserts_rewritten(module),
+        instance_state=instance_state,
+    )
+
+
 def check_picklable(value: Any, what: str) -> None:
     """Fail the test, naming ``what``, when ``value`` does not pickle."""
-    try:
-        pickle.dumps(value)
-    except Exception as exc:
-        problem = f"{type(exc).__name__}: {exc}"
-    else:
+    problem = pickle_problem(value)
+    if problem is None:
         return
-    # Raised outside the except: pytest would show the pickling error as a chained traceback.
     pytest.fail(
         f"{what} cannot be sent to the ranks: its value {short_repr(value)} does not pickle "
         f"({problem})",

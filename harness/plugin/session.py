@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import builtins
 import functools
-import pickle
-import sys
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +17,7 @@ import pytest
 
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
+from harness.controller.pickling import picklable
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import confirm, interrupts, order, rank_fixtures, replay, report, settings
@@ -283,18 +282,18 @@ class DistSession:
     def _request_info(self, item: pytest.Function) -> RequestInfo:
         if self._config_view is None:
             config = self.config
-            options = {k: v for k, v in vars(config.option).items() if _pickles(v)}
+            options = {k: v for k, v in vars(config.option).items() if picklable(v)}
             ini: dict[str, Any] = {}
             for name in compat.ini_names(config):
                 try:
                     value = config.getini(name)
                 except Exception:
                     continue
-                if _pickles(value):
+                if picklable(value):
                     ini[name] = value
             self._config_view = (options, ini)
         options, ini = self._config_view
-        marks = tuple(mark for mark in item.iter_markers() if _pickles(mark))
+        marks = tuple(mark for mark in item.iter_markers() if picklable(mark))
         return RequestInfo(item.name, item.nodeid, marks, options, ini)
 
     def _seed(self, item: pytest.Item) -> int:
@@ -316,33 +315,14 @@ class DistSession:
 
 
 def _describe(item: pytest.Function) -> TestRef:
-    """The reference to the test function that the ranks import."""
-    module = item.module
-    assert module is not None
-    assert module.__file__ is not None
-    cls = item.cls
+    """The reference to the test function that the ranks import (with the state of its
+    class's instance, which xunit-style setup methods may have filled in)."""
     state = None
-    if cls is not None and item.instance is not None and vars(item.instance):
+    if item.cls is not None and item.instance is not None and vars(item.instance):
         state = dict(vars(item.instance))
         for name, value in state.items():
             rank_fixtures.check_picklable(value, f"attribute {name!r} of the test class instance")
-    return TestRef(
-        module=module.__name__,
-        path=module.__file__,
-        cls=cls.__qualname__ if cls is not None else None,
-        function=item.originalname,
-        sys_path=tuple(sys.path),
-        rewrite=compat.asserts_rewritten(module),
-        instance_state=state,
-    )
-
-
-def _pickles(value: Any) -> bool:
-    try:
-        pickle.dumps(value)
-    except Exception:
-        return False
-    return True
+    return rank_fixtures.reference(item, item.originalname, state)
 
 
 def _judged(outcome: Outcome) -> tuple[str, Outcome]:

@@ -208,6 +208,19 @@ def describe_exitcode(code: int | None) -> str:
 
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
-    """``"rank 2"`` or ``"ranks 0, 1, 3"`` (sorted)."""
-    ordered = sorted(ranks)
-    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
+    """``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or more
+    shortened."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    start = 0
+    while start < len(ordered):
+        end = start
+        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
+            end += 1
+        if end - start >= 2:
+            parts.append(f"{ordered[start]}-{ordered[end]}")
+        else:
+            parts.extend(str(r) for r in ordered[start : end + 1])
+        start = end + 1
+    many = len(ordered) > 1
+    return ("ranks " if many else "rank ") + ", ".join(parts)

@@ -24,6 +24,8 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from harness.protocol.failures import ranks_phrase
+
 __all__ = [
     "COMPLETED",
     "DEFAULT_GROUP",
@@ -37,7 +39,6 @@ __all__ = [
     "Op",
     "RankTrace",
     "group_names",
-    "ranks_span",
     "render",
 ]
 
@@ -235,30 +236,11 @@ def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None])
         if group == DEFAULT_GROUP or members is None:
             names[group] = "the default group"
             continue
-        name = f"the group of {ranks_span(members)}"
+        name = f"the group of {ranks_phrase(members)}"
         if shared[members] > 1:
             name += f" (group {group.partition('/')[2] or '?'})"
         names[group] = name
     return names
-
-
-def ranks_span(ranks: Iterable[int]) -> str:
-    """``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or more
-    shortened."""
-    ordered = sorted(set(ranks))
-    parts: list[str] = []
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        if end - start >= 2:
-            parts.append(f"{ordered[start]}-{ordered[end]}")
-        else:
-            parts.extend(str(r) for r in ordered[start : end + 1])
-        start = end + 1
-    many = len(ordered) > 1
-    return ("ranks " if many else "rank ") + ", ".join(parts)
 
 
 SHOWN = 5

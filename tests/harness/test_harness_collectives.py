@@ -283,7 +283,7 @@ def test_verdict_groups_ranks_that_agree() -> None:
     assert verdicts.in_step(traces, 4)  # only a reduce op differs
 
 
-def test_verdict_finished_early_and_ranks_spans() -> None:
+def test_verdict_finished_early_and_ranks_phrases() -> None:
     traces = {
         rank: _trace(
             _history(DEFAULT_GROUP, None, [SUM] * 4 + ([GATHER] if rank < 3 else [])),
