@@ -1,9 +1,8 @@
 """Process-group initialization and rank-local device helpers.
 
-This module is a thin, exact layer over :mod:`torch.distributed`. Its contract is the
-reference document ``fhelium.distributed._state`` together with its "Decisions" section;
-where both are silent, the functions do what a careful user of ``torch.distributed`` would
-do, and their docstrings say so.
+This module is a thin, exact layer over :mod:`torch.distributed`. Its contract is what the
+docstrings below say (and the documentation's ``fhelium.distributed`` page); where a case
+is not torch.distributed's own behaviour, the docstring says what is done and why.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ def resolve_backend(backend: object) -> str:
         backend: One of :data:`harness.validate.BACKEND_CHOICES`, in any case.
 
     Returns:
-        ``"gloo"`` or ``"nccl"``.
+        The backend's name: ``"gloo"`` or ``"nccl"`` for ``"auto"``, else the name given
+        (in lower case).
 
     Raises:
         ValueError: For any other value, naming it and the valid ones.

@@ -164,17 +164,25 @@ def report(item: pytest.Item, text: str, fresh: str, *, fail: bool) -> None:
     the test's failure where the fresh run did not fail it already.
 
     Raises:
-        pytest.fail.Exception: ``fail``, and the fresh run passed or skipped.
+        pytest.fail.Exception: ``fail``, and the fresh run passed or skipped; or the
+            warning filters turn the warning into an error (``-W error``): the test's
+            failure then, not an error of its setup inside the plugin.
     """
     if fail and fresh != FAILED:
         pytest.fail(text, pytrace=False)
     path, lineno, _ = item.location
-    warnings.warn_explicit(
-        OrderDependenceWarning(text),
-        OrderDependenceWarning,
-        str(item.config.rootpath / path),
-        (lineno or 0) + 1,
-    )
+    try:
+        warnings.warn_explicit(
+            OrderDependenceWarning(text),
+            OrderDependenceWarning,
+            str(item.config.rootpath / path),
+            (lineno or 0) + 1,
+        )
+    except OrderDependenceWarning:
+        pass
+    else:
+        return
+    pytest.fail(f"OrderDependenceWarning: {text}", pytrace=False)
 
 
 def command(config: pytest.Config, nodeids: Sequence[str], extra: Sequence[str] = ()) -> str:

@@ -131,6 +131,19 @@ def test_dist_order_dependent_fail_fails_the_test_with_the_finding(
     ), failure
 
 
+def test_warnings_as_errors_make_an_order_dependence_the_tests_failure(
+    pytester: pytest.Pytester,
+) -> None:
+    _project(pytester)
+    result = pytester.runpytest("-p", "no:randomly", "-W", "error::harness.OrderDependenceWarning")
+    result.assert_outcomes(passed=3, failed=1)  # a failure of the test, not a setup error
+    failure = _failure(result, "test_registers_too")
+    assert failure.startswith(
+        "OrderDependenceWarning: test_registers_too failed after test_registers on a reused "
+        "world and passes on fresh processes"
+    ), failure
+
+
 def test_a_failure_that_fresh_processes_confirm_is_reported_as_it_was(
     pytester: pytest.Pytester,
 ) -> None:
