@@ -416,10 +416,9 @@ class CaseCall:
             method's name (``function``).
         file_name: The case's ``self.file_name``, made by its ``setUp`` in the controller.
         kwargs: The keyword arguments the class gives each process's ``_run``.
-        environ: Variables the rank must see as the controller has them, over the rank's
-            own rendezvous and torchrun variables (``INIT_METHOD``, ``MASTER_ADDR``,
-            ``MASTER_PORT``, ``WORLD_SIZE`` where the controller sets them: a native process
-            inherits its parent's).
+        environ: The whole environment the test runs with: the controller's, as the case's
+            ``setUp`` left it (a native process inherits its parent's), without the rank's
+            own torchrun and rendezvous variables; the rank's own come back after the call.
     """
 
     test: TestRef
