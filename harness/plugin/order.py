@@ -69,9 +69,10 @@ def bisect(
     """
     ids = tuple(step.nodeid for step in history)
     low, high, runs = 0, len(history), 0
-    reproduced: dict[int, bool] = {}
+    shown_alone = False  # whether history[low] alone before the test was run
+    spent = f"the search used its {budget} fresh worlds (ini dist_bisect_runs)"
 
-    def reproduces(start: int, before: Sequence[Step]) -> bool:
+    def reproduces(before: Sequence[Step]) -> bool:
         nonlocal runs
         runs += 1
         return on_fresh(new_world, before, attempt) == reused
@@ -80,25 +81,17 @@ def bisect(
         # Invariant: history[low:] reproduces it, history[high:] does not.
         while high - low > 1 and runs < budget:
             middle = (low + high) // 2
-            reproduced[middle] = reproduces(middle, history[middle:])
-            low, high = (middle, high) if reproduced[middle] else (low, middle)
+            if reproduces(history[middle:]):
+                low, shown_alone = middle, middle == len(history) - 1
+            else:
+                high = middle
         if high - low > 1:
-            return Finding(
-                ids[low:high],
-                False,
-                runs,
-                f"the search used its {budget} fresh worlds (ini dist_bisect_runs)",
-            )
-        if reproduced.get(low) and low == len(history) - 1:
+            return Finding(ids[low:high], False, runs, spent)
+        if shown_alone:
             return Finding((ids[low],), True, runs)
         if runs >= budget:
-            return Finding(
-                ids[low:],
-                False,
-                runs,
-                f"the search used its {budget} fresh worlds (ini dist_bisect_runs)",
-            )
-        if reproduces(low, history[low : low + 1]):
+            return Finding(ids[low:], False, runs, spent)
+        if reproduces(history[low : low + 1]):
             return Finding((ids[low],), True, runs)
         return Finding(
             ids[low:], False, runs, f"{_name(ids[low])} alone before it does not reproduce it"
@@ -148,7 +141,7 @@ def message(
             f"{command(config, [culprit, nodeid], extra)}"
         )
     among = list(finding.tests) if finding is not None else list(earlier)
-    shown = ", ".join(_name(test) for test in among[:5]) + (", ..." if len(among) > 5 else "")
+    shown = ", ".join(_name(other) for other in among[:5]) + (", ..." if len(among) > 5 else "")
     why = f"; no single earlier test found: {finding.why}" if finding is not None else ""
     count = f"{len(earlier)} earlier test" + ("s" if len(earlier) != 1 else "")
     return (
