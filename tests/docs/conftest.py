@@ -14,31 +14,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from env_testutil import OUTER_ENV
 
 if not sys.platform.startswith("linux"):
     collect_ignore_glob = ["test_*.py"]  # the leftover-process check reads /proc
-
-# Variables that would put an inner pytest into launcher mode (torchrun), or make an inner
-# run measure itself with the outer run's coverage or xdist settings.
-_OUTER_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_ERROR_FILE",
-    "COVERAGE_PROCESS_START",
-    "COVERAGE_FILE",
-    "COV_CORE_SOURCE",
-    "COV_CORE_CONFIG",
-    "COV_CORE_DATAFILE",
-    "PYTEST_XDIST_WORKER",
-    "PYTEST_XDIST_WORKER_COUNT",
-)
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +25,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """An example runs as on a developer's machine: not under torchrun, not under the outer
     coverage. Whatever an example's code sets in this process's environment (a unittest
     ``setUp`` does) is put back afterwards."""
-    for name in _OUTER_ENV:
+    for name in OUTER_ENV:
         monkeypatch.delenv(name, raising=False)
     saved = dict(os.environ)
     yield

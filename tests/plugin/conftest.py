@@ -15,38 +15,17 @@ import sys
 from collections.abc import Iterator
 
 import pytest
+from env_testutil import OUTER_ENV
 from plugin_testutil import descendants, new_processes
 
 if not sys.platform.startswith("linux"):
     collect_ignore_glob = ["test_*.py"]  # the leftover-process checks read /proc
 
-# Variables that would put an inner pytest into launcher mode, or make a subprocess measure
-# itself with the outer run's coverage settings.
-_OUTER_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCHELASTIC_ERROR_FILE",
-    "COVERAGE_PROCESS_START",
-    "COVERAGE_FILE",
-    "COV_CORE_SOURCE",
-    "COV_CORE_CONFIG",
-    "COV_CORE_DATAFILE",
-    "PYTEST_XDIST_WORKER",
-    "PYTEST_XDIST_WORKER_COUNT",
-)
-
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Inner runs must not think they run under torchrun or under the outer coverage."""
-    for name in _OUTER_ENV:
+    for name in OUTER_ENV:
         monkeypatch.delenv(name, raising=False)
 
 
