@@ -70,7 +70,8 @@ def bisect(
     ids = tuple(step.nodeid for step in history)
     low, high, runs = 0, len(history), 0
     shown_alone = False  # whether history[low] alone before the test was run
-    spent = f"the search used its {budget} fresh worlds (ini dist_bisect_runs)"
+    worlds = f"{budget} fresh world" + ("s" if budget != 1 else "")
+    spent = f"the search used its {worlds}, ini dist_bisect_runs"
 
     def reproduces(before: Sequence[Step]) -> bool:
         nonlocal runs
@@ -140,12 +141,18 @@ def message(
             f"{_FRESH[fresh]} on fresh processes{runs}; run: "
             f"{command(config, [culprit, nodeid], extra)}"
         )
-    among = list(finding.tests) if finding is not None else list(earlier)
-    shown = ", ".join(_name(other) for other in among[:5]) + (", ..." if len(among) > 5 else "")
-    why = f"; no single earlier test found: {finding.why}" if finding is not None else ""
     count = f"{len(earlier)} earlier test" + ("s" if len(earlier) != 1 else "")
+    if finding is None:
+        among, where = list(earlier), f" ({_names(earlier)})"
+        why = ""
+    else:
+        among, where = list(finding.tests), ""
+        why = (
+            f"; no single earlier test found ({finding.why}): the cause is among "
+            f"{_names(finding.tests)}"
+        )
     return (
-        f"{test} {_REUSED[reused]} on a reused world after {count} ({shown}) and "
+        f"{test} {_REUSED[reused]} on a reused world after {count}{where} and "
         f"{_FRESH[fresh]} on fresh processes{why}; run: "
         f"{command(config, [*among, nodeid], extra)}"
     )
@@ -211,6 +218,12 @@ def repro(item: pytest.Item) -> str:
     """The line a failure report of ``item`` ends with: the command that reproduces it,
     and whether fresh processes confirmed it ('' when none was noted)."""
     return item.stash.get(_REPRO, "")
+
+
+def _names(nodeids: Sequence[str]) -> str:
+    """``test_a, test_b, ...``: the first five by name."""
+    shown = ", ".join(_name(nodeid) for nodeid in nodeids[:5])
+    return shown + (", ..." if len(nodeids) > 5 else "")
 
 
 def _name(nodeid: str) -> str:

@@ -224,9 +224,9 @@ def test_the_search_stops_at_its_bound_and_names_the_candidates(
     result.stdout.fnmatch_lines(
         [
             "*OrderDependenceWarning: test_registers_too failed on a reused world after 3 "
-            "earlier tests (test_registers, test_innocent) and passes on fresh processes; no "
-            "single earlier test found: the search used its 1 fresh worlds (ini "
-            "dist_bisect_runs); run: pytest test_order.py::test_registers "
+            "earlier tests and passes on fresh processes; no single earlier test found (the "
+            "search used its 1 fresh world, ini dist_bisect_runs): the cause is among "
+            "test_registers, test_innocent; run: pytest test_order.py::test_registers "
             "test_order.py::test_innocent test_order.py::test_registers_too --dist-backend=gloo",
         ]
     )
@@ -273,9 +273,10 @@ def test_registers_too(rank):
     result.stdout.fnmatch_lines(
         [
             "*OrderDependenceWarning: test_registers_too failed on a reused world after 1 "
-            "earlier test (test_once) and passes on fresh processes; no single earlier test "
-            "found: test_once failed when it was run again on fresh processes; run: pytest "
-            "test_order.py::test_once test_order.py::test_registers_too --dist-backend=gloo",
+            "earlier test and passes on fresh processes; no single earlier test found "
+            "(test_once failed when it was run again on fresh processes): the cause is among "
+            "test_once; run: pytest test_order.py::test_once test_order.py::test_registers_too "
+            "--dist-backend=gloo",
         ]
     )
 
