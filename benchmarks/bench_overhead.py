@@ -1,4 +1,4 @@
-"""The per-test budget of spec section 8, measured in one pytest run.
+"""The per-test budget of a marked test, measured in one pytest run.
 
 Run by hand, never in CI (nothing here asserts on time)::
 
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     print(wl.table(["per test", "median", "budget", "met"], rows))
     print(
         "budget: World.run of the same body (one per test) + a plain test without the plugin "
-        "+ 1 ms (spec section 8); plain with the plugin: within 0.1 ms of without; cold: "
+        "+ 1 ms; plain with the plugin: within 0.1 ms of without; cold: "
         "a plain pytest run of a torch test + 0.5 s"
     )
     return 0

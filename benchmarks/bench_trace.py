@@ -1,4 +1,4 @@
-"""What recording collectives and the desync check cost (spec sections 6 and 8).
+"""What recording collectives and the desync check cost (per collective, and per call).
 
 Run by hand, never in CI (nothing here asserts on time)::
 

@@ -1,7 +1,7 @@
 """The built-in fixtures that run inside a rank: this module runs INSIDE each rank.
 
 Some fixtures mean something per process, so in a distributed test they run in every rank
-rather than in the controller (spec section 5): the plugin's own (``rank``, ``world_size``,
+rather than in the controller: the plugin's own (``rank``, ``world_size``,
 ``local_rank``, ``local_device``) and pytest's per-test built-ins whose subject is the
 process they run in: ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
 ``capsys``/``capsysbinary``/``capfd``/``capfdbinary`` (this rank's output), ``caplog``

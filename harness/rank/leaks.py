@@ -2,7 +2,7 @@
 
 :mod:`harness.rank.reset` puts back the state a call may change; some things a call may
 leave behind cannot be put back without knowing what they are for. They are reported
-instead (spec section 5), each finding one line that the controller shows with the call
+instead, each finding one line that the controller shows with the call
 and the rank:
 
 * **threads** the call started (``threading.Thread.start``, daemon or not) that are still

@@ -1,4 +1,4 @@
-"""Where fixtures run: in the controller unless they must run in the ranks (spec section 5).
+"""Where fixtures run: in the controller unless they must run in the ranks.
 
 Fixtures built from rank-side ones, pytest's per-process built-ins and ``harness.fixture``
 run inside each rank, with their scopes and ``yield`` teardown there; a rank-side fixture's
