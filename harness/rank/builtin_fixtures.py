@@ -5,8 +5,9 @@ rather than in the controller: the plugin's own (``rank``, ``world_size``,
 ``local_rank``, ``local_device``) and pytest's per-test built-ins whose subject is the
 process they run in: ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
 ``capsys``/``capsysbinary``/``capfd``/``capfdbinary`` (this rank's output), ``caplog``
-(this rank's log records), ``recwarn`` (this rank's warnings), ``tmp_path_factory`` (the
-controller's base directory) and ``request`` (:class:`RankRequest`, a view of the test).
+(this rank's log records), ``recwarn`` (this rank's warnings), ``tmp_path_factory`` (for
+the body or a rank-side fixture that asks for it: over the controller's base directory) and
+``request`` (:class:`RankRequest`, a view of the test).
 
 pytest builds its own versions of these from objects that exist only in the controller
 (the test item, the capture manager), so the ones here are small equivalents with the same
