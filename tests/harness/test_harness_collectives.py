@@ -227,7 +227,7 @@ def test_a_call_without_collectives_has_no_collectives_section(world2: harness.W
 def test_torchs_flight_recorder_adds_what_the_wrapper_cannot_see(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if compat._probe_flight_recorder() is None:
+    if compat.torch_distributed._probe_flight_recorder() is None:
         pytest.skip("this torch has no flight recorder")
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")  # the ranks inherit it
     with (

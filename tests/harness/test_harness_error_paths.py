@@ -132,7 +132,7 @@ def test_a_stack_starts_at_torchs_test_code_not_at_the_harness(tmp_path: Path) -
         Thread 0x00000001 (most recent call first):
           File "{os.path.join(_TORCH, "distributed", "distributed_c10d.py")}", line 9 in barrier
           File "{test_file}", line 5 in test_barrier
-          File "{package / "compat.py"}", line 3 in mptc_run
+          File "{package / "compat" / "torch_testing.py"}", line 3 in mptc_run
           File "{code_dir}loop.py", line 2 in main
           File "{os.path.dirname(multiprocessing.__file__)}/process.py", line 1 in run
         """

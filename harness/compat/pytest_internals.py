@@ -1,0 +1,253 @@
+"""pytest's (and pytest-timeout's) private API the harness relies on.
+
+Skips located at the test, a test's fixture definitions and argument names, ini names,
+``monkeypatch`` outside a test, ``xfail(raises=...)``, pytest-timeout's settings, and the
+assertion rewriter (rewriting a test module in a rank; keeping the harness's own modules
+out of it). pytest is imported inside the functions. :data:`PROBES` checks each use.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any, NoReturn
+
+
+def skip_at_test(reason: str) -> NoReturn:
+    """Raise pytest's skip so that the report points at the test, not at the harness.
+
+    ``pytest.skip()`` raised from a hook is reported at the hook's line; pytest's own
+    ``skipif`` marks use the private ``_use_item_location=True`` to place it at the test
+    item, and there is no public equivalent.
+    """
+    import pytest
+
+    raise pytest.skip.Exception(reason, _use_item_location=True)
+
+
+def test_argnames(item: Any) -> tuple[str, ...]:
+    """The names of the arguments a test function takes (not the fixtures pulled in only by
+    other fixtures or ``autouse``).
+
+    pytest's own ``pytest_pyfunc_call`` reads ``item._fixtureinfo.argnames``; the public
+    ``item.fixturenames`` also holds fixtures the function does not take.
+    """
+    return tuple(item._fixtureinfo.argnames)
+
+
+def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
+    """Every fixture definition a test can see, by name: ``pytest.FixtureDef`` lists, the one
+    the test uses last (earlier ones are what an overriding fixture of the same name gets).
+
+    pytest computes this closure when it collects the test and keeps it in
+    ``item._fixtureinfo.name2fixturedefs``; no public API gives the definitions behind
+    ``item.fixturenames``, and the plugin must know, before pytest sets any fixture up,
+    which of them run in the ranks.
+    """
+    defs: Mapping[str, Sequence[Any]] = item._fixtureinfo.name2fixturedefs
+    return defs
+
+
+def ini_names(config: Any) -> list[str]:
+    """The names of every registered ini option, for ``request.config.getini`` in a rank.
+
+    ``config.getini`` reads one name at a time and pytest has no public list of the names.
+    """
+    return list(config._parser._inidict)
+
+
+def monkeypatch() -> Any:
+    """A new ``pytest.MonkeyPatch`` (public; here because the rank side reaches pytest only
+    through this module, and imports it only when a test asks for ``monkeypatch``)."""
+    import pytest
+
+    return pytest.MonkeyPatch()
+
+
+def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
+    """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None.
+
+    pytest evaluates xfail conditions once and keeps the result in
+    ``item.stash[_pytest.skipping.xfailed_key]``; reading the mark ourselves would mean
+    evaluating its conditions a second time. None also when the mark has no ``raises``.
+    """
+    from _pytest.skipping import xfailed_key
+
+    xfailed = item.stash.get(xfailed_key, None)
+    if xfailed is None or xfailed.raises is None:
+        return None
+    raises = xfailed.raises if isinstance(xfailed.raises, tuple) else (xfailed.raises,)
+    return tuple(raises), str(xfailed.reason or "")
+
+
+def pytest_timeout_settings(item: Any) -> Any:
+    """pytest-timeout's settings for a test (``timeout``, ``method``, ``func_only``, ...), or
+    None when pytest-timeout is not active.
+
+    pytest-timeout resolves the marker, ``--timeout``, ``PYTEST_TIMEOUT`` and ini ``timeout``
+    in its private ``_get_item_settings``. Its public hook ``pytest_timeout_set_timer`` hands
+    the settings over when it arms its timer, which is enough at the start of a test; under
+    ``func_only`` it arms the timer only in the call phase, after the harness ran the ranks
+    (in the setup phase), so the settings are read here first.
+    """
+    plugin = item.config.pluginmanager.get_plugin("timeout")
+    if plugin is None:
+        return None
+    return plugin._get_item_settings(item)
+
+
+ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
+"""The module :func:`rewrite_asserts` imports (the forkserver preloads it under pytest)."""
+
+
+def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
+    """Apply pytest's assertion rewriting to a parsed module, in place.
+
+    A rank imports a test module itself; to explain a failing ``assert`` as pytest does, it
+    needs pytest's rewriter, which pytest only exposes through its import hook.
+    """
+    import importlib
+
+    importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
+
+
+def _rewrite_hooks() -> list[Any]:
+    """pytest's assertion-rewriting import hooks installed in this process (one per config)."""
+    return [f for f in sys.meta_path if type(f).__module__ == ASSERT_REWRITER_MODULE]
+
+
+def exempt_from_assert_rewriting(*packages: str) -> None:
+    """Have pytest's import hook leave the modules of these packages imported from now on.
+
+    pytest rewrites the asserts of every module of a distribution that registers a pytest
+    plugin, fhelium's included, and caches the result beside the module. Where it cannot
+    write there (a read-only install; ``PYTHONDONTWRITEBYTECODE``, set in many containers),
+    it parsed, rewrote and compiled the harness's modules again in every run: ~0.1 s
+    before the first distributed test. Their asserts state invariants, not test outcomes,
+    so they gain nothing from it. pytest can mark names (``register_assert_rewrite``), not
+    unmark them: the hook keeps them in ``_must_rewrite`` and caches lookups in
+    ``_marked_for_rewrite_cache``.
+    """
+    for hook in _rewrite_hooks():
+        marked = hook._must_rewrite
+        marked.difference_update([name for name in marked if name.split(".")[0] in packages])
+        hook._marked_for_rewrite_cache.clear()
+
+
+def leave_pytest_import_hook() -> None:
+    """Remove pytest's assertion-rewriting import hooks from this process (a fork of the
+    pytest process that is to serve as a forkserver, where ranks import test modules
+    their own way, as they do from a new interpreter)."""
+    for hook in _rewrite_hooks():
+        sys.meta_path.remove(hook)
+
+
+def asserts_rewritten(module: ModuleType) -> bool:
+    """Whether pytest rewrote the asserts of an imported module.
+
+    The rewriter adds ``@py_builtins`` to the module's globals; pytest has no public flag.
+    """
+    return hasattr(module, "@py_builtins")
+
+
+# -- probes: each raises once an upgrade has removed what it checks --------------------------
+
+
+def _probe_use_item_location() -> object:
+    import pytest
+
+    return pytest.skip.Exception("probe", _use_item_location=True)
+
+
+def _probe_xfailed_key() -> object:
+    from _pytest.skipping import xfailed_key
+
+    return xfailed_key
+
+
+def _probe_rewrite() -> object:
+    import ast
+
+    tree = ast.parse("assert 1")
+    rewrite_asserts(tree, b"assert 1", "<probe>")
+    return tree
+
+
+def _probe_fixtureinfo() -> object:
+    from _pytest.fixtures import FuncFixtureInfo
+
+    return FuncFixtureInfo.__dataclass_fields__["argnames"]
+
+
+def _probe_name2fixturedefs() -> object:
+    from _pytest.fixtures import FuncFixtureInfo
+
+    return FuncFixtureInfo.__dataclass_fields__["name2fixturedefs"]
+
+
+def _probe_inidict() -> object:
+    import pytest
+
+    parser = pytest.Parser(_ispytest=True)
+    parser.addini("harness_probe", "probe")
+    return parser._inidict["harness_probe"]
+
+
+def _probe_py_builtins() -> object:
+    import ast
+
+    tree = ast.parse("assert 1")
+    rewrite_asserts(tree, b"assert 1", "<probe>")
+    names = {
+        alias.asname
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    if "@py_builtins" not in names:
+        raise AttributeError("pytest's rewriter no longer binds '@py_builtins'")
+    return names
+
+
+def _probe_pytest_timeout() -> object:
+    import importlib
+
+    getter = importlib.import_module("pytest_timeout")._get_item_settings
+    if not callable(getter):
+        raise TypeError("pytest_timeout._get_item_settings is no longer a function")
+    return getter
+
+
+def _probe_rewrite_hook() -> object:
+    from _pytest.assertion.rewrite import AssertionRewritingHook
+
+    class Config:
+        def getini(self, name: str) -> object:
+            raise ValueError(name)
+
+    hook: Any = AssertionRewritingHook(Config())  # type: ignore[arg-type]
+    if type(hook).__module__ != ASSERT_REWRITER_MODULE:
+        raise AttributeError(f"pytest's import hook moved to {type(hook).__module__}")
+    hook.mark_rewrite("harness_probe")
+    marked, cache = hook._must_rewrite, hook._marked_for_rewrite_cache
+    if "harness_probe" not in marked or not isinstance(cache, dict):
+        raise AttributeError("pytest's import hook keeps its marked names elsewhere")
+    return marked, cache
+
+
+PROBES: dict[str, Callable[[], object]] = {
+    "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
+    "_pytest.skipping.xfailed_key": _probe_xfailed_key,
+    "_pytest.fixtures.FuncFixtureInfo.argnames (item._fixtureinfo)": _probe_fixtureinfo,
+    "_pytest.fixtures.FuncFixtureInfo.name2fixturedefs (item._fixtureinfo)": (
+        _probe_name2fixturedefs
+    ),
+    "pytest.Config._parser._inidict": _probe_inidict,
+    "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
+    "_pytest.assertion.rewrite.AssertionRewritingHook (._must_rewrite, "
+    "._marked_for_rewrite_cache)": _probe_rewrite_hook,
+    "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
+    "pytest_timeout._get_item_settings (pytest-timeout)": _probe_pytest_timeout,
+}
+"""Each private API used here, named as a reader would look it up, with its probe."""

@@ -1,0 +1,217 @@
+"""torch.distributed's private state the harness reads and resets.
+
+torch has no public way to list process groups, read the group counter, unregister a
+backend, tell whether RPC was ever used, or read its flight recorder: each function here
+wraps one such private use and says why, next to the probe that fails by name once an
+upgrade removes it (:data:`PROBES`). torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+def live_process_groups() -> set[Any]:
+    """Every process group alive in this process, the default group included.
+
+    torch has no public way to list process groups (only ``get_process_group_ranks`` of a
+    group one already holds); ``distributed_c10d._world.pg_map`` is the registry that
+    ``new_group`` adds to and ``destroy_process_group`` removes from.
+    """
+    from torch.distributed import distributed_c10d
+
+    return set(distributed_c10d._world.pg_map)
+
+
+def process_group_count() -> int:
+    """How many process groups this process has created so far (its group counter).
+
+    ``new_group`` names a group after this counter (``distributed_c10d._world.group_count``);
+    ranks whose counters differ name their next group differently and cannot meet in it.
+    torch offers no public way to read it.
+    """
+    from torch.distributed import distributed_c10d
+
+    return int(distributed_c10d._world.group_count)
+
+
+def backend_registry() -> dict[str, Any]:
+    """A copy of torch.distributed's backend registry, to put back with
+    :func:`restore_backend_registry`.
+
+    torch has no way to unregister a backend. ``Backend.register_backend(name, ...)`` adds the
+    name as a class attribute of ``Backend`` (``Backend.NAME``) and to the class-level
+    containers ``backend_list`` (what ``is_backend_available`` reads), ``backend_type_map``,
+    ``backend_capability``, ``default_device_backend_map`` and ``_plugins`` (whichever this
+    torch has, 2.4 to 2.13): the copy holds every class attribute, containers copied.
+
+    Returns:
+        ``{attribute name: value}``, lists and dicts as shallow copies.
+    """
+    from torch.distributed import Backend
+
+    return {
+        name: (value.copy() if isinstance(value, (list, dict)) else value)
+        for name, value in vars(Backend).items()
+    }
+
+
+def restore_backend_registry(saved: dict[str, Any]) -> None:
+    """Put torch.distributed's backend registry back as :func:`backend_registry` copied it.
+
+    Attributes added since are deleted, containers are refilled in place (other modules may
+    hold them), anything else rebound. Only what differs is touched.
+
+    Args:
+        saved: What :func:`backend_registry` returned.
+    """
+    from torch.distributed import Backend
+
+    now = vars(Backend)
+    for name in [name for name in now if name not in saved]:
+        delattr(Backend, name)
+    for name, value in saved.items():
+        current: Any = now.get(name)
+        if isinstance(value, list) and type(current) is list:
+            if current != value:
+                current[:] = value
+        elif isinstance(value, dict) and type(current) is dict:
+            if current != value:
+                current.clear()
+                current.update(value)
+        elif current is not value:
+            setattr(Backend, name, value.copy() if isinstance(value, (list, dict)) else value)
+
+
+def rpc_init_count() -> int:
+    """How many times this process has initialized ``torch.distributed.rpc`` (0 where that
+    module was never imported).
+
+    ``init_rpc`` counts its initializations in ``torch.distributed.rpc._init_counter`` (it
+    prefixes each one's store with it); torch says nowhere else whether RPC was ever used.
+    """
+    rpc: Any = sys.modules.get("torch.distributed.rpc")
+    return int(getattr(rpc, "_init_counter", 0)) if rpc is not None else 0
+
+
+def rpc_agent_running() -> bool:
+    """Whether an RPC agent is set in this process (``init_rpc`` without ``shutdown``).
+
+    ``torch.distributed.rpc._is_current_rpc_agent_set`` (from ``torch._C``); there is no
+    public ``is_initialized`` for RPC.
+    """
+    rpc: Any = sys.modules.get("torch.distributed.rpc")
+    is_set = getattr(rpc, "_is_current_rpc_agent_set", None) if rpc is not None else None
+    return bool(is_set()) if is_set is not None else False
+
+
+FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+"""The variables that turn torch's flight recorder on (set before the process group is made)."""
+
+
+def flight_recorder_entries() -> list[dict[str, Any]]:
+    """What torch's flight recorder holds of this process's collectives, oldest first; empty
+    where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
+
+    Private: ``torch._C._distributed_c10d._dump_fr_trace`` (Gloo and others; torch 2.13
+    records Gloo, including the all-reduces DDP issues from C++) and ``_dump_nccl_trace``
+    (NCCL, CUDA builds only; untested here: no GPU), each a pickled dict whose
+    ``"entries"`` hold ``pg_id``, ``collective_seq_id``, ``profiling_name``
+    (``"gloo:all_reduce"``), ``input_sizes``, ``input_dtypes``, ``state``, ``frames`` and
+    ``time_created_ns`` (wall clock). torch has no public API for it.
+    """
+    if not any(os.environ.get(name, "0") not in ("", "0") for name in FLIGHT_RECORDER_VARIABLES):
+        return []
+    import importlib
+    import pickle
+
+    try:
+        c10d = importlib.import_module("torch._C._distributed_c10d")
+    except ImportError:
+        return []  # torch built without distributed
+    entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is None:
+            continue
+        try:
+            data = pickle.loads(dump(True, True, False))
+        except Exception:
+            continue  # the recorder of that backend is not set up in this process
+        for entry in data.get("entries", []) if isinstance(data, dict) else []:
+            key = (entry.get("pg_id"), entry.get("record_id"), entry.get("profiling_name"))
+            entries.setdefault(key, entry)
+    return sorted(entries.values(), key=lambda entry: entry.get("time_created_ns", 0))
+
+
+# -- probes: each raises once an upgrade has removed what it checks --------------------------
+
+
+def _probe_pg_map() -> object:
+    from torch.distributed import distributed_c10d
+
+    return distributed_c10d._world.pg_map
+
+
+def _probe_group_count() -> object:
+    return process_group_count()
+
+
+def _probe_backend_registry() -> object:
+    import warnings
+
+    import torch.distributed as dist
+
+    saved = backend_registry()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist.Backend.register_backend("harnessprobe", lambda *args: None, devices=["cpu"])
+    try:
+        if not dist.is_backend_available("harnessprobe"):
+            raise AttributeError("Backend.register_backend no longer makes a backend available")
+    finally:
+        restore_backend_registry(saved)
+    if dist.is_backend_available("harnessprobe") or hasattr(dist.Backend, "HARNESSPROBE"):
+        raise AttributeError("torch keeps its backend registry outside Backend's attributes")
+    return saved
+
+
+def _probe_rpc_state() -> object:
+    import importlib
+
+    rpc = importlib.import_module("torch.distributed.rpc")
+    if not isinstance(getattr(rpc, "_init_counter", None), int):
+        raise AttributeError("torch.distributed.rpc no longer counts its inits in _init_counter")
+    if rpc.is_available() and rpc_agent_running():
+        raise AttributeError("_is_current_rpc_agent_set() says an agent runs where none was set")
+    return rpc_init_count()
+
+
+def _probe_flight_recorder() -> object:
+    import pickle
+
+    import torch._C._distributed_c10d as c10d
+
+    for name in ("_dump_fr_trace", "_dump_nccl_trace"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            data = pickle.loads(dump(True, True, False))
+            if not isinstance(data, dict) or "entries" not in data:
+                raise TypeError(f"{name} no longer returns a dict with 'entries'")
+            return data
+    return None  # a torch without a flight recorder: flight_recorder_entries() is empty
+
+
+PROBES: dict[str, Callable[[], object]] = {
+    "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
+    "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
+    "torch.distributed.Backend's registry (class attributes; backend_list, _plugins, ...)": (
+        _probe_backend_registry
+    ),
+    "torch.distributed.rpc._init_counter, _is_current_rpc_agent_set": _probe_rpc_state,
+    "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
+}
+"""Each private API used here, named as a reader would look it up, with its probe."""
