@@ -10,9 +10,14 @@ project that installs fhelium only has to mark its tests::
 This module only translates between pytest and the harness core, which works without
 pytest (:mod:`harness.controller`). The rest of the plugin:
 
-* :mod:`~harness.plugin.marker`    the marker and the plugin's settings (no torch)
+* :mod:`~harness.plugin.marker`    the marker: its arguments, parametrized world sizes
+* :mod:`~harness.plugin.settings`  the session's and each test's settings, one precedence
 * :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
+* :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
+* :mod:`~harness.plugin.confirm`   a reused world's verdict checked on fresh processes
+* :mod:`~harness.plugin.replay`    what each world ran, run again on a fresh world
+* :mod:`~harness.plugin.order`     an order dependence's culprit, its message, repro lines
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
 * :mod:`~harness.plugin.report`    where a failure is turned into a pytest report

@@ -1,4 +1,6 @@
-"""The ``distributed`` marker and the plugin's settings, read without importing torch.
+"""The ``distributed`` marker: which one is the plugin's, its arguments, read without torch.
+
+The settings a marker's arguments resolve to are :mod:`harness.plugin.settings`.
 
 The plugin is loaded into every pytest run of an environment that has fhelium installed, so
 what it needs before a distributed test actually runs lives here, free of torch.
