@@ -33,14 +33,13 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
-import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
 
 from bench_mptc import SPAWN_KEYWORD
+from workload import run_child
 
 
 @dataclass(frozen=True)
@@ -171,29 +170,13 @@ def run_pytest(args: list[str], cwd: str, env: dict[str, str], timeout: float, x
         f"--junitxml={xml}",
         *args,
     ]
-    started = time.monotonic()
-    child = subprocess.Popen(
-        command,
-        cwd=cwd,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, _ = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        out = f"killed after {timeout} s"
-    finally:
-        # Whatever the child left (its spawned test processes), killed with it.
-        try:
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.wait()
-    seconds = time.monotonic() - started
-    return Run(parse_junit(xml), seconds, child.returncode, "\n".join(out.splitlines()[-15:]))
+    # In a session of its own: whatever the child left (its spawned test processes) is
+    # killed with it, also at the timeout.
+    ran = run_child(command, timeout=timeout, cwd=cwd, env=env)
+    tail = "\n".join(ran.output.splitlines()[-15:])
+    if ran.returncode == -signal.SIGKILL:
+        tail += f"\nkilled after {timeout} s"
+    return Run(parse_junit(xml), ran.wall, ran.returncode, tail)
 
 
 def _environment(root: str, spawn_env: bool) -> dict[str, str]:
