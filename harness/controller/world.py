@@ -243,7 +243,6 @@ class World:
         seed: int | None = None,
         name: str | None = None,
         check_collectives: bool = True,
-        next_seed: int | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising: the entry point of tools built on the World (the pytest plugin).
@@ -258,10 +257,6 @@ class World:
             name: How messages name the call (the plugin passes ``"test <node id>"``);
                 None: ``"the call of <fn's qualified name>"``.
             check_collectives: As :meth:`run`.
-            next_seed: The ``seed`` the next call will most likely pass: the ranks seed
-                their generators with it as soon as they have answered this call, while they
-                are idle, so that the next call need not (it still seeds itself when its
-                seed differs, or when another call came in between).
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -300,7 +295,6 @@ class World:
                 rendezvous=rendezvous,
                 check_leaks=self.leaks != "off",
                 check_collectives=check_collectives,
-                next_seed=next_seed,
             )
             deadline = time.monotonic() + timeout if timeout is not None else None
             replies, timed_out = self._exchange(call, deadline)

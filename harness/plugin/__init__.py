@@ -295,10 +295,8 @@ def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+def pytest_runtest_protocol(item: pytest.Item) -> None:
     interrupts.runtest_started(item)
-    if nextitem is not None and find_mark(item) is not None:
-        _session(item.config).note_next(item, nextitem)
 
 
 @pytest.hookimpl(wrapper=True, trylast=True)

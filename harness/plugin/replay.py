@@ -57,10 +57,8 @@ class Step:
     seed: int | None
     check_collectives: bool = True
 
-    def call(
-        self, world: World, output: str = OUTPUT_CAPTURE, next_seed: int | None = None
-    ) -> Outcome:
-        """Run the test on ``world`` (see ``World.call`` for ``output`` and ``next_seed``)."""
+    def call(self, world: World, output: str = OUTPUT_CAPTURE) -> Outcome:
+        """Run the test on ``world`` (see ``World.call`` for ``output``)."""
         return world.call(
             self.fn,
             self.args,
@@ -69,7 +67,6 @@ class Step:
             seed=self.seed,
             name=f"test {self.nodeid}",
             check_collectives=self.check_collectives,
-            next_seed=next_seed,
         )
 
 

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 _RANK_SIDE = pytest.StashKey[rank_fixtures.RankSide]()
 _CALL_ERROR = pytest.StashKey[BaseException]()
 _CALL_SKIP = pytest.StashKey[str]()
-_NEXT_ITEM = pytest.StashKey[pytest.Item]()
 
 
 class DistSession:
@@ -106,10 +105,6 @@ class DistSession:
     # body and tear those fixtures down in that call. Its outcome is then raised in the
     # phase it belongs to, so a rank-side fixture's error is the test's setup or teardown
     # error, as it would be in-process.
-
-    def note_next(self, item: pytest.Item, nextitem: pytest.Item) -> None:
-        """Remember which test pytest runs after ``item`` (see :meth:`_next_seed`)."""
-        item.stash[_NEXT_ITEM] = nextitem
 
     def prepare(self, item: pytest.Function) -> None:
         """Before pytest sets up the test's fixtures: take those that run in the ranks out of
@@ -183,7 +178,7 @@ class DistSession:
                 return _fresh_call(world, step, output, scoped), ""
         world = self.world(test.world_size, backend, test.init)
         earlier = self.history.before(world)
-        outcome = step.call(world, output, self._next_seed(item))
+        outcome = step.call(world, output)
         self.history.record(world, step)
         if outcome.error is None:
             self._keep_scopes(item, plan, world, test.timeout)
@@ -304,14 +299,6 @@ class DistSession:
         if isinstance(randomly, int) and self.config.pluginmanager.hasplugin("randomly"):
             return randomly
         return zlib.crc32(item.nodeid.encode())
-
-    def _next_seed(self, item: pytest.Function) -> int | None:
-        """The seed of the distributed test pytest runs next, if any: the ranks set it while
-        they wait for that test (see ``World.call``'s ``next_seed``)."""
-        nextitem = item.stash.get(_NEXT_ITEM, None)
-        if nextitem is None or find_mark(nextitem) is None:
-            return None
-        return self._seed(nextitem)
 
 
 def _describe(item: pytest.Function) -> TestRef:

@@ -117,10 +117,6 @@ class Call:
     ``seed``, when given, seeds every random generator of the rank before the call (torch
     CPU and CUDA, ``random``, numpy's global one), so that it draws what a fresh process
     seeded alike would.
-    ``next_seed``, when given, is the seed the next call will probably ask for (the plugin
-    knows the next test): once the rank has answered this call, while it waits anyway, it
-    seeds its generators with it, and the next call skips seeding if it asks for that
-    seed. Seeding costs a test tens of microseconds on every rank otherwise.
     ``rendezvous``, in a world without a harness group (``World(init=False)``), is this
     call's private rendezvous: ``MASTER_PORT`` (a port free when the call was sent) and
     ``INIT_METHOD`` (``file://`` and a file in the world's private directory that no call
@@ -143,7 +139,6 @@ class Call:
     rendezvous: dict[str, str] | None = None
     check_leaks: bool = True
     check_collectives: bool = True
-    next_seed: int | None = None
 
 
 @dataclass(frozen=True)

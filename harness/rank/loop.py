@@ -123,9 +123,6 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
     conn.send(ready)
 
-    # The seed the generators were given after the last answer (Call.next_seed), while no
-    # call has run since; None otherwise.
-    seeded: int | None = None
     while True:
         try:
             message = conn.recv()
@@ -134,28 +131,22 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         if isinstance(message, Regroup):
             reply = _regroup(message, setup, ready)
         else:
-            reply = _call(message, setup, files, seeded)
-        seeded = None
+            reply = _call(message, setup, files)
         conn.send(reply)
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
             # of waiting for the process-group timeout. The world is rebuilt anyway.
             _exit(cov, 1)
-        # What the call changed is put back after the answer, and the next call's seed is
-        # set: the controller moves on meanwhile, and the next message is only read once
-        # this rank is done.
+        # What the call changed is put back after the answer: the controller moves on
+        # meanwhile, and the next message is only read once this rank is done.
         state.restore()
-        if isinstance(message, Call) and message.next_seed is not None:
-            reset.seed_all(message.next_seed)
-            seeded = message.next_seed
 
 
-def _call(call: Call, setup: RankSetup, files: RankFiles, seeded: int | None) -> RankMessage:
+def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     """Run one call; whatever happens, answer with exactly one message.
 
     What the call changed in the rank's state is put back once the answer is sent (see
-    :func:`main`), not here: the controller takes the answer in meanwhile. ``seeded`` is
-    the seed the generators already have, untouched since (``Call.next_seed``), or None.
+    :func:`main`), not here: the controller takes the answer in meanwhile.
     """
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
@@ -163,7 +154,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles, seeded: int | None) ->
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
     _destroy_groups_except(_baseline_groups | fixtures.lasting_groups())
-    if call.seed is not None and call.seed != seeded:
+    if call.seed is not None:
         reset.seed_all(call.seed)
     if call.env is not None:
         # The rank's own torchrun variables win over the controller's.

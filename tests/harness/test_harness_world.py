@@ -55,20 +55,6 @@ def test_a_seeded_call_draws_what_a_fresh_rank_seeded_alike_draws(world2: harnes
         assert fresh.call(fns.draw, seed=1234).result() == first
 
 
-def test_a_seed_set_ahead_draws_what_a_seed_set_at_the_call_draws(world2: harness.World) -> None:
-    first = world2.call(fns.draw, seed=1234).result()
-    # Set by the ranks once they answered the call before: the next call finds it set.
-    world2.call(fns.draw, next_seed=1234)
-    assert world2.call(fns.draw, seed=1234).result() == first
-    # Another call drew in between: the seeded call seeds again.
-    world2.call(fns.draw, next_seed=1234)
-    world2.run(fns.draw)
-    assert world2.call(fns.draw, seed=1234).result() == first
-    # Set ahead for another seed than the call asks for.
-    world2.call(fns.draw, next_seed=99)
-    assert world2.call(fns.draw, seed=1234).result() == first
-
-
 def test_ranks_see_the_controllers_environment_of_each_call(
     world2: harness.World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
