@@ -243,13 +243,12 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
 
     Returns:
         ``outcome`` when the traces agree after all (a checksum collision; differences
-        that are right); otherwise a ``CollectiveMismatch`` outcome, reusable only when the
-        ranks' groups are still in step (see :func:`verdicts.in_step`).
+        that are right); otherwise a ``CollectiveMismatch`` outcome (the world is then
+        rebuilt, as after any failed call).
     """
     states = dict.fromkeys(range(world_size), verdicts.DONE)
     # A collective that raised where the test handled the error is no desync, nor is what
-    # followed it on its group: only what completed on every member is compared. The rank
-    # that raised said it is not to be reused (Done.reusable): the world is rebuilt.
+    # followed it on its group: only what completed on every member is compared.
     found = _verdicts(traces, states, world_size, until_raised=True)
     if not found and all(trace is not None for trace in traces.values()):
         return outcome
@@ -259,29 +258,13 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
             "the ranks' collectives differ (their counts or ops per group), but "
             f"{ranks_phrase(missing)} did not say which"
         ]
-    try:
-        keep = verdicts.in_step(traces, world_size)
-    except Exception:
-        keep = False  # not sure the ranks are in step: fresh ones are
-    # Not reusable for another reason (a collective raised where the test handled it): the
-    # world is rebuilt all the same, and the summary says so.
-    keep = keep and outcome.reusable
-    rebuilt = "" if keep else "; the world is rebuilt before the next call"
-    summary = (
+    error = CollectiveMismatch(
         "every rank returned, but their collectives do not match, so the results may be "
-        f"wrong{rebuilt}: {found[0]}"
+        f"wrong: {found[0]}"
     )
-    error = CollectiveMismatch(summary)
     error.collectives = dict(traces)
     error.verdicts = found
-    return Outcome(
-        error=error,
-        outputs=outcome.outputs,
-        reusable=keep,
-        notice=outcome.notice,
-        regroup=outcome.regroup and keep,
-        leaks=outcome.leaks,
-    )
+    return Outcome(error=error, outputs=outcome.outputs, notice=outcome.notice, leaks=outcome.leaks)
 
 
 def _verdicts(

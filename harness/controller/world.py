@@ -33,7 +33,7 @@ from harness.controller.outcome import (
 )
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
-from harness.errors import CollectiveMismatch, note_interrupt
+from harness.errors import note_interrupt
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
@@ -341,10 +341,7 @@ class World:
             self._broken = True
             _stop(self._state)
             raise
-        # A desync found after every rank returned leaves the ranks usable when their groups
-        # are in step (outcome.reusable says so); any other error stops them.
-        kept = isinstance(outcome.error, CollectiveMismatch)
-        if (outcome.error is not None and not kept) or not outcome.reusable:
+        if outcome.error is not None or not outcome.reusable:
             self._broken = True
             _stop(self._state)
         elif outcome.regroup:
