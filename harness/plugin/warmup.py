@@ -71,9 +71,7 @@ def before_conftests(early_config: pytest.Config) -> None:
             # pytest-cov (--cov) imports coverage right after this; imported first, it is
             # preloaded by the server too, instead of imported by each rank (~60 ms each).
             importlib.import_module("coverage")
-        # Neither the conftests nor the tests are imported yet, and pytest is: the server can
-        # be a fork of this process, ready sooner than a new interpreter.
-        early_config.stash[_STARTED_EARLY] = _start(fork_this_process=True)
+        early_config.stash[_STARTED_EARLY] = _start()
 
 
 def at_configure(config: pytest.Config, name: str | None) -> None:
@@ -139,8 +137,8 @@ def _may_deselect(options: argparse.Namespace) -> bool:
     )
 
 
-def _start(*, fork_this_process: bool = False) -> bool:
+def _start() -> bool:
     """Start the server (if this process has none yet); whether one was started now."""
     from harness.controller import forkserver
 
-    return forkserver.warm_up(fork_this_process=fork_this_process)
+    return forkserver.warm_up()

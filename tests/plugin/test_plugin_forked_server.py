@@ -1,11 +1,10 @@
-"""A forkserver forked from the pytest process: ranks start from it as from a new interpreter.
+"""A forkserver started early is a new interpreter: its ranks see nothing of pytest's process.
 
 Where a test file named on the command line uses the marker, the server is started before
-the conftests load, as a fork of the pytest process (pytest is imported already there, so it
-is ready sooner). Ranks forked from it must not see anything of that process: its open
-files, its buffered output, pytest's import hook, its multiprocessing state (it held a lock
-at the fork). Where the process cannot be forked safely (another thread, torch, a tracer),
-the server is a new interpreter as before.
+the conftests load, so that it imports torch while pytest collects. It is still a new
+interpreter, never a fork of the pytest process: ranks forked from it do not see that
+process's open files, buffered output, import hooks, multiprocessing state or stack, and a
+plugin loaded with -p works in them as in any rank.
 """
 
 from __future__ import annotations
@@ -21,30 +20,36 @@ from session_testutil import left_in_session
 # line in the (block-buffered: the output is a file) stdout buffer, unflushed.
 EARLY_PLUGIN = """
 import sys
-import threading
 
 held = open("held.txt", "w")
 sys.stdout.write("early line from the plugin\\n")
-if "--with-thread" in sys.argv:
-    threading.Thread(target=threading.Event().wait, daemon=True).start()
-
-
-def pytest_addoption(parser):
-    parser.addoption("--with-thread", action="store_true")
 """
 
-# Looks at the server before any test runs.
+# A plugin loaded with -p whose fixture runs in the ranks (it asks for rank): each rank
+# imports the plugin itself.
+FIXTURE_PLUGIN = """
+import pytest
+
+
+@pytest.fixture
+def tag(rank):
+    return f"tag of rank {rank}"
+"""
+
+# Looks at the server when the conftests load, and before any test runs.
 CONFTEST = """
 import os
 
 from harness import compat
+
+STARTED_EARLY = compat.forkserver_pid() is not None
 
 
 def pytest_sessionstart(session):
     pid = compat.forkserver_pid()
     with open(f"/proc/{pid}/cmdline", "rb") as handle:
         command = handle.read().replace(b"\\0", b" ").decode()
-    forked = "multiprocessing.forkserver" not in command
+    new = "multiprocessing.forkserver" in command
     held = os.path.abspath("held.txt")
     links = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -52,21 +57,33 @@ def pytest_sessionstart(session):
             links.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             pass  # closed meanwhile: the server is importing torch
-    print(f"server forked from pytest: {forked}; holds the plugin's file: {held in links}")
+    print(
+        f"server started early: {STARTED_EARLY}; a new interpreter: {new}; "
+        f"holds the plugin's file: {held in links}"
+    )
 """
 
 TESTS = """
 import multiprocessing
 import os
 import sys
+import traceback
 
 import pytest
 
 
 @pytest.mark.distributed(world_size=2)
-def test_rank_starts_clean(rank):
+def test_rank_starts_clean(rank, tag):
     hooks = [type(f).__name__ for f in sys.meta_path if "_pytest" in type(f).__module__]
-    print(f"pytest's import hooks in the rank: {hooks}")
+    print(f"pytest's import hooks in the rank: {hooks}; {tag}")
+
+
+@pytest.mark.distributed(world_size=1)
+def test_rank_stack_holds_no_pytest_frame():
+    files = [frame.filename for frame in traceback.extract_stack()]
+    parts = (f"{os.sep}_pytest{os.sep}", f"{os.sep}pytest{os.sep}", "pluggy")
+    ours = [name for name in files if any(part in name for part in parts)]
+    print(f"pytest's frames in the rank's stack: {ours} of {len(files)}")
 
 
 @pytest.mark.distributed(world_size=1)
@@ -84,18 +101,18 @@ def test_failing_assert_is_explained(rank):
 """
 
 
-def _run(directory: str, *args: str) -> str:
+def _run(directory: str) -> str:
     """pytest in a session of its own, on TESTS; its output, once nothing of the session is
     left."""
     # Buffered output, as when a CI runner collects it (PYTHONUNBUFFERED would hide a
     # buffer copied into the server).
     hidden = ("PYTEST_ADDOPTS", "PYTHONUNBUFFERED")
     env = {k: v for k, v in os.environ.items() if k not in hidden}
-    plugins = ["-p", "early_plugin", "-p", "no:cacheprovider", "-p", "no:randomly"]
-    command = [sys.executable, "-m", "pytest", *plugins, "-s", "--dist-backend=gloo", *args]
+    plugins = ["-p", "early_plugin", "-p", "fixture_plugin", "-p", "no:cacheprovider"]
+    command = [sys.executable, "-m", "pytest", *plugins, "-p", "no:randomly", "-s"]
     with open(os.path.join(directory, "output.txt"), "w") as out:
         child = subprocess.Popen(
-            [*command, "test_forked.py"],
+            [*command, "--dist-backend=gloo", "test_early.py"],
             cwd=directory,
             env=env,
             stdout=out,
@@ -110,57 +127,20 @@ def _run(directory: str, *args: str) -> str:
     return output
 
 
-@pytest.mark.parametrize(
-    ("args", "forked"),
-    [pytest.param([], True, id="fork"), pytest.param(["--with-thread"], False, id="thread")],
-)
-def test_ranks_of_a_server_forked_from_pytest_start_as_from_a_new_interpreter(
-    pytester: pytest.Pytester, args: list[str], forked: bool
-) -> None:
-    pytester.makepyfile(early_plugin=EARLY_PLUGIN, test_forked=TESTS)
+def test_ranks_of_a_server_started_early_see_nothing_of_pytest(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(early_plugin=EARLY_PLUGIN, fixture_plugin=FIXTURE_PLUGIN, test_early=TESTS)
     pytester.makeconftest(CONFTEST)
-    output = _run(str(pytester.path), *args)
-    # Forked only where pytest's process has no other thread; either way the server holds
-    # none of its files.
-    assert f"server forked from pytest: {forked}; holds the plugin's file: False" in output
-    # What was buffered at the fork is written once, by pytest, not again by each rank.
+    output = _run(str(pytester.path))
+    expected = "server started early: True; a new interpreter: True; holds the plugin's file: False"
+    assert expected in output, output
+    # What pytest had buffered when the server started is written once, by pytest.
     assert output.count("early line from the plugin") == 1, output
     for rank in (0, 1):
-        assert f"[rank {rank}] pytest's import hooks in the rank: []" in output, output
-    # multiprocessing in a rank knows nothing of pytest's server (whose lock the fork held).
+        assert f"[rank {rank}] pytest's import hooks in the rank: []; tag of rank {rank}" in output
+    # A rank's stack (and so a hang report's) starts at the server, not in pytest's start-up.
+    assert "[rank 0] pytest's frames in the rank's stack: [] of " in output, output
+    # multiprocessing in a rank knows nothing of pytest's server.
     assert "[rank 0] the rank's own child exited with 0" in output, output
     # The rank rewrites the test module's asserts itself.
     assert "assert 0 == 5" in output, output
-    assert "1 failed, 2 passed" in output, output
-
-
-def test_a_process_is_forked_into_the_server_only_where_that_is_safe(
-    pytester: pytest.Pytester,
-) -> None:
-    script = """
-import sys
-import threading
-
-from harness.controller import forkserver
-
-print("plain:", forkserver._forkable())
-sys.settrace(lambda *args: None)
-print("tracer:", forkserver._forkable())
-sys.settrace(None)
-sys.setprofile(lambda *args: None)
-print("profiler:", forkserver._forkable())
-sys.setprofile(None)
-stop = threading.Event()
-thread = threading.Thread(target=stop.wait)
-thread.start()
-print("thread:", forkserver._forkable())
-stop.set()
-thread.join()
-import torch
-print("torch:", forkserver._forkable())
-"""
-    result = pytester.run(sys.executable, "-c", script)
-    assert result.ret == 0, result.stderr.str()
-    result.stdout.fnmatch_lines(
-        ["plain: True", "tracer: False", "profiler: False", "thread: False", "torch: False"]
-    )
+    assert "1 failed, 3 passed" in output, output
