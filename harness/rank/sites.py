@@ -1,7 +1,6 @@
-"""Where in the user's code a rank is: the call site of a collective, and the position of a
-blocked thread, as a reader of a failure names them. This module runs INSIDE each rank;
-:mod:`harness.rank.trace` uses it. It may import the stdlib, torch and ``harness.compat``
-(frames are CPython's private API).
+"""Where in the user's code a rank is, as a reader of a failure names it: the call site of a
+collective, the position of a blocked thread. Runs INSIDE each rank; it may import the
+stdlib, torch and ``harness.compat`` (frames are CPython's private API).
 
 A reader wants the first frame outside the libraries between their code and the collective:
 torch's implementation, the harness and :mod:`multiprocessing` (:func:`is_call_site`); for a
@@ -29,27 +28,35 @@ _NEVER_DIRS = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.path.dirname(os.path.abspath(multiprocessing.__file__)) + os.sep,
 )
+_PATHS = sysconfig.get_paths()
+_STDLIB_DIRS = tuple({_PATHS[name] + os.sep for name in ("stdlib", "platstdlib")})
+_PACKAGE_DIRS = tuple({_PATHS[name] + os.sep for name in ("purelib", "platlib")})
 
 
 def is_call_site(path: str) -> bool:
-    """Whether a frame of code in ``path`` is a call site a reader wants: anything but
-    torch's implementation, the harness and :mod:`multiprocessing`. torch's own test code
-    (``torch/testing``: PyTorch's distributed tests and their helpers) is a call site.
-
-    Args:
-        path: A frame's ``co_filename``.
-    """
+    """Whether a frame of code in ``path`` (its ``co_filename``) can be a call site: anything
+    but torch's implementation, the harness and :mod:`multiprocessing`. torch's own test code
+    (``torch/testing``: PyTorch's distributed tests and their helpers) can."""
     if path.startswith(_TORCH_DIR):
         return path.startswith(_TORCH_TESTS_DIR)
     return not path.startswith(_NEVER_DIRS)
 
 
+def in_stdlib(path: str) -> bool:
+    """Whether a frame in ``path`` is the standard library's (not a package installed there)."""
+    return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
+
+
+def library(path: str) -> bool:
+    """Whether a frame in ``path`` is no call site, or the standard library's."""
+    return not is_call_site(path) or in_stdlib(path)
+
+
 def call_site(frame: FrameType | None) -> tuple[str, int]:
     """Where the user called a collective, ``(file, line)``: from ``frame`` (the caller of
     the recorded function) outwards, the first frame that :func:`is_call_site`; where there
-    is none (torch called it, and nothing but the harness called torch), the outermost frame
-    outside the harness and multiprocessing, which names the torch function that was called;
-    ``("?", 0)`` when there is neither."""
+    is none (torch called it, and nothing but the harness called torch), the outermost
+    torch frame, which names the torch function that was called; else ``("?", 0)``."""
     outermost = None
     while frame is not None:
         path = frame.f_code.co_filename
@@ -58,21 +65,7 @@ def call_site(frame: FrameType | None) -> tuple[str, int]:
         if path.startswith(_TORCH_DIR):
             outermost = frame
         frame = frame.f_back
-    if outermost is None:
-        return ("?", 0)
-    return (outermost.f_code.co_filename, outermost.f_lineno)
-
-
-_STDLIB_DIRS = tuple({sysconfig.get_paths()[name] + os.sep for name in ("stdlib", "platstdlib")})
-_PACKAGE_DIRS = tuple({sysconfig.get_paths()[name] + os.sep for name in ("purelib", "platlib")})
-
-
-def library(path: str) -> bool:
-    """Whether a frame in ``path`` is torch's (its tests excepted, see
-    :func:`is_call_site`), the harness's or the standard library's."""
-    if not is_call_site(path):
-        return True
-    return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
+    return ("?", 0) if outermost is None else (outermost.f_code.co_filename, outermost.f_lineno)
 
 
 def position(thread: int) -> str:
@@ -87,8 +80,7 @@ def position(thread: int) -> str:
         return ""
     file, line = frame.f_code.co_filename, frame.f_lineno
     if callee is not None:
-        code = callee.f_code
-        what = getattr(code, "co_qualname", code.co_name)
+        what = getattr(callee.f_code, "co_qualname", callee.f_code.co_name)
     else:
         what = _called(linecache.getline(file, line))
     place = f"{os.path.basename(file)}:{line}"
@@ -98,13 +90,7 @@ def position(thread: int) -> str:
 def _called(source: str) -> str:
     """The outermost function a line of source calls (``time.sleep``), '' when none."""
     try:
-        tree = ast.parse(source.strip())
-    except SyntaxError:
+        call = next(n for n in ast.walk(ast.parse(source.strip())) if isinstance(n, ast.Call))
+        return ast.unparse(call.func)
+    except Exception:  # no call, or not a line of Python
         return ""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            try:
-                return ast.unparse(node.func)
-            except Exception:
-                return ""
-    return ""

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import re
 from array import array
+from types import SimpleNamespace
+from typing import Any
 
 import collectives_rankfns as fns
 import harness_rankfns
 import pytest
+import torch
+import torch.distributed as dist
 
 import harness
 from harness import compat
@@ -18,13 +22,16 @@ from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
     IN_FLIGHT,
+    RAISED,
     SHOWN,
     Collective,
+    Fingerprint,
     GroupHistory,
     Op,
     RankTrace,
     render,
 )
+from harness.rank import describe, trace
 
 HANG_S = 5.0
 """Bound on a run that hangs on purpose: the ranks reach their collective long before."""
@@ -56,10 +63,9 @@ def test_sum_against_max_completes_but_fails_the_call(world2: harness.World) -> 
     text = str(error)
     assert "---------- collectives ----------" in text
     assert "rank 1: (1 on the default group)\n  #1 all_reduce(MAX, float32[4])" in text
-    # Only the reduce op differed: the same data crossed the same connections, so the
-    # ranks stay (no rebuild) and serve the next call.
+    # As after any failed call, the next call gets fresh ranks.
     assert world2.run(fns.many, args=(3,)) == [None, None]
-    assert world2.pids == pids
+    assert world2.pids != pids
 
 
 def test_desync_check_off_returns_the_wrong_numbers(world2: harness.World) -> None:
@@ -89,7 +95,6 @@ def test_differing_dtype_fails_and_rebuilds_the_world(world2: harness.World) -> 
         f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('dtype')}; "
         f"rank 1 all_reduce(SUM, int32[4]) at {fns.line_of('dtype')}"
     ]
-    assert "the world is rebuilt before the next call" in info.value.summary
     assert world2.run(fns.many, args=(1,)) == [None, None]
     assert world2.pids != pids
 
@@ -280,7 +285,6 @@ def test_verdict_groups_ranks_that_agree() -> None:
         "collective #2 on the default group differs: ranks 0, 1, 3 all_reduce(SUM, float32[4]) "
         "at test_x.py:7; rank 2 all_reduce(MAX, float32[4]) at test_x.py:7"
     ]
-    assert verdicts.in_step(traces, 4)  # only a reduce op differs
 
 
 def test_verdict_finished_early_and_ranks_phrases() -> None:
@@ -295,7 +299,6 @@ def test_verdict_finished_early_and_ranks_phrases() -> None:
     assert verdicts.find(traces, states, 4) == [
         "rank 3 finished the call after #4; ranks 0-2 wait in #5 (all_gather)"
     ]
-    assert not verdicts.in_step(traces, 4)
 
 
 def test_unknown_and_outside_ranks_are_not_compared() -> None:
@@ -325,3 +328,191 @@ def test_rendered_section_shows_the_one_in_flight_last() -> None:
     assert lines[0] == "rank 0: (8 on the default group)"
     assert len(lines) == 1 + SHOWN
     assert lines[-1] == "  #8 all_reduce(SUM, float32[4]) at test_x.py:7  [in flight]"
+
+
+# ---------------------------------------------------------------- recording, in this process
+# The recorder is called as its wrapper calls it, with a no-op in place of torch's function:
+# what a call reads as and what the desync check compares need no process group.
+
+
+def _noop(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def _raise(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("connection closed")
+
+
+def _record(
+    recorder: trace.Recorder, name: str, *args: Any, fn: Any = _noop, **kwargs: Any
+) -> None:
+    original = getattr(dist, name)
+    spec = describe.spec(name, getattr(original, "__harness_traced__", original))
+    recorder.call(spec, fn, args, kwargs)
+
+
+def _described(name: str, *args: Any, **kwargs: Any) -> Op:
+    with trace.Recorder() as recorder:
+        _record(recorder, name, *args, **kwargs)
+    (recorded,) = recorder.trace().recent
+    return recorded.op
+
+
+_T = torch.ones(4)
+
+
+def _p2p(op: Any, peer: int, tensor: torch.Tensor) -> SimpleNamespace:
+    # What batch_isend_irecv's P2POp holds (a real one needs a process group).
+    return SimpleNamespace(op=op, peer=peer, group_peer=None, tensor=tensor)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kwargs", "text", "key"),
+    [
+        ("all_reduce", (_T,), {}, "all_reduce(SUM, float32[4])", None),
+        ("all_reduce", (_T,), {"op": dist.ReduceOp.MAX}, "all_reduce(MAX, float32[4])", None),
+        (
+            "all_reduce_coalesced",
+            ([_T, torch.ones(2, dtype=torch.int64)],),
+            {},
+            "all_reduce_coalesced(SUM, [float32[4], int64[2]])",
+            None,
+        ),
+        ("broadcast", (_T,), {"src": 1}, "broadcast(src=1, float32[4])", None),
+        ("reduce", (_T, 1), {"op": dist.ReduceOp.MAX}, "reduce(dst=1, MAX, float32[4])", None),
+        # The inputs may differ in size by rank; the list of outputs may not.
+        (
+            "all_gather",
+            ([_T, _T], _T),
+            {},
+            "all_gather(float32[4])",
+            "all_gather([float32[4], float32[4]])",
+        ),
+        (
+            "all_gather_into_tensor",
+            (torch.ones(8), _T),
+            {},
+            "all_gather_into_tensor(float32[8], float32[4])",
+            None,
+        ),
+        ("gather", (_T, None, 1), {}, "gather(dst=1, float32[4])", None),
+        ("scatter", (_T,), {"src": 0}, "scatter(src=0, float32[4])", None),
+        (
+            "reduce_scatter",
+            (_T, [_T, _T]),
+            {},
+            "reduce_scatter(SUM, float32[4], [float32[4], float32[4]])",
+            None,
+        ),
+        # Split sizes differ by rank: only the dtype and the number of chunks are compared.
+        (
+            "all_to_all",
+            ([torch.ones(3), torch.ones(1)], [torch.ones(2), torch.ones(2)]),
+            {},
+            "all_to_all([float32[2], float32[2]])",
+            "all_to_all(2 x float32)",
+        ),
+        (
+            "all_to_all_single",
+            (torch.ones(6), torch.ones(6, dtype=torch.int64)),
+            {},
+            "all_to_all_single(int64[6])",
+            "all_to_all_single(int64)",
+        ),
+        ("barrier", (), {}, "barrier()", None),
+        ("monitored_barrier", (), {}, "monitored_barrier()", None),
+        (
+            "broadcast_object_list",
+            ([1, 2, 3],),
+            {"src": 0},
+            "broadcast_object_list(src=0, 3 objects)",
+            None,
+        ),
+        ("all_gather_object", ([None], "x"), {}, "all_gather_object(1 object)", None),
+        ("gather_object", ("x",), {"dst": 1}, "gather_object(dst=1)", None),
+        # Point-to-point ops differ by role: nothing of them is compared.
+        ("send", (_T, 1), {}, "send(dst=1, float32[4])", "send()"),
+        ("irecv", (_T,), {"src": 0}, "irecv(src=0, float32[4])", "irecv()"),
+        (
+            "recv_object_list",
+            ([None, None],),
+            {"src": 0},
+            "recv_object_list(src=0, 2 objects)",
+            "recv_object_list()",
+        ),
+        (
+            "batch_isend_irecv",
+            ([_p2p(dist.isend, 1, _T), _p2p(dist.irecv, 0, torch.ones(2, dtype=torch.int64))],),
+            {},
+            "batch_isend_irecv(isend(dst=1, float32[4]), irecv(src=0, int64[2]))",
+            "batch_isend_irecv()",
+        ),
+    ],
+)
+def test_how_a_call_reads(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], text: str, key: str | None
+) -> None:
+    op = _described(name, *args, **kwargs)
+    assert (op.name, op.text, op.key) == (name, text, key or text)
+
+
+def test_what_an_op_says_besides_its_text() -> None:
+    op = _described("reduce", _T, 1, op=dist.ReduceOp.MAX)
+    assert (op.reduce_op, op.root, op.tensors, op.device, op.p2p) == (
+        "MAX",
+        "dst=1",
+        ("float32[4]",),
+        "cpu",
+        False,
+    )
+    assert _described("send", _T, 1).p2p
+    assert _described("barrier").device == ""
+
+
+def test_a_call_site_is_the_callers_line() -> None:
+    with trace.Recorder() as recorder:
+        _record(recorder, "all_reduce", _T)
+    (recorded,) = recorder.trace().recent
+    assert recorded.where.startswith("test_harness_collectives.py:")
+    assert (recorded.seq, recorded.state) == (1, COMPLETED)
+
+
+def _fingerprint(*calls: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Fingerprint:
+    with trace.Recorder() as recorder:
+        for name, args, kwargs in calls:
+            _record(recorder, name, *args, **kwargs)
+    return recorder.fingerprint()
+
+
+_SUM = ("all_reduce", (_T,), {})
+_MAX = ("all_reduce", (_T,), {"op": dist.ReduceOp.MAX})
+_BROADCAST = ("broadcast", (_T,), {"src": 0})
+
+
+def test_fingerprints_of_the_same_collectives_are_equal() -> None:
+    same = _fingerprint(_SUM, _BROADCAST, _SUM)
+    assert same == _fingerprint(_SUM, _BROADCAST, _SUM)
+    assert [entry[:3] for entry in same] == [(DEFAULT_GROUP, None, 3)]
+    assert same != _fingerprint(_SUM, _BROADCAST, _MAX)
+    assert same != _fingerprint(_SUM, _SUM, _BROADCAST)
+    assert same != _fingerprint(_SUM, _BROADCAST)
+    assert _fingerprint() == ()
+
+
+def test_fingerprints_leave_point_to_point_ops_out() -> None:
+    sender = _fingerprint(("send", (_T, 1), {}), _SUM)
+    receiver = _fingerprint(("recv", (_T, 0), {}), _SUM)
+    assert sender == receiver == _fingerprint(_SUM)
+
+
+def test_a_fingerprint_stops_before_the_collective_that_raised() -> None:
+    with trace.Recorder() as recorder:
+        _record(recorder, "all_reduce", _T)
+        with pytest.raises(RuntimeError):
+            _record(recorder, "broadcast", _T, 0, fn=_raise)
+        _record(recorder, "all_reduce", _T, op=dist.ReduceOp.MAX)
+    assert recorder.raised
+    assert recorder.fingerprint() == _fingerprint(_SUM)
+    states = [c.state for c in recorder.trace().recent]
+    assert states == [COMPLETED, RAISED, COMPLETED]
+    assert recorder.trace().groups[DEFAULT_GROUP].raised == 2
