@@ -9,20 +9,12 @@ error and the pytest report are built from it.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import traceback
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-
-__all__ = [
-    "EXIT_MAIN_REIMPORTED",
-    "MAIN_GUARD_HINT",
-    "RankFailure",
-    "describe_exitcode",
-    "ranks_phrase",
-    "sections",
-]
 
 EXIT_MAIN_REIMPORTED = 86
 """The exit code of a rank that, while it started, re-imported the main module and found it
@@ -81,18 +73,15 @@ class RankFailure:
         hidden_dir: str,
         context: str | None = None,
     ) -> RankFailure:
-        """Describe an exception raised on ``rank`` as text.
+        """Describe an exception raised on ``rank`` as text, whatever it does when printed.
 
         Args:
             exc: The exception.
             rank: The rank it was raised on.
-            hidden_dir: Leading traceback frames from files under this directory (the rank
-                loop, the test-body runner) are left out: the reader's code comes first.
+            hidden_dir: Traceback frames from files under this directory (the rank loop, the
+                test-body runner) are left out: the reader's code comes first.
             context: A sentence that says what was being done (``"could not unpickle the
                 call sent to rank 1"``); it prefixes the message and ends the traceback.
-
-        Returns:
-            The failure, whatever ``exc`` does when it is printed.
         """
         tb: TracebackType | None = exc.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename.startswith(hidden_dir):
@@ -169,16 +158,9 @@ def _without_frames(text: str, hidden_dir: str) -> str:
 def sections(
     failures: Mapping[int, RankFailure], *, root_cause_first: bool
 ) -> list[tuple[str, str]]:
-    """How a set of failures reads: one ``(heading, text)`` per failing rank, in order.
-
-    Args:
-        failures: The failures in the order to show them (root cause first, when known).
-        root_cause_first: Whether the first failure is the root cause (failures ordered in
-            time) rather than one of several listed by rank; it is then headed so.
-
-    Returns:
-        ``[("rank 1 (root cause)", traceback), ("rank 0", traceback), ...]``.
-    """
+    """How a set of failures reads, in the order given: ``[("rank 1 (root cause)",
+    traceback), ("rank 0", traceback), ...]``; the first is headed root cause when
+    ``root_cause_first`` (failures ordered in time, not listed by rank) and there are more."""
     marked = root_cause_first and len(failures) > 1
     return [
         (
@@ -212,15 +194,8 @@ def ranks_phrase(ranks: Iterable[int]) -> str:
     shortened."""
     ordered = sorted(set(ranks))
     parts: list[str] = []
-    start = 0
-    while start < len(ordered):
-        end = start
-        while end + 1 < len(ordered) and ordered[end + 1] == ordered[end] + 1:
-            end += 1
-        if end - start >= 2:
-            parts.append(f"{ordered[start]}-{ordered[end]}")
-        else:
-            parts.extend(str(r) for r in ordered[start : end + 1])
-        start = end + 1
-    many = len(ordered) > 1
-    return ("ranks " if many else "rank ") + ", ".join(parts)
+    # Consecutive ranks share their difference to their position in the sorted list.
+    for _, group in itertools.groupby(enumerate(ordered), lambda pair: pair[1] - pair[0]):
+        run = [rank for _, rank in group]
+        parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(rank) for rank in run]
+    return ("ranks " if len(ordered) > 1 else "rank ") + ", ".join(parts)

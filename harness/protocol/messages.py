@@ -1,51 +1,18 @@
 """The messages a controller and its ranks exchange, one class each.
 
-Each rank has one duplex pipe to its controller. Everything that crosses it is one of the
-classes below, so the protocol can be read here in one place:
+Each rank has one duplex pipe to its controller, and everything that crosses it is one of
+these: ``Call`` (answered by ``Done``, ``Failed`` or ``Skipped``; a pytest test whose body
+failed sends ``Failing`` first) and ``Regroup`` (answered by ``Ready`` or ``Failed``);
+``Ready`` also answers the rank's start. User objects travel pre-pickled as ``bytes``, so the
+messages always pickle and a failure to (un)pickle user data is reported by the side that
+saw it, naming the object.
 
-controller -> rank
-    ``Call``     run one function and answer with ``Done``, ``Failed`` or ``Skipped``
-                 (a pytest test whose body failed sends ``Failing`` first).
-    ``Regroup``  make a fresh default process group (every rank's call destroyed the
-                 harness's) and answer with ``Ready`` or ``Failed``.
-
-rank -> controller
-    ``Ready``    the rank is up: its default process group is, unless the world has none
-                 (answers the start of a rank, and ``Regroup``).
-                 It also names the rank's main and watchdog threads and where its own code
-                 lives, so that its stack dumps can be made readable.
-    ``Done``     the call returned; ``value`` is its pickled return value.
-    ``Failing``  the test body (or a rank-side fixture's setup) of a pytest test call
-                 raised; sent before the rank tears down that test's rank-side fixtures,
-                 which may take long, and followed by the call's ``Failed`` unless the rank
-                 is torn down first.
-    ``Failed``   the call (or start-up) raised; the rank exits right after sending this, so
-                 peers blocked in a collective with it fail at once instead of waiting for
-                 the process-group timeout.
-    ``Skipped``  the call raised a skip exception (pytest's or unittest's).
-
-User objects travel pre-pickled as ``bytes``: the messages themselves always pickle, and a
-failure to (un)pickle user data is reported by the side that saw it, naming the object.
-
-Three things need no message. Stopping: a second pipe, the rank's lifeline, is read by the
-rank's watchdog thread; when the controller closes it (or dies) that thread saves coverage
-and ends the rank, also while its main thread is stuck in a collective. Stack dumps: the
-controller sends ``STACKS_SIGNAL`` and reads the dump from the rank's files
-(:mod:`harness.protocol.rank_files`), which works while the rank's main thread is blocked.
-Collective traces: the controller writes ``TRACE_REQUEST`` on the lifeline, and the
-watchdog thread writes what the call in progress has issued so far (between calls: what the
-last call issued) into the rank's ``trace`` file; this works while the main thread is
-blocked in a collective or a sleep (they release the GIL), where a Python signal handler
-would never run.
-
-A unittest ``MultiProcessTestCase`` test (``--dist-mptc``) is a ``Call`` of its own runner
-with a ``CaseCall``; each rank answers ``Done`` with a ``CaseExit``, or ``Failed`` with the
-exit code in ``RankFailure.exitcode``.
-
-A pytest test is a ``Call`` of the rank-side test runner with a ``TestRef`` (where the test
-is) and a ``FixturePlan`` (its arguments: controller fixture values, and the fixtures that run
-in the ranks, ``RankFixture``). A fixture wider than a function keeps living in the ranks
-between calls; the controller ends it with a ``Call`` of the runner's scope teardown.
+Three things need no message, so that they work while the rank's main thread is blocked in
+a collective or a sleep (which release the GIL; a Python signal handler would never run):
+stopping (the controller closes the rank's second pipe, its lifeline, or dies; the rank's
+watchdog thread, which reads it, saves coverage and ends the rank), stack dumps
+(``STACKS_SIGNAL``) and collective traces (``TRACE_REQUEST``), both read from the rank's
+files (:mod:`harness.protocol.rank_files`).
 """
 
 from __future__ import annotations
@@ -61,7 +28,8 @@ STACKS_SIGNAL = signal.SIGUSR1
 """The signal on which a rank dumps every thread's stack into its ``stacks`` file."""
 
 TRACE_REQUEST = b"trace"
-"""Written on a rank's lifeline: the rank writes its collective trace into its ``trace`` file."""
+"""Written on a rank's lifeline: the rank's watchdog thread writes into its ``trace`` file what
+the call in progress has issued so far (between calls: what the last call issued)."""
 
 
 @dataclass(frozen=True)
@@ -103,33 +71,31 @@ OUTPUTS = (OUTPUT_INHERIT, OUTPUT_CAPTURE, OUTPUT_PREFIX)
 
 @dataclass(frozen=True)
 class Call:
-    """Run ``fn(*args, **kwargs)`` from the pickled ``payload`` (a ``(fn, args, kwargs)`` tuple).
+    """Run a function on the rank.
 
-    ``output`` says where the rank's stdout/stderr file descriptors go during the call:
-    ``OUTPUT_CAPTURE`` to its capture files (the controller reads them afterwards, even after a
-    crash), ``OUTPUT_PREFIX`` to its own streams with each line prefixed ``[rank N]``,
-    ``OUTPUT_INHERIT`` nowhere else.
-    ``env`` is how the controller's ``os.environ`` now differs from the one the rank started
-    with (a fixture's ``monkeypatch.setenv``, pytest's ``PYTEST_CURRENT_TEST``): each changed
-    variable with its new value, None for one that was removed. The call sees the change,
-    under the rank's own torchrun variables, and the rank's environment is restored afterwards.
-    Only the change travels: setting a whole environment costs milliseconds per call.
-    ``seed``, when given, seeds every random generator of the rank before the call (torch
-    CPU and CUDA, ``random``, numpy's global one), so that it draws what a fresh process
-    seeded alike would.
-    ``rendezvous``, in a world without a harness group (``World(init=False)``), is this
-    call's private rendezvous: ``MASTER_PORT`` (a port free when the call was sent) and
-    ``INIT_METHOD`` (``file://`` and a file in the world's private directory that no call
-    used before). They are set over the rank's torchrun variables for this call only, so
-    that ``init_process_group`` (``env://``), ``init_method=os.environ["INIT_METHOD"]`` and
-    ``fhelium.distributed.init()`` meet the other ranks of this call and nobody else. They
-    travel here rather than in ``env``, which never changes a rank's torchrun variables.
-    None in a world with a harness group.
-    ``check_leaks``: whether the rank looks for what the call leaves behind (threads,
-    child processes, open files; see ``Done.leaks``).
-    ``check_collectives``: whether the rank sends the fingerprint of the collectives it
-    issued in its ``Done`` (``Done.collectives``), for the controller's desync check. They
-    are recorded either way, and always sent whole with ``Failed`` and ``Skipped``.
+    Attributes:
+        payload: The pickled ``(fn, args, kwargs)``.
+        output: Where the rank's fd 1 and 2 go during the call: ``OUTPUT_CAPTURE`` to its
+            capture files (read by the controller afterwards, even after a crash),
+            ``OUTPUT_PREFIX`` to its own streams, each line prefixed ``[rank N]``,
+            ``OUTPUT_INHERIT`` nowhere else.
+        env: What changed in the controller's ``os.environ`` since the rank started (a
+            fixture's ``monkeypatch.setenv``, ``PYTEST_CURRENT_TEST``; None for a removed
+            variable): only the change travels, as setting a whole environment at every
+            call is slow. The call sees it under the rank's own torchrun variables; the
+            rank's environment is restored afterwards.
+        seed: Seeds every random generator of the rank (torch CPU and CUDA, ``random``,
+            numpy's global one) before the call, as in a fresh process seeded alike.
+        rendezvous: Without a harness group (``World(init=False)``), the call's private
+            ``MASTER_PORT`` and ``INIT_METHOD`` (``file://`` and a file no call used
+            before), set over the rank's torchrun variables (which ``env`` never changes)
+            for this call only: ``init_process_group`` (``env://``),
+            ``init_method=os.environ["INIT_METHOD"]`` and ``fhelium.distributed.init()``
+            meet this call's ranks and nobody else. None with a harness group.
+        check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``).
+        check_collectives: Whether ``Done`` carries the fingerprint of the call's
+            collectives, for the desync check (they are recorded either way, and sent whole
+            with ``Failed`` and ``Skipped``).
     """
 
     payload: bytes
@@ -143,20 +109,17 @@ class Call:
 
 @dataclass(frozen=True)
 class Regroup:
-    """Make a fresh default process group on a ``FileStore`` at ``store`` (a file in the
-    world's private directory, new each time) and answer ``Ready``, or ``Failed`` and exit.
-
-    Sent to every rank right after a call that destroyed the harness's default group on
-    every rank, so that the next call has one again, on the same processes.
-    """
+    """Make a fresh default process group on the ``FileStore`` at ``store`` (a new file in the
+    world's directory), sent to every rank after a call that destroyed the harness's default
+    group on every rank, so that the next call has one again on the same processes."""
 
     store: str
 
 
 @dataclass(frozen=True)
 class Ready:
-    """The rank is up, with its default process group unless the world has none (the answer
-    to a rank's start), or its fresh default group is (the answer to ``Regroup``).
+    """The rank is up, with its default process group unless the world has none, or (after
+    ``Regroup``) its fresh default group is.
 
     Attributes:
         main_thread: Ident of the rank's main thread (listed first in its stacks).
@@ -173,28 +136,26 @@ class Ready:
 
 @dataclass(frozen=True)
 class Done:
-    """The call returned normally.
+    """The call returned.
 
-    ``reusable`` is False when the call left the rank unfit for another call, so the
-    controller rebuilds the world first (a collective raised and the call went on: its
-    group may be broken). ``group_count`` is the rank's process-group counter
-    after the call: ranks whose counters differ (a ``new_group`` called on some ranks only)
-    could not meet in their next group. ``grouped`` is whether the harness's default
-    process group is still the rank's default group after the call (False: the call
-    destroyed it, maybe making one of its own; always False without a harness group): on
-    every rank, the controller has a fresh one made (``Regroup``); on some only, the ranks
-    are out of step and the world is rebuilt.
-    ``leaks`` is what the call left running or open in the rank, one line each
-    (``"thread 'worker' started at test_x.py:12 is still alive"``; see
-    :mod:`harness.rank.leaks`); empty when nothing, or when the call did not ask.
-    ``collectives`` is the fingerprint of the collectives the call issued (see
-    :data:`harness.protocol.traces.Fingerprint`), when the call asked for the desync check
-    (``Call.check_collectives``); else None. Where the ranks' fingerprints differ, the
-    controller asks for their whole traces (``TRACE_REQUEST``), which the ranks keep until
-    their next call.
-    ``output_written`` is False when the call's output was captured (``Call.output``) and it
-    wrote none: the controller then does not read the rank's capture files (most calls
-    print nothing, and reading them is part of every test's cost).
+    Attributes:
+        value: The pickled return value.
+        reusable: False when the call left the rank unfit for another call (a collective
+            raised and the call went on: its group may be broken); the world is rebuilt.
+        group_count: The rank's process-group counter: ranks whose counters differ
+            (``new_group`` called on some ranks only) could not meet in their next group.
+        grouped: Whether the harness's default process group is still the rank's default
+            group (always False without one). Where the call destroyed it on every rank,
+            the controller has a fresh one made (``Regroup``); on some only, the world is
+            rebuilt.
+        leaks: What the call left running or open, one line each (``"thread 'worker'
+            started at test_x.py:12 is still alive"``; see :mod:`harness.rank.leaks`);
+            empty when nothing, or when the call did not ask.
+        collectives: The fingerprint of the call's collectives, when it asked, else None.
+            Where the ranks' fingerprints differ, the controller asks for their whole
+            traces (``TRACE_REQUEST``).
+        output_written: False when the call's output was captured and it wrote none: the
+            controller then does not read the capture files (most calls print nothing).
     """
 
     value: bytes
@@ -208,11 +169,14 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    """The call or the rank's start-up raised.
+    """The call or the rank's start-up raised. The rank exits right after sending it, so that
+    peers blocked in a collective with it fail at once, not at the process-group timeout.
 
-    ``at`` is ``time.monotonic()`` when the exception was caught; the monotonic clock is
-    shared by all processes of a machine, so the controller can tell which rank failed first.
-    ``trace`` is what collectives the call had issued (None for a failed start-up).
+    Attributes:
+        failure: What was raised.
+        at: ``time.monotonic()`` when it was caught: that clock is shared by the processes
+            of a machine, so the controller can tell which rank failed first.
+        trace: The collectives the call had issued (None for a failed start-up).
     """
 
     failure: RankFailure
@@ -222,15 +186,13 @@ class Failed:
 
 @dataclass(frozen=True)
 class Failing:
-    """A pytest test's body, or the setup of one of its rank-side fixtures, raised; the rank
-    now tears down the fixtures already set up, then answers the call with ``Failed``.
+    """A pytest test's body, or a rank-side fixture's setup, raised (fields as in ``Failed``);
+    the rank now tears down the fixtures already set up, then sends ``Failed``.
 
-    That teardown may take long (a fixture that waits for its peers, or sleeps), and a rank
-    still in it when the controller stops waiting is torn down: so the failure is sent
-    first. The controller takes it as the rank's ``Failed`` at once (the root cause is the
-    rank that failed first, and the peers' grace period starts); the ``Failed`` that follows
-    replaces it but keeps its ``at``. Fields as in ``Failed``: ``at`` is when the body
-    raised; ``trace`` what collectives the call had issued by then.
+    That teardown may take long (a fixture that waits for its peers), and a rank still in it
+    when the controller stops waiting is torn down, so the failure comes first. The
+    controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and
+    the peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
     """
 
     failure: RankFailure
@@ -240,9 +202,14 @@ class Failing:
 
 @dataclass(frozen=True)
 class Skipped:
-    """The call raised a skip exception; ``kind`` is ``"pytest"`` or ``"unittest"``;
-    ``phase`` is the pytest phase it belongs to (``"setup"`` when a rank-side fixture
-    skipped, see ``PHASE_ATTR``); ``trace`` what collectives the call had issued."""
+    """The call raised a skip exception.
+
+    Attributes:
+        reason: The skip's reason.
+        kind: ``"pytest"`` or ``"unittest"``.
+        at, trace: As in ``Failed``.
+        phase: ``"setup"`` when a rank-side fixture skipped (see ``PHASE_ATTR``), else ``"call"``.
+    """
 
     reason: str
     kind: str
@@ -255,7 +222,8 @@ RankMessage = Ready | Done | Failing | Failed | Skipped
 """Everything a rank sends."""
 
 
-# -- the payload of a pytest test call -------------------------------------------------------
+# -- a pytest test: a Call of the rank-side runner with a TestRef and a FixturePlan. A fixture
+# wider than a function lives on in the ranks until the controller calls the scope teardown.
 
 PLUGIN_FIXTURES = ("rank", "world_size", "local_rank", "local_device")
 """The plugin's own fixtures: values only a rank knows."""
@@ -305,8 +273,8 @@ class TestRef:
 
 @dataclass(frozen=True)
 class FunctionRef:
-    """How to find a fixture function inside a rank: ``qualname`` in the module ``module``
-    (file ``path``; asserts rewritten when ``rewrite``)."""
+    """How to find a fixture function inside a rank: ``qualname`` in ``module`` (file
+    ``path``), whose asserts pytest rewrote if ``rewrite``."""
 
     module: str
     path: str
@@ -321,12 +289,10 @@ ARG_REQUEST = "request"
 
 @dataclass(frozen=True)
 class Arg:
-    """Where one argument of a test or rank-side fixture comes from.
-
-    ``kind`` is ``ARG_VALUE`` (a controller fixture's value, ``FixturePlan.values[key]``),
-    ``ARG_FIXTURE`` (the rank-side fixture whose ``RankFixture.key`` is ``key``) or
-    ``ARG_REQUEST`` (the rank's view of pytest's ``request``).
-    """
+    """Where one argument of a test or rank-side fixture comes from: ``kind`` ``ARG_VALUE``
+    (a controller fixture's value, ``FixturePlan.values[key]``), ``ARG_FIXTURE`` (the
+    rank-side fixture whose ``RankFixture.key`` is ``key``) or ``ARG_REQUEST`` (the rank's
+    view of pytest's ``request``)."""
 
     kind: str
     key: str = ""
@@ -380,8 +346,7 @@ class RequestInfo:
 
 @dataclass(frozen=True)
 class FixturePlan:
-    """What a rank needs to call a test: its arguments, the rank-side fixtures behind them
-    (in setup order) and the controller fixtures' values.
+    """What a rank needs to call a test.
 
     Attributes:
         args: The test function's arguments, by name.
@@ -399,12 +364,14 @@ class FixturePlan:
     basetemp: str | None = None
 
 
-# -- the payload of a MultiProcessTestCase test call (--dist-mptc) ---------------------------
+# -- a MultiProcessTestCase test (--dist-mptc) ------------------------------------------------
 
 
 @dataclass(frozen=True)
 class CaseCall:
-    """One test of a ``MultiProcessTestCase`` class, as each of its processes would run it.
+    """One test of a ``MultiProcessTestCase`` class, as each of its processes would run it: a
+    ``Call`` of its own runner, answered by ``Done`` with a ``CaseExit``, or by ``Failed``
+    with the exit code in ``RankFailure.exitcode``.
 
     Attributes:
         test: Where the class is (``cls``: its attribute path in the module) and the test
@@ -424,8 +391,8 @@ class CaseCall:
 
 @dataclass(frozen=True)
 class CaseExit:
-    """How a rank's run of a ``CaseCall`` ended, where its process may go on: exit code 0
-    or one of the class's skip codes, and what the rank sent through its pipe."""
+    """How a rank's run of a ``CaseCall`` ended, where its process may go on: ``exitcode`` 0
+    or one of the class's skip codes, and the ``messages`` the rank sent through its pipe."""
 
     exitcode: int
     messages: tuple[str, ...] = ()

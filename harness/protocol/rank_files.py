@@ -29,16 +29,6 @@ from typing import TextIO
 
 from harness.protocol.traces import RankTrace
 
-__all__ = [
-    "OutputCapture",
-    "RankFiles",
-    "coverage_data_file",
-    "coverage_data_files",
-    "flush_std_streams",
-    "rendezvous_path",
-    "store_path",
-]
-
 
 def store_path(workdir: str) -> str:
     """The rendezvous ``FileStore`` of a world generation."""
@@ -63,12 +53,7 @@ def coverage_data_files(workdir: str) -> list[str]:
 
 @dataclass(frozen=True)
 class RankFiles:
-    """The files of one rank.
-
-    Attributes:
-        workdir: The world generation's private directory.
-        rank: The rank.
-    """
+    """The files of rank ``rank`` in the world generation's private directory ``workdir``."""
 
     workdir: str
     rank: int
@@ -80,11 +65,8 @@ class RankFiles:
     # -- written inside the rank ---------------------------------------------------------
 
     def open_dumps(self) -> tuple[TextIO, TextIO]:
-        """Create and open the ``crash`` and ``stacks`` files for :mod:`faulthandler`.
-
-        Returns:
-            ``(crash, stacks)``, open for writing; they must stay open while the rank lives
-            (faulthandler writes to them from a signal handler).
+        """Create and open ``(crash, stacks)`` for :mod:`faulthandler`, which writes to them
+        from a signal handler: they must stay open while the rank lives.
 
         Raises:
             OSError: The directory is gone (the controller gave up on this world).
@@ -163,15 +145,13 @@ class OutputCapture:
     """Point file descriptors 1 and 2 at two files for captured calls.
 
     File descriptors rather than ``sys.stdout``: output of C++ code, subprocesses and
-    ``os.write`` is captured too, and what was written before a crash is on disk.
-    A rank makes one and uses it for every captured call. The files are opened once, and
-    the redirection stays in place from one captured call to the next (``release`` ends it
-    before a call that is not captured): changing descriptors and emptying files at every
-    call is a measurable part of a test's cost, so ``start`` empties only a file that was
-    written to. What a rank writes *between* two captured calls (a thread or a process a
-    test left running) is not a test's output: ``start`` and ``release`` pass it on to the
-    rank's own stdout and stderr, where it would have gone without the capture.
-    ``written`` says whether the call has written to either file so far.
+    ``os.write`` is captured too, and what was written before a crash is on disk. A rank
+    uses one for every captured call: the files stay open and redirected from one captured
+    call to the next (``release`` ends it before a call that is not captured), and ``start``
+    empties only a file that was written to, as doing so at every call is a measurable part
+    of a test's cost. What is written *between* two captured calls (by a thread or process a
+    test left running) is no test's output: ``start`` and ``release`` pass it on to the
+    rank's own stdout and stderr. ``written`` says whether the call has written so far.
     """
 
     def __init__(self, out: str, err: str) -> None:
@@ -203,8 +183,7 @@ class OutputCapture:
         return any(self._ends)
 
     def release(self) -> None:
-        """Give fd 1 and 2 back to the rank's own streams (before a call that is not
-        captured)."""
+        """Give fd 1 and 2 back to the rank's own streams."""
         if not self._saved:
             return
         flush_std_streams()
@@ -243,12 +222,9 @@ def write_all(fd: int, data: bytes) -> None:
 
 def flush_std_streams(*, originals: bool = False) -> None:
     """Flush Python's stdout and stderr buffers (before their file descriptors change hands,
-    or before the process ends with ``os._exit``), ignoring streams that cannot be flushed.
-
-    Args:
-        originals: flush ``sys.__stdout__`` and ``sys.__stderr__`` too, where the process is
-            about to fork (their buffers would otherwise be written twice).
-    """
+    or before ``os._exit``), ignoring streams that cannot be flushed; with ``originals``,
+    ``sys.__stdout__`` and ``sys.__stderr__`` too (before a fork: their buffers would
+    otherwise be written twice)."""
     streams = [sys.stdout, sys.stderr]
     if originals:
         streams += [sys.__stdout__, sys.__stderr__]

@@ -1,21 +1,16 @@
 """What a rank records of the collectives it issues during a call, as plain data both sides use.
 
-A rank records every collective (and point-to-point op) its call issues through
-``torch.distributed``'s public functions (:mod:`harness.rank.trace`) and reports it as a
-:class:`RankTrace`: in its ``Failed`` or ``Skipped`` reply, or in its ``trace`` file on the
-controller's request (:mod:`harness.protocol.rank_files`), which the rank answers also while
-its main thread is blocked (a hang) and, between calls, with the last call's trace. After a
-passing call its ``Done`` carries only a :data:`Fingerprint` (a count and checksum per
-group): the desync check asks for whole traces only where those differ. The controller
-compares the ranks' traces (:mod:`harness.controller.verdicts`) and shows them
-(:func:`render`).
+A rank records every collective and point-to-point op its call issues through
+``torch.distributed``'s public functions (:mod:`harness.rank.trace`). It reports them as a
+:class:`RankTrace` in its ``Failed`` or ``Skipped`` reply, or in its ``trace`` file when the
+controller asks (also during a hang); after a passing call, its ``Done`` carries only a
+:data:`Fingerprint`. The controller compares the ranks' traces
+(:mod:`harness.controller.verdicts`) and shows them (:func:`render`).
 
 Per process group, a trace holds the full sequence of what was issued (as ids into a table
 of distinct :class:`Op`, so a loop of a million identical all-reduces costs 4 bytes each),
 which is what the desync check compares; plus the last few records with their state (in
 flight, completed...), which is what a reader of a failure wants to see.
-
-Stdlib only: the controller reads these without torch, and so may a pytest report.
 """
 
 from __future__ import annotations
@@ -26,31 +21,11 @@ from dataclasses import dataclass, field
 
 from harness.protocol.failures import ranks_phrase
 
-__all__ = [
-    "COMPLETED",
-    "DEFAULT_GROUP",
-    "EMPTY",
-    "IN_FLIGHT",
-    "ISSUED",
-    "RAISED",
-    "Collective",
-    "Fingerprint",
-    "GroupHistory",
-    "Op",
-    "RankTrace",
-    "group_names",
-    "render",
-]
-
-IN_FLIGHT = "in flight"
-"""Entered and not returned: the rank is (or was, when it stopped) inside it."""
+# A collective's state (``Collective.state``).
+IN_FLIGHT = "in flight"  # entered, not returned: the rank is (or was, when it stopped) in it
 COMPLETED = "completed"
-"""Returned."""
-ISSUED = "issued"
-"""Returned a ``Work`` handle (``async_op=True``, ``isend``/``irecv``, ``batch_isend_irecv``):
-issued, maybe not finished."""
-RAISED = "raised"
-"""Raised (a peer closed its connection, a bad argument)."""
+ISSUED = "issued"  # returned a ``Work`` handle (``async_op=True``, ``isend``...): maybe not done
+RAISED = "raised"  # a peer closed its connection, a bad argument
 
 DEFAULT_GROUP = ""
 """The id of the default process group."""
@@ -152,8 +127,7 @@ class GroupHistory:
         return [keys[i] for i in _ids(self.op_ids)]
 
     def at(self, seq: int) -> tuple[Op, str] | None:
-        """Collective number ``seq`` (from 1): its op and where it was called (``x.py:3``);
-        None when beyond what was kept."""
+        """Collective number ``seq`` (from 1): its op and call site (``x.py:3``), or None."""
         ids, places = _ids(self.op_ids), _ids(self.place_ids)
         if not 1 <= seq <= min(len(ids), len(places)):
             return None
@@ -214,8 +188,7 @@ per process group it issued collectives on, ``(group id, member ranks or None fo
 default group, count, checksum)``, the checksum covering each collective's ``Op.key`` in
 order. Members of a group whose counts or checksums differ are asked for their traces.
 Where a collective raised on the rank (``GroupHistory.raised``), count and checksum cover
-the group's collectives before it only, the part the desync check compares; that the
-world is then rebuilt, the rank says in ``Done.reusable``."""
+the group's collectives before it only, the part the desync check compares."""
 
 
 def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:
@@ -248,17 +221,13 @@ SHOWN = 5
 
 
 def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None) -> str:
-    """The **collectives** section of a report: per rank, its last few collectives and the one
-    in flight.
+    """The **collectives** section of a report: per rank (``rank 0:``), its last few
+    collectives and the one in flight, one line each, most recent last; '' when no rank
+    issued anything.
 
     Args:
-        traces: Per rank, its trace; None for a rank whose trace is unknown (it died, or did
-            not answer).
+        traces: Per rank, its trace; None where unknown (the rank died, or did not answer).
         world_size: When given, ranks missing from ``traces`` are listed as unknown too.
-
-    Returns:
-        One block per rank (``rank 0:`` then one line per collective, most recent last), or
-        '' when no rank issued anything.
     """
     ranks = sorted(set(traces) | set(range(world_size or 0)))
     known = [t for t in traces.values() if t is not None]
