@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+__all__ = ["coverage_config_file"]
+
 
 def coverage_config_file(cov: Any) -> str | bool:
     """The configuration file a ``coverage.Coverage`` read, or False when it read none.
@@ -22,10 +24,9 @@ def coverage_config_file(cov: Any) -> str | bool:
 def _probe_coverage_config() -> object:
     import coverage
 
-    return coverage.Coverage(config_file=False).config.config_file
+    return coverage_config_file(coverage.Coverage(config_file=False))
 
 
 PROBES: dict[str, Callable[[], object]] = {
     "coverage.Coverage.config.config_file": _probe_coverage_config,
 }
-"""Each private API used here, named as a reader would look it up, with its probe."""

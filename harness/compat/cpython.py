@@ -1,9 +1,5 @@
-"""CPython's private names the harness relies on: frames, multiprocessing's forkserver
-and bootstrap state, the bytes behind ``os.environ``.
-
-multiprocessing is imported inside the functions: the plugin imports this package in every
-pytest run. :data:`PROBES` checks each use.
-"""
+"""CPython's private names: frames, multiprocessing's forkserver and bootstrap state, the
+bytes behind ``os.environ``."""
 
 from __future__ import annotations
 
@@ -14,11 +10,22 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
+__all__ = [
+    "bootstrapping",
+    "environ_bytes",
+    "forget_forkserver",
+    "forget_parent_multiprocessing",
+    "forkserver_pid",
+    "forkserver_started_by",
+    "frame",
+    "frame_of_thread",
+]
+
 
 def frame(depth: int) -> FrameType | None:
     """The frame ``depth`` calls above the caller (0: the caller's own), None past the
-    outermost. Private: ``sys._getframe``; ``inspect.stack()`` formats every frame
-    (milliseconds), far too slow for a call site taken at every collective."""
+    outermost. Private: ``sys._getframe``; ``inspect.stack()`` formats every frame, far too
+    slow for a call site taken at every collective."""
     try:
         return sys._getframe(depth + 1)
     except ValueError:
@@ -33,23 +40,17 @@ def frame_of_thread(ident: int) -> FrameType | None:
 
 def forkserver_pid() -> int | None:
     """The pid of this process's multiprocessing forkserver, or None when none runs.
-
-    ``multiprocessing.forkserver`` documents no way to reach the server process; its pid is
-    ``_forkserver._forkserver_pid``.
-    """
+    Private: ``_forkserver._forkserver_pid``; multiprocessing documents no way to reach it."""
     import multiprocessing.forkserver
 
-    server = multiprocessing.forkserver._forkserver
-    pid = getattr(server, "_forkserver_pid", None)
+    pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
     return pid if isinstance(pid, int) else None
 
 
 def forget_forkserver() -> None:
     """Close this process's side of the forkserver and forget it (after it was killed).
-
     There is no public way to stop a forkserver; ``_forkserver._stop()`` closes our socket
-    and reaps the server so that multiprocessing does not try to use it again.
-    """
+    and reaps the server so that multiprocessing does not try to use it again."""
     import multiprocessing.forkserver
 
     multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
@@ -63,7 +64,6 @@ def forkserver_started_by(start: Callable[[str, Sequence[int]], int | None]) -> 
     ``command`` (what multiprocessing would run as ``python -c command``) holding the file
     descriptors ``fds``, or None to have multiprocessing start the new interpreter itself.
     Other processes multiprocessing starts meanwhile (its resource tracker) start as usual.
-
     multiprocessing has no way to choose how the server process is made: it calls
     ``multiprocessing.util.spawnv_passfds``, which this replaces for the duration.
     """
@@ -112,10 +112,8 @@ def forget_parent_multiprocessing() -> None:
 def bootstrapping() -> bool:
     """Whether this process is a multiprocessing child still importing its parent's main
     module (spawn and forkserver re-run it, as ``__mp_main__``, before the child's target).
-
-    multiprocessing checks this through the private ``current_process()._inheriting`` and
-    then raises a long generic error; the harness checks first to say what to do instead.
-    """
+    multiprocessing checks the private ``current_process()._inheriting`` and then raises a
+    long generic error; the harness checks first to say what to do instead."""
     import multiprocessing
 
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
@@ -124,10 +122,9 @@ def bootstrapping() -> bool:
 def environ_bytes() -> Mapping[bytes, bytes]:
     """The live ``os.environ`` as the bytes mapping it keeps (read it, never write it).
 
-    Comparing or copying ``os.environ`` goes through its Mapping methods, decoding every key
-    and value: ~1 µs per variable, paid by every rank at every call to put the environment
-    back. ``os.environ._data`` is the dict of bytes those methods read, copied and compared
-    at C speed; there is no public equivalent.
+    ``os.environ``'s Mapping methods decode every key and value, a cost every rank would
+    pay at every call to put its environment back; ``os.environ._data``, the dict of bytes
+    they read, is copied and compared at C speed. There is no public equivalent.
     """
     data: Mapping[bytes, bytes] = os.environ._data  # type: ignore[attr-defined]
     return data
@@ -140,7 +137,7 @@ def _probe_forkserver() -> object:
     import multiprocessing.forkserver
 
     server: Any = multiprocessing.forkserver._forkserver
-    return (server._forkserver_pid if hasattr(server, "_forkserver_pid") else None, server._stop)
+    return server._forkserver_pid, server._stop
 
 
 def _probe_forkserver_start() -> object:
@@ -197,4 +194,3 @@ PROBES: dict[str, Callable[[], object]] = {
     "os.environ._data (the bytes behind os.environ)": _probe_environ_bytes,
     "sys._getframe, sys._current_frames": _probe_frames,
 }
-"""Each private API used here, named as a reader would look it up, with its probe."""

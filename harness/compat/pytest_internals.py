@@ -1,10 +1,6 @@
-"""pytest's (and pytest-timeout's) private API the harness relies on.
-
-Skips located at the test, a test's fixture definitions and argument names, ini names,
-``monkeypatch`` outside a test, ``xfail(raises=...)``, pytest-timeout's settings, and the
-assertion rewriter (rewriting a test module in a rank; keeping the harness's own modules
-out of it). pytest is imported inside the functions. :data:`PROBES` checks each use.
-"""
+"""pytest's (and pytest-timeout's) private names: skips located at the test, a test's fixture
+definitions and argument names, ini names, ``xfail(raises=...)``, pytest-timeout's settings,
+and the assertion rewriter."""
 
 from __future__ import annotations
 
@@ -12,6 +8,24 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NoReturn
+
+__all__ = [
+    "ASSERT_REWRITER_MODULE",
+    "asserts_rewritten",
+    "exempt_from_assert_rewriting",
+    "fixture_defs",
+    "ini_names",
+    "leave_pytest_import_hook",
+    "monkeypatch",
+    "pytest_timeout_settings",
+    "rewrite_asserts",
+    "skip_at_test",
+    "test_argnames",
+    "xfail_raises",
+]
+
+ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
+"""The module of pytest's assertion rewriter (the forkserver preloads it under pytest)."""
 
 
 def skip_at_test(reason: str) -> NoReturn:
@@ -28,11 +42,8 @@ def skip_at_test(reason: str) -> NoReturn:
 
 def test_argnames(item: Any) -> tuple[str, ...]:
     """The names of the arguments a test function takes (not the fixtures pulled in only by
-    other fixtures or ``autouse``).
-
-    pytest's own ``pytest_pyfunc_call`` reads ``item._fixtureinfo.argnames``; the public
-    ``item.fixturenames`` also holds fixtures the function does not take.
-    """
+    other fixtures or ``autouse``). pytest's own ``pytest_pyfunc_call`` reads the private
+    ``item._fixtureinfo.argnames``; the public ``item.fixturenames`` holds those too."""
     return tuple(item._fixtureinfo.argnames)
 
 
@@ -40,7 +51,7 @@ def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
     """Every fixture definition a test can see, by name: ``pytest.FixtureDef`` lists, the one
     the test uses last (earlier ones are what an overriding fixture of the same name gets).
 
-    pytest computes this closure when it collects the test and keeps it in
+    pytest keeps this closure, computed at collection, in the private
     ``item._fixtureinfo.name2fixturedefs``; no public API gives the definitions behind
     ``item.fixturenames``, and the plugin must know, before pytest sets any fixture up,
     which of them run in the ranks.
@@ -50,27 +61,26 @@ def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
 
 
 def ini_names(config: Any) -> list[str]:
-    """The names of every registered ini option, for ``request.config.getini`` in a rank.
-
-    ``config.getini`` reads one name at a time and pytest has no public list of the names.
-    """
+    """The names of every registered ini option, for ``request.config.getini`` in a rank:
+    pytest has no public list of them (``config._parser._inidict``)."""
     return list(config._parser._inidict)
 
 
 def monkeypatch() -> Any:
     """A new ``pytest.MonkeyPatch`` (public; here because the rank side reaches pytest only
-    through this module, and imports it only when a test asks for ``monkeypatch``)."""
+    through this package, and imports it only when a test asks for ``monkeypatch``)."""
     import pytest
 
     return pytest.MonkeyPatch()
 
 
 def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
-    """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None.
+    """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None (also
+    when the mark has no ``raises``).
 
     pytest evaluates xfail conditions once and keeps the result in
     ``item.stash[_pytest.skipping.xfailed_key]``; reading the mark ourselves would mean
-    evaluating its conditions a second time. None also when the mark has no ``raises``.
+    evaluating its conditions a second time.
     """
     from _pytest.skipping import xfailed_key
 
@@ -87,26 +97,16 @@ def pytest_timeout_settings(item: Any) -> Any:
 
     pytest-timeout resolves the marker, ``--timeout``, ``PYTEST_TIMEOUT`` and ini ``timeout``
     in its private ``_get_item_settings``. Its public hook ``pytest_timeout_set_timer`` hands
-    the settings over when it arms its timer, which is enough at the start of a test; under
-    ``func_only`` it arms the timer only in the call phase, after the harness ran the ranks
-    (in the setup phase), so the settings are read here first.
+    them over when it arms its timer, but under ``func_only`` it does so only in the call
+    phase, after the harness ran the ranks (in the setup phase).
     """
     plugin = item.config.pluginmanager.get_plugin("timeout")
-    if plugin is None:
-        return None
-    return plugin._get_item_settings(item)
-
-
-ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
-"""The module :func:`rewrite_asserts` imports (the forkserver preloads it under pytest)."""
+    return None if plugin is None else plugin._get_item_settings(item)
 
 
 def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
-    """Apply pytest's assertion rewriting to a parsed module, in place.
-
-    A rank imports a test module itself; to explain a failing ``assert`` as pytest does, it
-    needs pytest's rewriter, which pytest only exposes through its import hook.
-    """
+    """Apply pytest's assertion rewriting to a parsed module, in place: a rank imports a test
+    module itself, and pytest exposes its rewriter only through its import hook."""
     import importlib
 
     importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
@@ -121,13 +121,11 @@ def exempt_from_assert_rewriting(*packages: str) -> None:
     """Have pytest's import hook leave the modules of these packages imported from now on.
 
     pytest rewrites the asserts of every module of a distribution that registers a pytest
-    plugin, fhelium's included, and caches the result beside the module. Where it cannot
-    write there (a read-only install; ``PYTHONDONTWRITEBYTECODE``, set in many containers),
-    it parsed, rewrote and compiled the harness's modules again in every run: ~0.1 s
-    before the first distributed test. Their asserts state invariants, not test outcomes,
-    so they gain nothing from it. pytest can mark names (``register_assert_rewrite``), not
-    unmark them: the hook keeps them in ``_must_rewrite`` and caches lookups in
-    ``_marked_for_rewrite_cache``.
+    plugin, fhelium's included, and caches the result beside the module; where it cannot
+    write there (a read-only install, ``PYTHONDONTWRITEBYTECODE``) it does so again in every
+    run, before the first distributed test. The harness's asserts state invariants, not
+    test outcomes. pytest can mark names (``register_assert_rewrite``), not unmark them: the
+    hook keeps them in ``_must_rewrite`` and caches lookups in ``_marked_for_rewrite_cache``.
     """
     for hook in _rewrite_hooks():
         marked = hook._must_rewrite
@@ -144,10 +142,8 @@ def leave_pytest_import_hook() -> None:
 
 
 def asserts_rewritten(module: ModuleType) -> bool:
-    """Whether pytest rewrote the asserts of an imported module.
-
-    The rewriter adds ``@py_builtins`` to the module's globals; pytest has no public flag.
-    """
+    """Whether pytest rewrote the asserts of an imported module: the rewriter adds
+    ``@py_builtins`` to the module's globals; pytest has no public flag."""
     return hasattr(module, "@py_builtins")
 
 
@@ -166,24 +162,11 @@ def _probe_xfailed_key() -> object:
     return xfailed_key
 
 
-def _probe_rewrite() -> object:
-    import ast
-
-    tree = ast.parse("assert 1")
-    rewrite_asserts(tree, b"assert 1", "<probe>")
-    return tree
-
-
 def _probe_fixtureinfo() -> object:
     from _pytest.fixtures import FuncFixtureInfo
 
-    return FuncFixtureInfo.__dataclass_fields__["argnames"]
-
-
-def _probe_name2fixturedefs() -> object:
-    from _pytest.fixtures import FuncFixtureInfo
-
-    return FuncFixtureInfo.__dataclass_fields__["name2fixturedefs"]
+    fields = FuncFixtureInfo.__dataclass_fields__
+    return fields["argnames"], fields["name2fixturedefs"]
 
 
 def _probe_inidict() -> object:
@@ -194,29 +177,17 @@ def _probe_inidict() -> object:
     return parser._inidict["harness_probe"]
 
 
-def _probe_py_builtins() -> object:
+def _probe_rewrite() -> object:
     import ast
 
     tree = ast.parse("assert 1")
     rewrite_asserts(tree, b"assert 1", "<probe>")
     names = {
-        alias.asname
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
+        a.asname for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names
     }
     if "@py_builtins" not in names:
         raise AttributeError("pytest's rewriter no longer binds '@py_builtins'")
     return names
-
-
-def _probe_pytest_timeout() -> object:
-    import importlib
-
-    getter = importlib.import_module("pytest_timeout")._get_item_settings
-    if not callable(getter):
-        raise TypeError("pytest_timeout._get_item_settings is no longer a function")
-    return getter
 
 
 def _probe_rewrite_hook() -> object:
@@ -236,18 +207,24 @@ def _probe_rewrite_hook() -> object:
     return marked, cache
 
 
+def _probe_pytest_timeout() -> object:
+    import importlib
+
+    getter = importlib.import_module("pytest_timeout")._get_item_settings
+    if not callable(getter):
+        raise TypeError("pytest_timeout._get_item_settings is no longer a function")
+    return getter
+
+
 PROBES: dict[str, Callable[[], object]] = {
     "pytest.skip.Exception(_use_item_location=True)": _probe_use_item_location,
     "_pytest.skipping.xfailed_key": _probe_xfailed_key,
-    "_pytest.fixtures.FuncFixtureInfo.argnames (item._fixtureinfo)": _probe_fixtureinfo,
-    "_pytest.fixtures.FuncFixtureInfo.name2fixturedefs (item._fixtureinfo)": (
-        _probe_name2fixturedefs
+    "_pytest.fixtures.FuncFixtureInfo.argnames, .name2fixturedefs (item._fixtureinfo)": (
+        _probe_fixtureinfo
     ),
     "pytest.Config._parser._inidict": _probe_inidict,
-    "_pytest.assertion.rewrite.rewrite_asserts": _probe_rewrite,
+    "_pytest.assertion.rewrite.rewrite_asserts, binding '@py_builtins'": _probe_rewrite,
     "_pytest.assertion.rewrite.AssertionRewritingHook (._must_rewrite, "
     "._marked_for_rewrite_cache)": _probe_rewrite_hook,
-    "the '@py_builtins' global of a rewritten module": _probe_py_builtins,
     "pytest_timeout._get_item_settings (pytest-timeout)": _probe_pytest_timeout,
 }
-"""Each private API used here, named as a reader would look it up, with its probe."""

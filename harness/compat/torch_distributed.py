@@ -1,10 +1,5 @@
-"""torch.distributed's private state the harness reads and resets.
-
-torch has no public way to list process groups, read the group counter, unregister a
-backend, tell whether RPC was ever used, or read its flight recorder: each function here
-wraps one such private use and says why, next to the probe that fails by name once an
-upgrade removes it (:data:`PROBES`). torch is imported inside the functions.
-"""
+"""torch.distributed's private state: process groups, the backend registry, RPC, the flight
+recorder."""
 
 from __future__ import annotations
 
@@ -12,6 +7,17 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+__all__ = [
+    "FLIGHT_RECORDER_VARIABLES",
+    "backend_registry",
+    "flight_recorder_entries",
+    "live_process_groups",
+    "process_group_count",
+    "restore_backend_registry",
+    "rpc_agent_running",
+    "rpc_init_count",
+]
 
 
 def live_process_groups() -> set[Any]:
@@ -27,12 +33,10 @@ def live_process_groups() -> set[Any]:
 
 
 def process_group_count() -> int:
-    """How many process groups this process has created so far (its group counter).
-
-    ``new_group`` names a group after this counter (``distributed_c10d._world.group_count``);
-    ranks whose counters differ name their next group differently and cannot meet in it.
-    torch offers no public way to read it.
-    """
+    """How many process groups this process has created so far, which torch offers no public
+    way to read: ``new_group`` names a group after this counter
+    (``distributed_c10d._world.group_count``), so ranks whose counters differ cannot meet in
+    their next group."""
     from torch.distributed import distributed_c10d
 
     return int(distributed_c10d._world.group_count)
@@ -150,16 +154,6 @@ def flight_recorder_entries() -> list[dict[str, Any]]:
 # -- probes: each raises once an upgrade has removed what it checks --------------------------
 
 
-def _probe_pg_map() -> object:
-    from torch.distributed import distributed_c10d
-
-    return distributed_c10d._world.pg_map
-
-
-def _probe_group_count() -> object:
-    return process_group_count()
-
-
 def _probe_backend_registry() -> object:
     import warnings
 
@@ -206,12 +200,11 @@ def _probe_flight_recorder() -> object:
 
 
 PROBES: dict[str, Callable[[], object]] = {
-    "torch.distributed.distributed_c10d._world.pg_map": _probe_pg_map,
-    "torch.distributed.distributed_c10d._world.group_count": _probe_group_count,
+    "torch.distributed.distributed_c10d._world.pg_map": live_process_groups,
+    "torch.distributed.distributed_c10d._world.group_count": process_group_count,
     "torch.distributed.Backend's registry (class attributes; backend_list, _plugins, ...)": (
         _probe_backend_registry
     ),
     "torch.distributed.rpc._init_counter, _is_current_rpc_agent_set": _probe_rpc_state,
     "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
 }
-"""Each private API used here, named as a reader would look it up, with its probe."""

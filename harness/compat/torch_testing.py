@@ -1,9 +1,6 @@
-"""torch's private test API: ``MultiProcessTestCase`` and torch's own distributed tests.
-
-``torch.testing._internal.common_distributed`` is private, but it is what many distributed
-test suites are written on, and ``--dist-mptc`` runs them unchanged. Nothing else in the
-harness names that module or the attributes below; :data:`PROBES` checks each.
-"""
+"""torch's private test API: ``MultiProcessTestCase`` (``common_distributed``, private, but what
+many distributed test suites are written on: ``--dist-mptc`` runs them unchanged) and the
+module state of torch's own distributed tests."""
 
 from __future__ import annotations
 
@@ -11,6 +8,22 @@ import os
 import sys
 from collections.abc import Callable
 from typing import Any
+
+__all__ = [
+    "MPTC_MODULE",
+    "mptc_check",
+    "mptc_divert",
+    "mptc_error_exit_code",
+    "mptc_is_case_class",
+    "mptc_join_natively",
+    "mptc_refresh_module_state",
+    "mptc_run",
+    "mptc_run_kwargs",
+    "mptc_skip_codes",
+    "mptc_test_name",
+    "mptc_timeout",
+    "mptc_trim_traceback",
+]
 
 MPTC_MODULE = "torch.testing._internal.common_distributed"
 """The module of ``MultiProcessTestCase``."""
@@ -183,4 +196,3 @@ PROBES: dict[str, Callable[[], object]] = {
     "torch.testing._internal.distributed.distributed_test (INIT_METHOD, BACKEND, "
     "Barrier.barrier_id)": _probe_distributed_test_state,
 }
-"""Each private API used here, named as a reader would look it up, with its probe."""
