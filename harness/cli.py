@@ -1,28 +1,17 @@
 """The command line, ``python -m harness check``: run every collective kind on a fresh world
-and report.
+and report, as a user does first on a new machine or CI runner.
 
-It is what a user runs first on a new machine or CI runner: it starts a world the way the
-harness always does, runs each collective once per mode (blocking, and ``async_op=True``
-with ``Work.wait()``), checks every rank's result exactly against what it must be, and
-prints one table row per collective with the slowest rank's latency.
+:func:`main` starts a :class:`~harness.World` the way the harness always does, asks every rank
+:func:`~harness.rank.check_rows.rank_info` (its device, and whether torch can use numpy
+there), then sends it :func:`~harness.rank.check_rows.check_row` once per row: each
+collective once per mode (blocking, and ``async_op=True`` with ``Work.wait()``), its result
+checked exactly on every rank. The ranks' answers are merged (:func:`merge_rows`) into one
+table row per collective, with the slowest rank's latency.
 
-This module is the controller side: :func:`main` starts the :class:`~harness.World`, asks
-every rank :func:`~harness.rank.check_rows.rank_info` (its device, and whether torch can
-use numpy there), then sends :func:`~harness.rank.check_rows.check_row` once per row (the
-rank side), merges the ranks' answers (:func:`merge_rows`), prints them
-(:func:`format_table`) and picks the exit code (:func:`exit_code`).
-
-It never hangs. Each row is its own call with its own timeout (``--timeout``), so a
-collective that raises on some ranks only (the world tears the others down at once), hangs
-(the timeout kills the ranks) or crashes a rank is that row's ``FAIL``, the world is rebuilt
-and the next rows run. The object collectives need numpy in the ranks: where torch cannot
-use it on some rank, their rows are ``n/a: needs numpy`` on every rank and never run, since
-torch would raise on the receiving ranks only.
-
-A collective the backend does not implement is reported as ``unsupported`` and is not a
-problem; nor is ``n/a``; a wrong result or any other exception is. Measured on torch 2.13
-with Gloo on CPU, every collective checked here is implemented (``reduce_scatter`` and
-``all_to_all`` included), so a plain run prints no ``unsupported`` rows there.
+It never hangs: each row is its own call with its own timeout (``--timeout``), so a
+collective that raises on some ranks only, hangs or crashes a rank is that row's ``FAIL``,
+the world is rebuilt and the next rows run. A collective the backend does not implement is
+``unsupported``, which is no failure; nor is ``n/a``.
 """
 
 from __future__ import annotations
@@ -62,143 +51,79 @@ _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 
 
 def kind(status: str) -> str:
-    """The kind of a status string: ``"ok"``, ``"FAIL"``, ``"unsupported"`` or ``"n/a"``.
-
-    Args:
-        status: A ``Row.status``.
-
-    Returns:
-        The part before the first colon, or ``"FAIL"`` for anything unrecognised (a status
-        this module does not know cannot be trusted to mean success).
-    """
+    """The kind of a ``Row.status``: the part before the first colon (``"ok"``, ``"FAIL"``,
+    ``"unsupported"`` or ``"n/a"``), or ``"FAIL"`` for anything else (a status this module
+    does not know cannot be trusted to mean success)."""
     head = status.split(":", 1)[0].strip()
     return head if head in _SEVERITY else FAIL
 
 
-__all__ = [
-    "Row",
-    "exit_code",
-    "format_table",
-    "main",
-    "merge_rows",
-    "summary",
-]
-
-
 def merge_rows(per_rank: Sequence[Sequence[Row]]) -> list[Row]:
-    """Merge every rank's rows into one row per collective.
+    """Merge every rank's rows (by rank) into one row per collective, in rank 0's order (then
+    any names only later ranks reported).
 
     A collective is ok only if it is ok on every rank. Otherwise the row shows the worst
-    status (FAIL before unsupported before n/a) of the lowest rank that has it, naming that
+    status (FAIL, then unsupported, then n/a) of the lowest rank that has it, naming that
     rank; ranks that disagree about a non-failure status (ok on one rank, unsupported on
-    another) are a failure too. A row missing on some rank is a failure. The latency is
-    the maximum over ranks: a collective is as slow as its slowest rank.
-
-    Args:
-        per_rank: Each rank's rows (:func:`~harness.rank.check_rows.check_row`'s), by rank.
-
-    Returns:
-        One merged ``Row`` per collective, in rank 0's order (then any names only later
-        ranks reported).
+    another) are a failure, and so is a row missing on some rank. The latency is the
+    slowest rank's.
     """
-    names: list[str] = []
-    by_rank: list[dict[str, Row]] = []
-    for rows in per_rank:
-        by_rank.append({row.name: row for row in rows})
-        names += [row.name for row in rows if row.name not in names]
-    merged = []
-    for name in names:
-        merged.append(
-            _merge_one(name, [(rank, rows.get(name)) for rank, rows in enumerate(by_rank)])
-        )
-    return merged
+    by_rank = [{row.name: row for row in rows} for rows in per_rank]
+    names = dict.fromkeys(row.name for rows in per_rank for row in rows)
+    return [_merge_one(name, [rows.get(name) for rows in by_rank]) for name in names]
 
 
-def _merge_one(name: str, reports: list[tuple[int, Row | None]]) -> Row:
-    latencies = [row.latency_ms for _, row in reports if row and row.latency_ms is not None]
-    latency = max(latencies) if latencies else None
-    missing = [rank for rank, row in reports if row is None]
+def _merge_one(name: str, reports: list[Row | None]) -> Row:
+    latency = max(
+        (row.latency_ms for row in reports if row and row.latency_ms is not None), default=None
+    )
+    missing = [rank for rank, row in enumerate(reports) if row is None]
     if missing:
         return Row(name, f"{FAIL}: not reported by {ranks_phrase(missing)}", latency)
-    present = [(rank, row) for rank, row in reports if row is not None]
-    worst = max(_SEVERITY[kind(row.status)] for _, row in present)
-    culprits = [rank for rank, row in present if _SEVERITY[kind(row.status)] == worst]
-    first = culprits[0]
-    status = dict(present)[first].status
+    statuses = [row.status for row in reports if row is not None]
+    worst = max(_SEVERITY[kind(status)] for status in statuses)
+    culprits = [rank for rank, status in enumerate(statuses) if _SEVERITY[kind(status)] == worst]
+    first, status = culprits[0], statuses[culprits[0]]
     if kind(status) == FAIL:
         detail = status.split(":", 1)[1].strip() if ":" in status else status
-        others = culprits[1:]
-        also = f" (also failed on {ranks_phrase(others)})" if others else ""
+        also = f" (also failed on {ranks_phrase(culprits[1:])})" if culprits[1:] else ""
         return Row(name, f"{FAIL}: rank {first}: {detail}{also}", latency)
-    if len(culprits) != len(present):
-        fine = [rank for rank in range(len(reports)) if rank not in culprits]
-        return Row(
-            name,
-            f"{FAIL}: ranks disagree: {ranks_phrase(fine)} {dict(present)[fine[0]].status}, "
-            f"rank {first} {status}",
-            latency,
-        )
+    fine = [rank for rank in range(len(statuses)) if rank not in culprits]
+    if fine:
+        agreed = f"{ranks_phrase(fine)} {statuses[fine[0]]}"
+        status = f"{FAIL}: ranks disagree: {agreed}, rank {first} {status}"
     return Row(name, status, latency)
 
 
 def exit_code(rows: Sequence[Row]) -> int:
-    """The process exit code for a merged report.
-
-    Args:
-        rows: Merged rows (see :func:`merge_rows`).
-
-    Returns:
-        0 if no row failed (``unsupported`` and ``n/a`` are not failures), otherwise 1.
-    """
+    """1 if a merged row failed, else 0 (``unsupported`` and ``n/a`` are not failures)."""
     return 1 if any(kind(row.status) == FAIL for row in rows) else 0
 
 
 def summary(rows: Sequence[Row]) -> str:
-    """The last line of the report.
-
-    Args:
-        rows: Merged rows.
-
-    Returns:
-        ``"all N collectives ok"`` (noting how many were unsupported or n/a) when nothing
-        failed, otherwise ``"K problems: name, name, ..."``.
-    """
-    failed = [row.name for row in rows if kind(row.status) == FAIL]
+    """The report's last line: ``"all N collectives ok"`` (noting how many were unsupported
+    or n/a) when nothing failed, else ``"K problems: name, name, ..."``."""
+    kinds = [kind(row.status) for row in rows]
+    failed = [row.name for row, k in zip(rows, kinds, strict=True) if k == FAIL]
     if failed:
-        noun = "problem" if len(failed) == 1 else "problems"
-        return f"{len(failed)} {noun}: {', '.join(failed)}"
-    ok = sum(1 for row in rows if kind(row.status) == OK)
-    skipped = {
-        k: sum(1 for row in rows if kind(row.status) == k) for k in (UNSUPPORTED, NOT_APPLICABLE)
-    }
-    notes = [f"{count} {k}" for k, count in skipped.items() if count]
-    return f"all {ok} collectives ok" + (f" ({', '.join(notes)})" if notes else "")
+        return f"{len(failed)} problem{'s' if len(failed) > 1 else ''}: {', '.join(failed)}"
+    notes = [f"{kinds.count(k)} {k}" for k in (UNSUPPORTED, NOT_APPLICABLE) if k in kinds]
+    return f"all {kinds.count(OK)} collectives ok" + (f" ({', '.join(notes)})" if notes else "")
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """Render rows as a fixed-width ``collective | result | latency`` table.
-
-    Args:
-        rows: Merged rows.
-
-    Returns:
-        The table, header and rule included, without a trailing newline.
-    """
-    cells = [
+    """Rows as a fixed-width ``collective | result | latency`` table, header and rule
+    included, without a trailing newline."""
+    cells = [("collective", "result", "latency")] + [
         (row.name, row.status, "-" if row.latency_ms is None else f"{row.latency_ms:.3f} ms")
         for row in rows
     ]
-    header = ("collective", "result", "latency")
-    widths = [max(len(line[i]) for line in [header, *cells]) for i in range(2)]
-    latency_width = max(len(line[2]) for line in [header, *cells])
-
-    def line(cell: tuple[str, str, str]) -> str:
-        return (
-            f"{cell[0]:<{widths[0]}} | {cell[1]:<{widths[1]}} | {cell[2]:>{latency_width}}"
-        ).rstrip()
-
-    rule = f"{'-' * widths[0]}-+-{'-' * widths[1]}-+-{'-' * latency_width}"
-    return "\n".join([line(header), rule, *(line(cell) for cell in cells)])
+    widths = [max(len(cell[i]) for cell in cells) for i in range(3)]
+    lines = [
+        f"{a:<{widths[0]}} | {b:<{widths[1]}} | {c:>{widths[2]}}".rstrip() for a, b, c in cells
+    ]
+    lines.insert(1, "-+-".join("-" * width for width in widths))
+    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -255,18 +180,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m harness``.
-
-    Args:
-        argv: The arguments after the program name; None reads ``sys.argv[1:]``.
+    """Entry point of ``python -m harness``; ``argv`` defaults to ``sys.argv[1:]``.
 
     Returns:
         0 if every collective was ok (or unsupported / n/a); 1 if one failed (raised, timed
         out, crashed a rank or gave a wrong result) or the world broke; 2 if the world
-        cannot be started here (argparse also exits 2 on a usage error); 130 on Ctrl-C.
+        cannot be started here; 130 on Ctrl-C.
 
     Raises:
-        SystemExit: From argparse, for ``--help`` or a usage error.
+        SystemExit: From argparse, for ``--help`` or a usage error (exit code 2).
     """
     args = _parser().parse_args(argv)
     try:
@@ -283,18 +205,14 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         world = World(world_size, backend=backend)
     except RuntimeError as exc:
         # An unavailable backend (NCCL without CUDA devices, a backend torch lacks).
-        hint = "; try --backend gloo" if backend != "gloo" else ""
-        print(f"harness check: {exc}{hint}", file=sys.stderr)
-        return 2
+        return _error(f"{exc}; try --backend gloo" if backend != "gloo" else str(exc), 2)
     except DistributedError as exc:
-        print(f"harness check: {exc}", file=sys.stderr)
-        return 1
+        return _error(str(exc), 1)
     try:
         try:
             infos: list[RankInfo] = world.run(rank_info, timeout=timeout)
         except DistributedError as exc:
-            print(f"harness check: {exc}", file=sys.stderr)
-            return 1
+            return _error(str(exc), 1)
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices([info.device for info in infos])} | start method "
@@ -308,12 +226,12 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         world.close()
     # Details first, so that the table and its summary end the output.
     for name, text in details:
-        print(f"harness check: {name}: {text}\n", file=sys.stderr)
+        _error(f"{name}: {text}\n", 0)
     if no_numpy is not None:
-        print(
-            f"harness check: torch cannot use numpy in the ranks "
-            f"({_numpy_problems(infos)}); the object collectives need it: pip install numpy",
-            file=sys.stderr,
+        _error(
+            f"torch cannot use numpy in the ranks ({_numpy_problems(infos)}); the object "
+            "collectives need it: pip install numpy",
+            0,
         )
     sys.stderr.flush()
     print(format_table(rows))
@@ -321,11 +239,18 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     return exit_code(rows)
 
 
-def _numpy_status(infos: Sequence[RankInfo]) -> str | None:
-    """The status of the object collectives' rows when some rank lacks numpy, else None.
+def _error(text: str, code: int) -> int:
+    """Print ``text`` on stderr as the check's; return ``code``."""
+    print(f"harness check: {text}", file=sys.stderr)
+    return code
 
-    Decided here, once for every rank, so that no rank enters an object collective that
-    another rank skips.
+
+def _numpy_status(infos: Sequence[RankInfo]) -> str | None:
+    """The status of the object collectives' rows when torch cannot use numpy on some rank
+    (they then never run), else None.
+
+    Decided here, once for every rank: torch would raise on the receiving ranks only, and no
+    rank may enter an object collective that another rank skips.
     """
     missing = [rank for rank, info in enumerate(infos) if info.numpy_problem is not None]
     if not missing:
@@ -348,11 +273,8 @@ def _numpy_problems(infos: Sequence[RankInfo]) -> str:
 def _run_rows(
     world: World, repeats: int, timeout: float, no_numpy: str | None
 ) -> tuple[list[Row], list[tuple[str, str]]]:
-    """Run every row as its own call.
-
-    Returns:
-        The merged rows, and ``(row name, full error text)`` for each row whose call failed.
-    """
+    """Run every row as its own call; return the merged rows, and ``(row name, full error
+    text)`` for each row whose call failed."""
     rows: list[Row] = []
     details: list[tuple[str, str]] = []
     names = row_names()
@@ -386,13 +308,11 @@ def _reason(exc: DistributedError, timeout: float) -> str:
         return f"timeout: not done within {timeout:g} s (every rank's stack is on stderr)"
     if isinstance(exc, RankError) and exc.failures:
         first = next(iter(exc.failures.values()))
-        line = (first.message.strip().splitlines() or [""])[0]
-        return _shorten(f"rank {first.rank}: {first.exc_type}: {line}")
-    return _shorten((exc.summary.strip().splitlines() or [""])[0])
-
-
-def _shorten(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        line = f"rank {first.rank}: {first.exc_type}: {first.message.strip()}"
+    else:
+        line = exc.summary.strip()
+    line = (line.splitlines() or [""])[0]
+    return line if len(line) <= 160 else line[:157] + "..."
 
 
 def _describe_devices(devices: Sequence[str]) -> str:
