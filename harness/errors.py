@@ -85,11 +85,9 @@ class DistributedError(Exception):
 
 
 class RankError(DistributedError):
-    """Code raised on one or more ranks.
-
-    The first rank to fail is the root cause; peers that failed because of it (a closed
-    connection in a collective) are listed after it. The other ranks were torn down at once.
-    """
+    """Code raised on one or more ranks. The first rank to fail is the root cause; peers that
+    failed because of it (a closed connection in a collective) are listed after it. The
+    other ranks were torn down at once."""
 
     root_cause_first = True
 
@@ -167,12 +165,10 @@ _INTERRUPT_ATTR = "__harness_interrupt__"
 def note_interrupt(
     interrupt: BaseException, summary: str, stacks: dict[int, str], collectives: str = ""
 ) -> None:
-    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt`` that stopped a run.
-
-    The interrupt itself is re-raised unchanged (``except KeyboardInterrupt`` and pytest's
-    handling of Ctrl-C must keep working); the stacks travel with it as a note, which the
-    interpreter prints after the traceback (PEP 678, Python 3.11+), and as data for
-    :func:`interrupt_stacks`.
+    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt`` that stopped a run,
+    as a note the interpreter prints after the traceback (Python 3.11+) and as data for
+    :func:`interrupt_stacks`: the interrupt itself is re-raised unchanged, so that
+    ``except KeyboardInterrupt`` and pytest's handling of Ctrl-C keep working.
 
     Args:
         interrupt: The exception being raised.
@@ -197,15 +193,8 @@ def note_interrupt(
 
 
 def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
-    """The summary and the ranks' stacks a ``KeyboardInterrupt`` carries from a run it stopped
-    (see :func:`note_interrupt`), or None when it stopped none.
-
-    Args:
-        exc: The caught exception.
-
-    Returns:
-        ``(summary, {rank: stacks})``, or None.
-    """
+    """``(summary, {rank: stacks})`` that a ``KeyboardInterrupt`` carries from a run it
+    stopped (see :func:`note_interrupt`), or None when it stopped none."""
     found = getattr(exc, _INTERRUPT_ATTR, None)
     if not isinstance(found, tuple):
         return None

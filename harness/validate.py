@@ -2,11 +2,9 @@
 
 ``World(...)``, ``harness.run(...)``, the ``distributed`` marker, ``--dist-timeout``, ini
 ``dist_timeout`` and ``python -m harness check`` all check their values here, so they accept
-the same things and say the same thing about a bad one: where the value came from (the
-``where`` argument, as in pytest-timeout's ``_validate_timeout(value, where)``), the value,
-and what would be valid. Callers turn the ``TypeError``/``ValueError`` into their own kind of
-error (``pytest.UsageError``, an argparse error, a failed test) without rewording it.
-
+the same things and say the same thing about a bad one: where it came from (``where``), the
+value, and what would be valid. Callers turn the ``TypeError``/``ValueError`` into their own
+kind of error (``pytest.UsageError``, an argparse error, a failed test) without rewording it.
 No torch, no pytest: the plugin checks its settings before anything heavy is imported.
 """
 
@@ -16,17 +14,6 @@ import argparse
 import math
 from collections.abc import Callable
 from typing import TypeVar
-
-__all__ = [
-    "BACKEND_CHOICES",
-    "LEAK_CHOICES",
-    "argparse_type",
-    "backend",
-    "flag",
-    "one_of",
-    "positive_int",
-    "seconds",
-]
 
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
@@ -44,15 +31,12 @@ _T = TypeVar("_T")
 
 
 def positive_int(value: object, where: str, *, text: bool = False) -> int:
-    """Check an integer that must be at least 1 (a world size, a repeat count).
+    """Check an integer that must be at least 1 (a world size, a repeat count), and return it.
 
     Args:
-        value: The value.
+        value: The value; parsed first if ``text`` (a command-line argument) and a string.
         where: What it is, for the message (``"world_size"``, ``"--world-size"``).
-        text: Whether ``value`` is text to be parsed (a command-line argument).
-
-    Returns:
-        The value as an int.
+        text: Whether ``value`` may be text to parse.
 
     Raises:
         TypeError: It is not an int (``True`` and ``2.0`` are not).
@@ -71,17 +55,14 @@ def positive_int(value: object, where: str, *, text: bool = False) -> int:
 
 
 def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
-    """Check a positive, finite duration in seconds.
+    """Check a positive, finite duration in seconds, and return it as a float.
 
     Args:
-        value: The value.
+        value: The value; parsed first if ``text`` (an ini value, a command-line argument).
         where: What it is, for the message (``"timeout"``, ``"ini option dist_timeout"``).
         optional: Whether None is allowed; the caller handles it before calling, this only
             changes the message (``"... or None"``).
-        text: Whether ``value`` is text to be parsed (an ini value, a command-line argument).
-
-    Returns:
-        The value as a float.
+        text: Whether ``value`` may be text to parse.
 
     Raises:
         ValueError: It is not a number, or not positive and finite.
@@ -104,29 +85,16 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
 
 
 def flag(value: object, where: str) -> bool:
-    """Check a yes/no setting (``init``): a real bool only, since a value such as ``"no"``
-    is true in Python, the opposite of what it says.
-
-    Returns:
-        The value.
-
-    Raises:
-        TypeError: It is not a bool.
-    """
+    """Check a yes/no setting (``init``) and return it: a real bool only (else ``TypeError``),
+    since a value such as ``"no"`` is true in Python, the opposite of what it says."""
     if not isinstance(value, bool):
         raise TypeError(f"{where} must be True or False, not {value!r}")
     return value
 
 
 def one_of(value: object, where: str, choices: tuple[str, ...]) -> str:
-    """Check a name (any case) against ``choices``.
-
-    Returns:
-        The name in lower case.
-
-    Raises:
-        ValueError: It is not one of the choices; the message lists them.
-    """
+    """Check a name (any case) against ``choices`` and return it in lower case; else raise
+    ``ValueError`` listing them."""
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"unknown {where} {value!r}; valid: {', '.join(map(repr, choices))}")
     return value.lower()
