@@ -1,19 +1,14 @@
-"""The built-in fixtures that run inside a rank: this module runs INSIDE each rank.
-
-Some fixtures mean something per process, so in a distributed test they run in every rank
-rather than in the controller: the plugin's own (``rank``, ``world_size``,
-``local_rank``, ``local_device``) and pytest's per-test built-ins whose subject is the
-process they run in: ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
+"""The built-in fixtures that run inside a rank, because their subject is the process they
+run in: the plugin's own (``rank``, ``world_size``, ``local_rank``, ``local_device``), and
+pytest's ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
 ``capsys``/``capsysbinary``/``capfd``/``capfdbinary`` (this rank's output), ``caplog``
-(this rank's log records), ``recwarn`` (this rank's warnings), ``tmp_path_factory`` (for
-the body or a rank-side fixture that asks for it: over the controller's base directory) and
-``request`` (:class:`RankRequest`, a view of the test).
+(its log records), ``recwarn`` (its warnings) and ``tmp_path_factory`` (over the
+controller's base directory, for a rank-side fixture or body that asks for it); ``request``
+is :class:`harness.rank.fixtures.RankRequest`.
 
-pytest builds its own versions of these from objects that exist only in the controller
-(the test item, the capture manager), so the ones here are small equivalents with the same
-public methods. Each is a generator function: setup, ``yield`` the value, teardown.
-
-What it may import: see :mod:`harness.rank`; pytest only through ``harness.compat``.
+pytest builds its own from objects that exist only in the controller (the test item, the
+capture manager), so these are small equivalents with the same public methods. What it may
+import: see :mod:`harness.rank`; pytest only through ``harness.compat``.
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import compat
-from harness.protocol.messages import PLUGIN_FIXTURES, RequestInfo
+from harness.protocol.messages import PLUGIN_FIXTURES
 from harness.rank.identity import rank_value
 
 
@@ -42,60 +37,32 @@ class CaptureResult(NamedTuple):
     err: Any
 
 
-class _SysCapture:
-    """``capsys`` / ``capsysbinary``: ``sys.stdout`` and ``sys.stderr`` of this rank."""
+class _Capture:
+    """``capsys``/``capsysbinary``: this rank's ``sys.stdout`` and ``sys.stderr``; with
+    ``fd``, ``capfd``/``capfdbinary``: its file descriptors 1 and 2."""
 
-    def __init__(self, binary: bool) -> None:
-        self._binary = binary
-        self._saved = (sys.stdout, sys.stderr)
-        self._buffers = (io.BytesIO(), io.BytesIO())
-        self._streams = tuple(
-            io.TextIOWrapper(buffer, encoding="utf-8", errors="replace", write_through=True)
-            for buffer in self._buffers
-        )
-        sys.stdout, sys.stderr = self._streams
-
-    def readouterr(self) -> CaptureResult:
-        """The output written since the last call, consumed."""
-        out, err = (self._take(buffer) for buffer in self._buffers)
-        return CaptureResult(out, err)
-
-    def _take(self, buffer: io.BytesIO) -> Any:
-        data = buffer.getvalue()
-        buffer.seek(0)
-        buffer.truncate()
-        return data if self._binary else data.decode("utf-8", "replace")
-
-    @contextlib.contextmanager
-    def disabled(self) -> Iterator[None]:
-        """Let output through to the rank's own streams for the duration."""
-        sys.stdout, sys.stderr = self._saved
-        try:
-            yield
-        finally:
-            sys.stdout, sys.stderr = self._streams
-
-    def close(self) -> None:
-        # What the test did not read goes where it would have gone, as pytest shows it.
-        out, err = (buffer.getvalue() for buffer in self._buffers)
-        sys.stdout, sys.stderr = self._saved
-        for stream, data in ((sys.stdout, out), (sys.stderr, err)):
-            if data:
-                stream.write(data.decode("utf-8", "replace"))
-                stream.flush()
-
-
-class _FdCapture:
-    """``capfd`` / ``capfdbinary``: file descriptors 1 and 2 of this rank."""
-
-    def __init__(self, binary: bool) -> None:
-        self._binary = binary
-        _flush()
+    def __init__(self, *, binary: bool, fd: bool) -> None:
+        self._binary, self._fd = binary, fd
         # Open until close(): the capture outlives this call, as the test uses it.
-        self._files = [tempfile.TemporaryFile() for _ in range(2)]  # noqa: SIM115
-        self._saved = [os.dup(1), os.dup(2)]
-        for fd, file in zip((1, 2), self._files, strict=True):
-            os.dup2(file.fileno(), fd)
+        self._files = [tempfile.TemporaryFile() if fd else io.BytesIO() for _ in range(2)]  # noqa: SIM115
+        if fd:
+            _flush()
+            self._saved: list[Any] = [os.dup(1), os.dup(2)]
+        else:
+            self._saved = [sys.stdout, sys.stderr]
+            self._streams = [
+                io.TextIOWrapper(file, encoding="utf-8", errors="replace", write_through=True)
+                for file in self._files
+            ]
+        self._route(captured=True)
+
+    def _route(self, *, captured: bool) -> None:
+        if not self._fd:
+            sys.stdout, sys.stderr = self._streams if captured else self._saved
+            return
+        _flush()
+        for fd, file, saved in zip((1, 2), self._files, self._saved, strict=True):
+            os.dup2(file.fileno() if captured else saved, fd)
 
     def readouterr(self) -> CaptureResult:
         """The output written since the last call, consumed."""
@@ -112,27 +79,27 @@ class _FdCapture:
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
-        """Let output through to the rank's own file descriptors for the duration."""
-        _flush()
-        for fd, saved in zip((1, 2), self._saved, strict=True):
-            os.dup2(saved, fd)
+        """Let output through to the rank's own streams for the duration."""
+        self._route(captured=False)
         try:
             yield
         finally:
-            _flush()
-            for fd, file in zip((1, 2), self._files, strict=True):
-                os.dup2(file.fileno(), fd)
+            self._route(captured=True)
 
     def close(self) -> None:
-        _flush()
+        # What the test did not read goes where it would have gone, as pytest shows it.
+        self._route(captured=False)
         for fd, saved, file in zip((1, 2), self._saved, self._files, strict=True):
-            os.dup2(saved, fd)
-            os.close(saved)
             file.seek(0)
             data = file.read()
             file.close()
-            if data:
-                os.write(fd, data)
+            if self._fd:
+                os.close(saved)
+                if data:
+                    os.write(fd, data)
+            elif data:
+                saved.write(data.decode("utf-8", "replace"))
+                saved.flush()
 
 
 def _flush() -> None:
@@ -141,33 +108,27 @@ def _flush() -> None:
             stream.flush()
 
 
-_LOG_FORMAT = "%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s"
-"""pytest's default log format, which ``caplog.text`` uses."""
-
-
-class _Recorder(logging.Handler):
+class _LogHandler(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
         self.stream = io.StringIO()
-        self.setFormatter(logging.Formatter(_LOG_FORMAT))
+        # pytest's default log format, which caplog.text uses.
+        self.setFormatter(
+            logging.Formatter("%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s")
+        )
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
         self.stream.write(self.format(record) + "\n")
-
-    def reset(self) -> None:
-        self.records = []
-        self.stream = io.StringIO()
 
 
 class LogCapture:
     """``caplog``: the log records of this rank during the test, with pytest's methods."""
 
     def __init__(self) -> None:
-        self.handler = _Recorder()
+        self.handler = _LogHandler()
         self._levels: dict[str | None, int] = {}
-        self._handler_level = self.handler.level
         logging.getLogger().addHandler(self.handler)
 
     @property
@@ -187,18 +148,17 @@ class LogCapture:
         return [(r.name, r.levelno, r.getMessage()) for r in self.records]
 
     def get_records(self, when: str) -> list[logging.LogRecord]:
-        """The records of the test; every phase of a rank-side test is one (``when`` is
-        accepted for pytest's signature)."""
+        """The test's records: a rank-side test is one phase, whatever ``when`` says."""
         return list(self.records)
 
     def clear(self) -> None:
-        self.handler.reset()
+        self.handler.records = []
+        self.handler.stream = io.StringIO()
 
     def set_level(self, level: int | str, logger: str | None = None) -> None:
         """Set a logger's level (the root's by default) until the test ends."""
-        target = logging.getLogger(logger)
-        self._levels.setdefault(logger, target.level)
-        target.setLevel(level)
+        self._levels.setdefault(logger, logging.getLogger(logger).level)
+        logging.getLogger(logger).setLevel(level)
         self.handler.setLevel(level)
 
     @contextlib.contextmanager
@@ -218,12 +178,11 @@ class LogCapture:
         logging.getLogger().removeHandler(self.handler)
         for name, level in self._levels.items():
             logging.getLogger(name).setLevel(level)
-        self.handler.setLevel(self._handler_level)
 
 
 class WarningsRecorder(list):  # type: ignore[type-arg]
     """``recwarn``: the warnings this rank emitted during the test (``warnings.WarningMessage``
-    objects), with pytest's ``pop`` and ``clear``."""
+    objects), with pytest's ``list``, ``pop`` and ``clear``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -232,9 +191,8 @@ class WarningsRecorder(list):  # type: ignore[type-arg]
         warnings.simplefilter("always")
 
     def _sync(self) -> None:
-        if self._log:
-            self.extend(self._log)
-            del self._log[:]
+        self.extend(self._log)
+        del self._log[:]
 
     @property
     def list(self) -> list[Any]:
@@ -270,17 +228,13 @@ class WarningsRecorder(list):  # type: ignore[type-arg]
 
 
 class TempPathFactory:
-    """``tmp_path_factory`` in a rank: the controller's base directory, shared by all ranks.
-
-    Args:
-        basetemp: The controller's ``tmp_path_factory.getbasetemp()``.
-    """
+    """``tmp_path_factory`` in a rank: over ``basetemp``, the controller's base directory,
+    which all ranks share."""
 
     def __init__(self, basetemp: str) -> None:
         self._basetemp = Path(basetemp)
 
     def getbasetemp(self) -> Path:
-        """The session's base directory (the controller's)."""
         return self._basetemp
 
     def mktemp(self, basename: str, numbered: bool = True) -> Path:
@@ -294,11 +248,8 @@ class TempPathFactory:
             return path
         pattern = re.compile(rf"^{re.escape(basename)}(\d+)$")
         while True:
-            taken = [
-                int(m.group(1))
-                for entry in os.listdir(self._basetemp)
-                if (m := pattern.match(entry)) is not None
-            ]
+            entries = os.listdir(self._basetemp)
+            taken = [int(m.group(1)) for e in entries if (m := pattern.match(e)) is not None]
             path = self._basetemp / f"{basename}{max(taken, default=-1) + 1}"
             try:
                 path.mkdir(mode=0o700)
@@ -307,121 +258,15 @@ class TempPathFactory:
             return path
 
 
-class _Marks:
-    """The test's marks, for ``request.node``."""
-
-    def __init__(self, marks: tuple[Any, ...]) -> None:
-        self._marks = marks
-
-    def iter_markers(self, name: str | None = None) -> Iterator[Any]:
-        return (mark for mark in self._marks if name is None or mark.name == name)
-
-    def get_closest_marker(self, name: str, default: Any = None) -> Any:
-        return next(self.iter_markers(name), default)
-
-
-class RankNode(_Marks):
-    """``request.node`` in a rank: the test's ``name``, ``nodeid`` and marks."""
-
-    def __init__(self, info: RequestInfo) -> None:
-        super().__init__(info.marks)
-        self.name = info.name
-        self.nodeid = info.nodeid
-
-    def __repr__(self) -> str:
-        return f"<RankNode {self.nodeid}>"
-
-
-_NOTSET = object()
-
-
-class RankConfig:
-    """``request.config`` in a rank: the controller's options and ini values."""
-
-    def __init__(self, info: RequestInfo) -> None:
-        self._options = info.options
-        self._ini = info.ini
-
-    def getoption(self, name: str, default: Any = _NOTSET, skip: bool = False) -> Any:
-        """An option's value, by its ``dest`` (or ``--flag`` spelling)."""
-        key = name.lstrip("-").replace("-", "_")
-        if key in self._options:
-            return self._options[key]
-        if default is not _NOTSET:
-            return default
-        raise ValueError(f"no option named {name!r} (or its value could not be sent to the ranks)")
-
-    def getini(self, name: str) -> Any:
-        """An ini option's value."""
-        try:
-            return self._ini[name]
-        except KeyError:
-            raise ValueError(
-                f"unknown ini option {name!r} (or its value could not be sent to the ranks)"
-            ) from None
-
-
-class RankRequest:
-    """``request`` inside a rank: a view of the test and of the fixture being set up.
-
-    Answers what a fixture usually asks: ``node`` (``name``, ``nodeid``,
-    ``get_closest_marker``, ``iter_markers``), ``param``, ``fixturename``, ``scope``,
-    ``config`` (``getoption``, ``getini``), ``function``, ``cls``, ``instance``, ``module``,
-    and ``addfinalizer`` (run in this rank when the fixture ends).
-    """
-
-    def __init__(
-        self,
-        info: RequestInfo | None,
-        test: dict[str, Any],
-        *,
-        fixturename: str | None,
-        scope: str,
-        param: Any,
-        has_param: bool,
-        finalizers: list[Callable[[], object]],
-    ) -> None:
-        self._info = info
-        self.fixturename = fixturename
-        self.scope = scope
-        self.function = test.get("function")
-        self.cls = test.get("cls")
-        self.instance = test.get("instance")
-        self.module = test.get("module")
-        self._finalizers = finalizers
-        if has_param:
-            self.param = param
-
-    def _need(self) -> RequestInfo:
-        if self._info is None:  # the controller sends it whenever `request` is asked for
-            raise RuntimeError("the test's request information did not reach this rank")
-        return self._info
-
-    @property
-    def node(self) -> RankNode:
-        return RankNode(self._need())
-
-    @property
-    def config(self) -> RankConfig:
-        return RankConfig(self._need())
-
-    @property
-    def keywords(self) -> dict[str, Any]:
-        return {mark.name: mark for mark in reversed(self._need().marks)}
-
-    def addfinalizer(self, finalizer: Callable[[], object]) -> None:
-        """Call ``finalizer`` in this rank when the fixture (or test) ends."""
-        self._finalizers.append(finalizer)
-
-    def getfixturevalue(self, argname: str) -> Any:
-        raise RuntimeError(
-            f"request.getfixturevalue({argname!r}) is not available inside a rank: "
-            "request the fixture as an argument instead"
-        )
-
-    def __repr__(self) -> str:
-        nodeid = self._info.nodeid if self._info is not None else "?"
-        return f"<RankRequest for {nodeid} fixture={self.fixturename!r}>"
+_CLOSED: dict[str, Callable[[], Any]] = {
+    "capsys": lambda: _Capture(binary=False, fd=False),
+    "capsysbinary": lambda: _Capture(binary=True, fd=False),
+    "capfd": lambda: _Capture(binary=False, fd=True),
+    "capfdbinary": lambda: _Capture(binary=True, fd=True),
+    "caplog": LogCapture,
+    "recwarn": WarningsRecorder,
+}
+"""The built-ins that end with their ``close()``."""
 
 
 def builtin(name: str, basetemp: str | None) -> Generator[Any, None, None]:
@@ -429,35 +274,27 @@ def builtin(name: str, basetemp: str | None) -> Generator[Any, None, None]:
     once and tears it down when resumed.
 
     Args:
-        name: One of the protocol's ``PLUGIN_FIXTURES`` or ``PER_PROCESS_FIXTURES``.
+        name: One of the protocol's ``PLUGIN_FIXTURES`` or ``PER_PROCESS_FIXTURES``, or
+            ``tmp_path_factory``.
         basetemp: The controller's base temporary directory (for ``tmp_path_factory``).
 
     Raises:
         ValueError: ``name`` is not a built-in that runs in the ranks.
     """
     if name in PLUGIN_FIXTURES:
-        return _value(rank_value(name))
-    if name == "monkeypatch":
-        return _closing(compat.monkeypatch(), "undo")
-    if name in ("capsys", "capsysbinary"):
-        return _closing(_SysCapture(binary=name.endswith("binary")), "close")
-    if name in ("capfd", "capfdbinary"):
-        return _closing(_FdCapture(binary=name.endswith("binary")), "close")
-    if name == "caplog":
-        return _closing(LogCapture(), "close")
-    if name == "recwarn":
-        return _closing(WarningsRecorder(), "close")
+        return _fixture(rank_value(name))
     if name == "tmp_path_factory" and basetemp is not None:
-        return _value(TempPathFactory(basetemp))
+        return _fixture(TempPathFactory(basetemp))
+    if name == "monkeypatch":
+        return _fixture(compat.monkeypatch(), "undo")
+    if name in _CLOSED:
+        return _fixture(_CLOSED[name](), "close")
     raise ValueError(f"{name!r} is not a built-in fixture that runs in the ranks")
 
 
-def _value(value: Any) -> Generator[Any, None, None]:
-    yield value
-
-
-def _closing(value: Any, method: str) -> Generator[Any, None, None]:
+def _fixture(value: Any, end: str = "") -> Generator[Any, None, None]:
     try:
         yield value
     finally:
-        getattr(value, method)()
+        if end:
+            getattr(value, end)()

@@ -1,29 +1,24 @@
-"""Fixtures that run inside the ranks: set up, cached by scope, torn down. Runs INSIDE a rank.
+"""Fixtures that run inside the ranks: set up, cached by scope, torn down; and the
+``request`` view they get. Runs INSIDE a rank (see :mod:`harness.rank` for what it may
+import).
 
-The controller decides which of a test's fixtures run in the ranks and sends them as
+The controller sends a test's rank-side fixtures as the
 :class:`~harness.protocol.messages.RankFixture` entries of a
 :class:`~harness.protocol.messages.FixturePlan`, each after the fixtures it requests. Here
-each one is set up from its arguments (controller values, other rank-side fixtures, the
-``request`` view), as pytest would: a plain function's return value, or a generator's first
-``yield`` with the rest run at teardown.
-
-Function-scoped fixtures end with the call that runs the test. Wider ones (class, module,
-package, session) stay alive in this process, keyed by the node id of their scope, until the
-controller ends that scope (:func:`end_scopes`, its own call) — or until the process ends,
-since a rebuilt world starts with none.
-
-A fixture that raises marks the exception with the phase it belongs to
-(:data:`~harness.protocol.failures.PHASE_ATTR`), so the controller reports it as the test's
-setup or teardown error.
-
-What it may import: see :mod:`harness.rank`.
+each is set up from its arguments (controller values, other rank-side fixtures, the
+``request`` view) as pytest would: a plain function's return value, or a generator's first
+``yield`` with the rest run at teardown. Function-scoped fixtures end with the call that runs
+the test; wider ones stay alive in this process, keyed by the node id of their scope, until
+the controller ends that scope (:func:`end_scopes`, a call of its own) or the process ends.
+A fixture that raises marks the exception with its phase
+(:data:`~harness.protocol.failures.PHASE_ATTR`): the test's setup or teardown error.
 """
 
 from __future__ import annotations
 
 import inspect
 import sys
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -31,12 +26,12 @@ from harness import compat
 from harness.protocol.failures import PHASE_ATTR
 from harness.protocol.messages import (
     ARG_FIXTURE,
-    ARG_REQUEST,
     ARG_VALUE,
     Arg,
     FixturePlan,
     FunctionRef,
     RankFixture,
+    RequestInfo,
 )
 from harness.rank import builtin_fixtures, leaks
 
@@ -45,8 +40,9 @@ from harness.rank import builtin_fixtures, leaks
 class _Live:
     """A fixture set up in this rank, with what ends it."""
 
-    fixture: RankFixture
-    value: Any
+    name: str
+    param: Any = None
+    value: Any = None
     finalizers: list[Callable[[], object]] = field(default_factory=list)
     groups: set[Any] = field(default_factory=set)
 
@@ -72,12 +68,9 @@ class Setup:
         plan: FixturePlan,
         test: dict[str, Any],
         load: Callable[[FunctionRef], Callable[..., Any]],
-        failing: Callable[[BaseException], None] | None = None,
+        failing: Callable[[BaseException], None],
     ) -> None:
-        self._plan = plan
-        self._test = test
-        self._load = load
-        self._failing = failing
+        self._plan, self._test, self._load, self._failing = plan, test, load, failing
         self._values: dict[str, Any] = {}
         self._function_scoped: list[_Live] = []
 
@@ -94,8 +87,7 @@ class Setup:
             return {name: self._resolve(arg, None) for name, arg in self._plan.args}
         except BaseException as exc:
             _mark(exc, "setup")
-            if self._failing is not None:
-                self._failing(exc)
+            self._failing(exc)
             self.teardown(quiet=True)
             raise
 
@@ -114,22 +106,18 @@ class Setup:
         _finish(reversed(live), quiet=quiet)
 
     def _value(self, fixture: RankFixture) -> Any:
-        if fixture.scope != "function":
-            identity = (fixture.key, fixture.scope_key)
-            cached = _wide.get(identity)
-            if cached is not None and (
-                not fixture.has_param or _same(cached.fixture.param, fixture.param)
-            ):
-                return cached.value
-            if cached is not None:  # another parameter: pytest ends the old value first
-                _finish([_wide.pop(identity)], quiet=False)
-        live = _Live(fixture, None)
-        # Registered before the setup runs: a request.addfinalizer call made by a fixture that
-        # then raises still runs, as in pytest.
+        live = _Live(fixture.name, fixture.param)
         if fixture.scope == "function":
+            # Listed before the setup runs: a request.addfinalizer call made by a fixture
+            # that then raises still runs, as in pytest.
             self._function_scoped.append(live)
             return self._set_up(fixture, live)
         identity = (fixture.key, fixture.scope_key)
+        cached = _wide.get(identity)
+        if cached is not None:
+            if not fixture.has_param or _same(cached.param, fixture.param):
+                return cached.value
+            _finish([_wide.pop(identity)], quiet=False)  # another param: pytest ends the old
         _wide[identity] = live
         before = compat.live_process_groups()
         try:
@@ -146,19 +134,16 @@ class Setup:
         return value
 
     def _set_up(self, fixture: RankFixture, live: _Live) -> Any:
-        kwargs = {name: self._resolve(arg, fixture) for name, arg in fixture.args}
+        kwargs = {name: self._resolve(arg, fixture, live) for name, arg in fixture.args}
         if fixture.function is None:
             assert fixture.builtin is not None
-            generator: Generator[Any, None, None] = builtin_fixtures.builtin(
-                fixture.builtin, self._plan.basetemp
-            )
+            generator = builtin_fixtures.builtin(fixture.builtin, self._plan.basetemp)
         else:
             function = self._load(fixture.function)
-            if ".<locals>" not in fixture.function.qualname and "." in fixture.function.qualname:
-                # A fixture defined in a test class is a method of the test's instance.
-                instance = self._test.get("instance")
-                if instance is not None:
-                    function = function.__get__(instance)
+            qualname = fixture.function.qualname
+            instance = self._test.get("instance")
+            if ".<locals>" not in qualname and "." in qualname and instance is not None:
+                function = function.__get__(instance)  # defined in the test's class: a method
             result: Any = function(**kwargs)
             if not inspect.isgenerator(result):
                 live.value = result
@@ -168,31 +153,15 @@ class Setup:
         live.finalizers.append(lambda: _resume(generator, fixture.name))
         return live.value
 
-    def _resolve(self, arg: Arg, fixture: RankFixture | None) -> Any:
+    def _resolve(self, arg: Arg, fixture: RankFixture | None, live: _Live | None = None) -> Any:
         if arg.kind == ARG_VALUE:
             return self._plan.values[arg.key]
         if arg.kind == ARG_FIXTURE:
             return self._values[arg.key]
-        assert arg.kind == ARG_REQUEST
-        finalizers = self._finalizers_of(fixture)
-        return builtin_fixtures.RankRequest(
-            self._plan.request,
-            self._test,
-            fixturename=fixture.name if fixture is not None else None,
-            scope=fixture.scope if fixture is not None else "function",
-            param=fixture.param if fixture is not None else None,
-            has_param=fixture is not None and fixture.has_param,
-            finalizers=finalizers,
-        )
-
-    def _finalizers_of(self, fixture: RankFixture | None) -> list[Callable[[], object]]:
-        if fixture is None:  # the test's own request: its finalizers end with the call
-            live = _Live(RankFixture("", "request", "function", "", None, "request", ()), None)
+        if live is None:  # the test's own request: its finalizers end with the call, last
+            live = _Live("request")
             self._function_scoped.insert(0, live)
-            return live.finalizers
-        if fixture.scope == "function":
-            return self._function_scoped[-1].finalizers
-        return _wide[(fixture.key, fixture.scope_key)].finalizers
+        return RankRequest(self._plan.request, self._test, fixture, live.finalizers)
 
 
 def lasting_groups() -> set[Any]:
@@ -214,7 +183,7 @@ def end_scopes(scope_keys: list[str] | None) -> None:
     _finish(reversed([_wide.pop(identity) for identity in ending]), quiet=False)
 
 
-def _finish(live: Any, *, quiet: bool) -> None:
+def _finish(live: Iterable[_Live], *, quiet: bool) -> None:
     first: BaseException | None = None
     for entry in live:
         for finalizer in reversed(entry.finalizers):
@@ -224,7 +193,11 @@ def _finish(live: Any, *, quiet: bool) -> None:
                 if first is None and not quiet:
                     first = exc
                 else:
-                    _report(exc, entry.fixture.name)
+                    print(
+                        f"teardown of fixture {entry.name!r} also failed: "
+                        f"{type(exc).__qualname__}: {exc}",
+                        file=sys.stderr,
+                    )
     if first is not None:
         _mark(first, "teardown")
         raise first
@@ -236,13 +209,6 @@ def _resume(generator: Generator[Any, None, None], name: str) -> None:
     except StopIteration:
         return
     raise ValueError(f"fixture function {name!r} has more than one 'yield'")
-
-
-def _report(exc: BaseException, name: str) -> None:
-    print(
-        f"teardown of fixture {name!r} also failed: {type(exc).__qualname__}: {exc}",
-        file=sys.stderr,
-    )
 
 
 def _mark(exc: BaseException, phase: str) -> None:
@@ -258,3 +224,98 @@ def _same(a: Any, b: Any) -> bool:
         return bool(a is b or a == b)
     except Exception:
         return False
+
+
+class RankNode:
+    """``request.node`` in a rank: the test's ``name``, ``nodeid`` and marks."""
+
+    def __init__(self, info: RequestInfo) -> None:
+        self.name, self.nodeid, self._marks = info.name, info.nodeid, info.marks
+
+    def iter_markers(self, name: str | None = None) -> Iterator[Any]:
+        return (mark for mark in self._marks if name is None or mark.name == name)
+
+    def get_closest_marker(self, name: str, default: Any = None) -> Any:
+        return next(self.iter_markers(name), default)
+
+    def __repr__(self) -> str:
+        return f"<RankNode {self.nodeid}>"
+
+
+_NOTSET = object()
+_UNSENT = "(or its value could not be sent to the ranks)"
+
+
+class RankConfig:
+    """``request.config`` in a rank: the controller's options and ini values."""
+
+    def __init__(self, info: RequestInfo) -> None:
+        self._options, self._ini = info.options, info.ini
+
+    def getoption(self, name: str, default: Any = _NOTSET, skip: bool = False) -> Any:
+        """An option's value, by its ``dest`` (or ``--flag`` spelling)."""
+        key = name.lstrip("-").replace("-", "_")
+        if key in self._options:
+            return self._options[key]
+        if default is not _NOTSET:
+            return default
+        raise ValueError(f"no option named {name!r} {_UNSENT}")
+
+    def getini(self, name: str) -> Any:
+        if name in self._ini:
+            return self._ini[name]
+        raise ValueError(f"unknown ini option {name!r} {_UNSENT}")
+
+
+class RankRequest:
+    """``request`` inside a rank: a view of the test and of the fixture being set up
+    (``fixture``; None for the test's own ``request``).
+
+    Answers what a fixture usually asks: ``node`` (``name``, ``nodeid``,
+    ``get_closest_marker``, ``iter_markers``), ``keywords``, ``param``, ``fixturename``,
+    ``scope``, ``config`` (``getoption``, ``getini``), ``function``, ``cls``, ``instance``,
+    ``module``, and ``addfinalizer`` (run in this rank when the fixture ends).
+    """
+
+    def __init__(
+        self,
+        info: RequestInfo | None,
+        test: dict[str, Any],
+        fixture: RankFixture | None,
+        finalizers: list[Callable[[], object]],
+    ) -> None:
+        self._info = info
+        self.fixturename = fixture.name if fixture is not None else None
+        self.scope = fixture.scope if fixture is not None else "function"
+        if fixture is not None and fixture.has_param:
+            self.param = fixture.param
+        self.function, self.cls = test.get("function"), test.get("cls")
+        self.instance, self.module = test.get("instance"), test.get("module")
+        self.addfinalizer = finalizers.append
+
+    def _need(self) -> RequestInfo:
+        if self._info is None:  # the controller sends it whenever `request` is asked for
+            raise RuntimeError("the test's request information did not reach this rank")
+        return self._info
+
+    @property
+    def node(self) -> RankNode:
+        return RankNode(self._need())
+
+    @property
+    def config(self) -> RankConfig:
+        return RankConfig(self._need())
+
+    @property
+    def keywords(self) -> dict[str, Any]:
+        return {mark.name: mark for mark in reversed(self._need().marks)}
+
+    def getfixturevalue(self, argname: str) -> Any:
+        raise RuntimeError(
+            f"request.getfixturevalue({argname!r}) is not available inside a rank: "
+            "request the fixture as an argument instead"
+        )
+
+    def __repr__(self) -> str:
+        nodeid = self._info.nodeid if self._info is not None else "?"
+        return f"<RankRequest for {nodeid} fixture={self.fixturename!r}>"

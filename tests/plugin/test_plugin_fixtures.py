@@ -113,6 +113,11 @@ def test_capture_fixtures_read_the_ranks_own_output(pytester: pytest.Pytester) -
         def test_capfd(rank, capfd):
             os.write(1, f"fd of rank {rank}\\n".encode())
             assert capfd.readouterr().out == f"fd of rank {rank}\\n"
+            with capfd.disabled():
+                os.write(1, f"fd let through on rank {rank}\\n".encode())
+            os.write(1, b"fd left unread\\n")
+            assert capfd.readouterr() == ("fd left unread\\n", "")
+            os.write(2, b"fd unread at the end\\n")
 
         @pytest.mark.distributed(world_size=2)
         def test_capfdbinary(rank, capfdbinary):
@@ -126,14 +131,27 @@ def test_capture_fixtures_read_the_ranks_own_output(pytester: pytest.Pytester) -
             assert caplog.messages == [f"rank {rank} says hi"]
             assert caplog.record_tuples == [("lib", logging.INFO, f"rank {rank} says hi")]
             assert f"rank {rank} says hi" in caplog.text
+            assert caplog.get_records("call") == caplog.records
             caplog.clear()
-            assert caplog.records == []
+            assert caplog.records == [] and caplog.text == ""
+            with caplog.at_level(logging.ERROR, logger="lib"):
+                logging.getLogger("lib").warning("not recorded")
+            assert logging.getLogger("lib").level == logging.NOTSET
+            logging.getLogger("lib").warning("recorded")
+            assert caplog.messages == ["recorded"]
 
         @pytest.mark.distributed(world_size=2)
         def test_recwarn(rank, recwarn):
             warnings.warn(f"careful, rank {rank}", UserWarning)
             assert len(recwarn) == 1
             assert str(recwarn.pop(UserWarning).message) == f"careful, rank {rank}"
+            warnings.warn("a second", DeprecationWarning)
+            assert [w.category for w in recwarn] == [DeprecationWarning]
+            assert recwarn.list[0].category is DeprecationWarning
+            recwarn.clear()
+            assert len(recwarn) == 0
+            with pytest.raises(AssertionError, match="not found"):
+                recwarn.pop(UserWarning)
         """
     )
     result = pytester.runpytest("-p", "no:randomly", "-rA")
@@ -142,6 +160,10 @@ def test_capture_fixtures_read_the_ranks_own_output(pytester: pytest.Pytester) -
     # What the test did not read, and what it let through, is that rank's captured output.
     assert "shown as rank 1 output" in sections["Captured rank 1 stdout call"]
     assert "left unread" in sections["Captured rank 0 stdout call"]
+    fd_sections = dict(reports(result)["test_capfd"].sections)
+    assert "fd let through on rank 1" in fd_sections["Captured rank 1 stdout call"]
+    assert "fd left unread" not in fd_sections["Captured rank 1 stdout call"]
+    assert "fd unread at the end" in fd_sections["Captured rank 0 stderr call"]
 
 
 def test_request_is_a_view_of_the_test_in_the_rank(pytester: pytest.Pytester) -> None:
@@ -169,12 +191,13 @@ def test_request_is_a_view_of_the_test_in_the_rank(pytester: pytest.Pytester) ->
                 request.config.getini("dist_timeout"),
                 request.config.getoption("verbose"),
                 request.function.__name__,
+                sorted(request.keywords),
             )
 
         @pytest.mark.distributed(world_size=2, timeout=50)
         def test_request(rank, scaled, about, request):
             assert scaled in (10 + rank, 20 + rank)
-            fixturename, name, kwargs, ini, verbose, function = about
+            fixturename, name, kwargs, ini, verbose, function, keywords = about
             assert fixturename == "about"
             assert name == request.node.name
             assert name.startswith("test_request[")
@@ -182,6 +205,12 @@ def test_request_is_a_view_of_the_test_in_the_rank(pytester: pytest.Pytester) ->
             assert ini == "77"
             assert verbose == 0
             assert function == "test_request"
+            assert keywords == ["distributed"]
+            assert request.config.getoption("--no-such-flag", "fallback") == "fallback"
+            with pytest.raises(ValueError, match="no option named '--no-such-flag'"):
+                request.config.getoption("--no-such-flag")
+            with pytest.raises(ValueError, match="unknown ini option 'nope'"):
+                request.config.getini("nope")
         """
     )
     result = pytester.runpytest()
