@@ -279,82 +279,19 @@ class World:
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             self._rebuild()
-        ranks = self._state.ranks
-        try:
-            rendezvous = None
-            if not self.init:
-                rendezvous = {
-                    "MASTER_PORT": str(spawn.free_port()),
-                    "INIT_METHOD": "file://" + self._fresh_rendezvous_file(),
-                }
-            call = Call(
-                payload,
-                output=output,
-                env=_environ_changes(self._environ),
-                seed=seed,
-                rendezvous=rendezvous,
-                check_leaks=self.leaks != "off",
-                check_collectives=check_collectives,
-            )
-            deadline = time.monotonic() + timeout if timeout is not None else None
-            replies, timed_out = self._exchange(call, deadline)
-            # A failed call: what the ranks that did not answer, or returned, were doing:
-            # their collectives (asked first, answered at once by their watchdog), then
-            # their stacks. A failure's own reply carries its collectives.
-            done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
-            asked = [proc for proc in ranks if proc.rank not in replies] + done
-            traces = supervise.traces_now(asked) if len(done) < len(ranks) and asked else {}
-            stacks = supervise.stacks_now(ranks) if timed_out else {}
-            outcome = classify(
-                replies,
-                self.world_size,
-                timeout=timeout,
-                stacks=stacks,
-                init=self.init,
-                traces=traces,
-                check_collectives=check_collectives,
-            )
-            if outcome.suspect:
-                # The ranks' fingerprints differ: their traces say how (kept since the call).
-                outcome = desync(outcome, supervise.traces_now(ranks), self.world_size)
-            if outcome.leaks and self.leaks == "error" and outcome.error is None:
-                outcome = leak_error(outcome, name or _call_name(fn))
-        except KeyboardInterrupt as interrupt:
-            # Ctrl-C: say where each rank was, as a timeout does, then stop them all. A
-            # second Ctrl-C while they are asked still stops them (the finally).
-            self._broken = True
-            try:
-                traces = supervise.traces_now(ranks)
-                stacks = supervise.stacks_now(ranks)
-            finally:
-                _stop(self._state)
-            note_interrupt(
-                interrupt,
-                f"{name or _call_name(fn)} was interrupted (KeyboardInterrupt); each rank's "
-                "collectives and stack at the interrupt follow (the ranks were then stopped)",
-                stacks,
-                render(traces, self.world_size),
-            )
-            raise
-        except BaseException:
-            # A bug of ours: never leave ranks mid-call behind.
-            self._broken = True
-            _stop(self._state)
-            raise
-        if outcome.error is not None or not outcome.reusable:
-            self._broken = True
-            _stop(self._state)
-        elif outcome.regroup:
+        name = name or _call_name(fn)
+        message = self._call_message(payload, output, seed, check_collectives)
+        outcome, replies = self._exchange(message, timeout, name)
+        if outcome.regroup:
             outcome.notice = self._regroup()
             outcome.reusable = not outcome.notice
         if outcome.notice:
             # A warning: under pytest it is listed with the test that caused it.
             warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
         if outcome.leaks and self.leaks == "warn":
-            warnings.warn(
-                leak_report(outcome.leaks, name or _call_name(fn)), RuntimeWarning, stacklevel=3
-            )
+            warnings.warn(leak_report(outcome.leaks, name), RuntimeWarning, stacklevel=3)
         if output == OUTPUT_CAPTURE:
+            ranks = self._state.ranks
             outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
         return outcome
 
@@ -383,61 +320,114 @@ class World:
         self._state.ranks = spawn.start_ranks(
             self.world_size, self.backend, workdir, coverage.settings(), init=self.init
         )
-        ranks = self._state.ranks
-        replies, timed_out = supervise.gather(ranks, time.monotonic() + START_TIMEOUT_S)
-        stacks = supervise.stacks_now(ranks) if timed_out else {}
-        outcome = classify(
-            replies,
-            self.world_size,
-            timeout=START_TIMEOUT_S,
-            stacks=stacks,
-            starting=f"a world of {self.world_size} ranks ({self.backend})",
-        )
-        self._broken = outcome.error is not None
+        world = f"a world of {self.world_size} ranks ({self.backend})"
+        outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:
-            _stop(self._state)
             raise outcome.error
+        self._broken = False
 
     def _regroup(self) -> str:
-        """Have every rank make a fresh default group, the last call having destroyed the
-        harness's on every rank; bounded like a start. Returns why it failed ('' when it did
-        not): the World is then rebuilt before the next call."""
-        try:
-            replies, _ = self._exchange(
-                Regroup(self._fresh_rendezvous_file()), time.monotonic() + START_TIMEOUT_S
-            )
-            outcome = classify(
-                replies,
-                self.world_size,
-                timeout=START_TIMEOUT_S,
-                starting=f"a fresh default process group ({self.backend})",
-            )
-        except BaseException:
-            self._broken = True
-            _stop(self._state)
-            raise
+        """Have every rank make a fresh default group (the call destroyed the harness's on
+        every rank), bounded like a start; why that failed ('' when it did not)."""
+        group = f"a fresh default process group ({self.backend})"
+        outcome, _ = self._exchange(Regroup(self._fresh_rendezvous_file()), START_TIMEOUT_S, group)
         if outcome.error is None:
             return ""
-        self._broken = True
-        _stop(self._state)
         return (
             "the call destroyed the default process group, and a fresh one could not be made "
             f"on the same processes; the world is rebuilt before the next call: {outcome.error}"
         )
 
+    def _call_message(
+        self, payload: bytes, output: str, seed: int | None, check_collectives: bool
+    ) -> Call:
+        rendezvous = None
+        if not self.init:
+            rendezvous = {
+                "MASTER_PORT": str(spawn.free_port()),
+                "INIT_METHOD": "file://" + self._fresh_rendezvous_file(),
+            }
+        return Call(
+            payload,
+            output=output,
+            env=_environ_changes(self._environ),
+            seed=seed,
+            rendezvous=rendezvous,
+            check_leaks=self.leaks != "off",
+            check_collectives=check_collectives,
+        )
+
     def _exchange(
-        self, message: Call | Regroup, deadline: float | None
-    ) -> tuple[dict[int, Reply], bool]:
-        """Send ``message`` to every rank and gather their replies (see ``supervise.gather``)."""
+        self, message: Call | Regroup | None, timeout: float | None, what: str
+    ) -> tuple[Outcome, dict[int, Reply]]:
+        """Send ``message`` to every rank, gather their replies and classify them; stop the
+        ranks when the outcome is a failure, or when anything (Ctrl-C) interrupts the wait.
+
+        Args:
+            message: A ``Call``, a ``Regroup``, or None to wait for ranks that are starting.
+            timeout: The bound on the wait, in seconds (None: none).
+            what: How messages name the call (``"the call of fn"``), or what is starting.
+
+        Returns:
+            The outcome, and the replies it was made from, by rank.
+        """
         ranks = self._state.ranks
-        # One pickle for every rank: pickling the message once per rank costs more.
-        data = pickle.dumps(message)
-        for proc in ranks:
+        call = message if isinstance(message, Call) else None
+        try:
+            if message is not None:
+                data = pickle.dumps(message)  # once for every rank: once per rank costs more
+                for proc in ranks:
+                    try:
+                        proc.conn.send_bytes(data)
+                    except OSError:
+                        pass  # died while idle; its sentinel reports it
+            deadline = time.monotonic() + timeout if timeout is not None else None
+            replies, timed_out = supervise.gather(ranks, deadline)
+            # A failed call: what the ranks that did not answer, or returned, were doing:
+            # their collectives (asked first, answered at once by their watchdog), then
+            # their stacks. A failure's own reply carries its collectives.
+            done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
+            asked = [proc for proc in ranks if proc.rank not in replies] + done
+            failed = call is not None and len(done) < len(ranks) and asked
+            traces = supervise.traces_now(asked) if failed else {}
+            outcome = classify(
+                replies,
+                self.world_size,
+                timeout=timeout,
+                stacks=supervise.stacks_now(ranks) if timed_out else {},
+                starting=None if call else what,
+                init=self.init,
+                traces=traces,
+                check_collectives=call is not None and call.check_collectives,
+            )
+            if outcome.suspect:
+                # The ranks' fingerprints differ: their traces say how (kept since the call).
+                outcome = desync(outcome, supervise.traces_now(ranks), self.world_size)
+            if outcome.leaks and self.leaks == "error" and outcome.error is None:
+                outcome = leak_error(outcome, what)
+        except BaseException as exc:
+            # Never leave ranks mid-call behind. Ctrl-C in a call first says where each rank
+            # was, as a timeout does (a second Ctrl-C meanwhile still stops them).
+            self._broken = True
+            taken = None
             try:
-                proc.conn.send_bytes(data)
-            except OSError:
-                pass  # died while idle; its sentinel reports it
-        return supervise.gather(ranks, deadline)
+                if call is not None and isinstance(exc, KeyboardInterrupt):
+                    taken = supervise.traces_now(ranks), supervise.stacks_now(ranks)
+            finally:
+                _stop(self._state)
+            if taken is not None:
+                note_interrupt(
+                    exc,
+                    f"{what} was interrupted (KeyboardInterrupt); each rank's collectives and "
+                    "stack at the interrupt follow (the ranks were then stopped)",
+                    taken[1],
+                    render(taken[0], self.world_size),
+                )
+            raise
+        if outcome.error is not None or not outcome.reusable:
+            self._broken = True
+            _stop(self._state)
+        return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:
         """A file in the live generation's private directory that no rendezvous used before."""
