@@ -3,10 +3,9 @@ bytes behind ``os.environ``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from types import FrameType
 from typing import Any
 
@@ -14,9 +13,7 @@ __all__ = [
     "bootstrapping",
     "environ_bytes",
     "forget_forkserver",
-    "forget_parent_multiprocessing",
     "forkserver_pid",
-    "forkserver_started_by",
     "frame",
     "frame_of_thread",
 ]
@@ -56,59 +53,6 @@ def forget_forkserver() -> None:
     multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
 
 
-@contextlib.contextmanager
-def forkserver_started_by(start: Callable[[str, Sequence[int]], int | None]) -> Iterator[None]:
-    """While inside, multiprocessing starts its forkserver through ``start(command, fds)``.
-
-    ``start`` returns the pid of a child of this process that runs the Python source
-    ``command`` (what multiprocessing would run as ``python -c command``) holding the file
-    descriptors ``fds``, or None to have multiprocessing start the new interpreter itself.
-    Other processes multiprocessing starts meanwhile (its resource tracker) start as usual.
-    multiprocessing has no way to choose how the server process is made: it calls
-    ``multiprocessing.util.spawnv_passfds``, which this replaces for the duration.
-    """
-    import multiprocessing.forkserver
-    import multiprocessing.util
-
-    util: Any = multiprocessing.util
-    spawnv_passfds = util.spawnv_passfds
-
-    def spawn(path: str, args: Sequence[str], passfds: Sequence[int]) -> int:
-        command = args[-1]
-        pid = None
-        if len(args) >= 2 and args[-2] == "-c" and "multiprocessing.forkserver" in command:
-            pid = start(command, passfds)
-        return spawnv_passfds(path, args, passfds) if pid is None else pid
-
-    util.spawnv_passfds = spawn
-    try:
-        yield
-    finally:
-        util.spawnv_passfds = spawnv_passfds
-
-
-def forget_parent_multiprocessing() -> None:
-    """In a fork that is to serve as a forkserver: forget the parent's forkserver and
-    resource tracker, as a new interpreter would not know them.
-
-    The fork is made while the parent holds the forkserver's lock and knows its own
-    resource tracker's pid; left as they are, a rank that starts processes of its own would
-    wait for that lock forever. Each object gets the state of a new one
-    (``multiprocessing.forkserver._forkserver``, ``resource_tracker._resource_tracker``):
-    the module-level functions are bound to these very objects, so they cannot be replaced.
-    """
-    import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
-
-    for module, name in (
-        (multiprocessing.forkserver, "_forkserver"),
-        (multiprocessing.resource_tracker, "_resource_tracker"),
-    ):
-        obj = getattr(module, name)
-        obj.__dict__.clear()
-        obj.__dict__.update(type(obj)().__dict__)
-
-
 def bootstrapping() -> bool:
     """Whether this process is a multiprocessing child still importing its parent's main
     module (spawn and forkserver re-run it, as ``__mp_main__``, before the child's target).
@@ -138,23 +82,6 @@ def _probe_forkserver() -> object:
 
     server: Any = multiprocessing.forkserver._forkserver
     return server._forkserver_pid, server._stop
-
-
-def _probe_forkserver_start() -> object:
-    import inspect
-    import multiprocessing.forkserver
-    import multiprocessing.resource_tracker
-    import multiprocessing.util
-
-    util: Any = multiprocessing.util
-    source = inspect.getsource(multiprocessing.forkserver.ForkServer.ensure_running)
-    if "util.spawnv_passfds(" not in source or "'-c'" not in source:
-        raise AttributeError("the forkserver is no longer started by util.spawnv_passfds -c")
-    fresh = (
-        multiprocessing.forkserver.ForkServer().__dict__,
-        multiprocessing.resource_tracker.ResourceTracker().__dict__,
-    )
-    return util.spawnv_passfds, fresh
 
 
 def _probe_inheriting() -> object:
@@ -188,8 +115,6 @@ def _probe_frames() -> object:
 
 PROBES: dict[str, Callable[[], object]] = {
     "multiprocessing.forkserver._forkserver (._forkserver_pid, ._stop)": _probe_forkserver,
-    "multiprocessing.util.spawnv_passfds starts the forkserver; ForkServer(), "
-    "ResourceTracker() as new": _probe_forkserver_start,
     "multiprocessing.current_process()._inheriting": _probe_inheriting,
     "os.environ._data (the bytes behind os.environ)": _probe_environ_bytes,
     "sys._getframe, sys._current_frames": _probe_frames,

@@ -15,7 +15,6 @@ __all__ = [
     "exempt_from_assert_rewriting",
     "fixture_defs",
     "ini_names",
-    "leave_pytest_import_hook",
     "monkeypatch",
     "pytest_timeout_settings",
     "rewrite_asserts",
@@ -112,11 +111,6 @@ def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
     importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
 
 
-def _rewrite_hooks() -> list[Any]:
-    """pytest's assertion-rewriting import hooks installed in this process (one per config)."""
-    return [f for f in sys.meta_path if type(f).__module__ == ASSERT_REWRITER_MODULE]
-
-
 def exempt_from_assert_rewriting(*packages: str) -> None:
     """Have pytest's import hook leave the modules of these packages imported from now on.
 
@@ -127,18 +121,11 @@ def exempt_from_assert_rewriting(*packages: str) -> None:
     test outcomes. pytest can mark names (``register_assert_rewrite``), not unmark them: the
     hook keeps them in ``_must_rewrite`` and caches lookups in ``_marked_for_rewrite_cache``.
     """
-    for hook in _rewrite_hooks():
+    hooks: list[Any] = [f for f in sys.meta_path if type(f).__module__ == ASSERT_REWRITER_MODULE]
+    for hook in hooks:  # pytest's import hooks, one per pytest config
         marked = hook._must_rewrite
         marked.difference_update([name for name in marked if name.split(".")[0] in packages])
         hook._marked_for_rewrite_cache.clear()
-
-
-def leave_pytest_import_hook() -> None:
-    """Remove pytest's assertion-rewriting import hooks from this process (a fork of the
-    pytest process that is to serve as a forkserver, where ranks import test modules
-    their own way, as they do from a new interpreter)."""
-    for hook in _rewrite_hooks():
-        sys.meta_path.remove(hook)
 
 
 def asserts_rewritten(module: ModuleType) -> bool:

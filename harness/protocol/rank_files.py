@@ -220,15 +220,10 @@ def write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data) :]
 
 
-def flush_std_streams(*, originals: bool = False) -> None:
+def flush_std_streams() -> None:
     """Flush Python's stdout and stderr buffers (before their file descriptors change hands,
-    or before ``os._exit``), ignoring streams that cannot be flushed; with ``originals``,
-    ``sys.__stdout__`` and ``sys.__stderr__`` too (before a fork: their buffers would
-    otherwise be written twice)."""
-    streams = [sys.stdout, sys.stderr]
-    if originals:
-        streams += [sys.__stdout__, sys.__stderr__]
-    for stream in streams:
+    or before ``os._exit``), ignoring streams that cannot be flushed."""
+    for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:
