@@ -205,14 +205,17 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         world = World(world_size, backend=backend)
     except RuntimeError as exc:
         # An unavailable backend (NCCL without CUDA devices, a backend torch lacks).
-        return _error(f"{exc}; try --backend gloo" if backend != "gloo" else str(exc), 2)
+        _say(f"{exc}; try --backend gloo" if backend != "gloo" else str(exc))
+        return 2
     except DistributedError as exc:
-        return _error(str(exc), 1)
+        _say(str(exc))
+        return 1
     try:
         try:
             infos: list[RankInfo] = world.run(rank_info, timeout=timeout)
         except DistributedError as exc:
-            return _error(str(exc), 1)
+            _say(str(exc))
+            return 1
         print(
             f"torch {torch.__version__} | backend {world.backend} | world size {world_size} | "
             f"device {_describe_devices([info.device for info in infos])} | start method "
@@ -226,12 +229,11 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
         world.close()
     # Details first, so that the table and its summary end the output.
     for name, text in details:
-        _error(f"{name}: {text}\n", 0)
+        _say(f"{name}: {text}\n")
     if no_numpy is not None:
-        _error(
+        _say(
             f"torch cannot use numpy in the ranks ({_numpy_problems(infos)}); the object "
-            "collectives need it: pip install numpy",
-            0,
+            "collectives need it: pip install numpy"
         )
     sys.stderr.flush()
     print(format_table(rows))
@@ -239,19 +241,14 @@ def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
     return exit_code(rows)
 
 
-def _error(text: str, code: int) -> int:
-    """Print ``text`` on stderr as the check's; return ``code``."""
+def _say(text: str) -> None:
     print(f"harness check: {text}", file=sys.stderr)
-    return code
 
 
 def _numpy_status(infos: Sequence[RankInfo]) -> str | None:
-    """The status of the object collectives' rows when torch cannot use numpy on some rank
-    (they then never run), else None.
-
-    Decided here, once for every rank: torch would raise on the receiving ranks only, and no
-    rank may enter an object collective that another rank skips.
-    """
+    """The status of the object collectives' rows where torch cannot use numpy on some rank,
+    else None: decided once for every rank (the rows then never run), as torch would raise
+    on the receiving ranks only, and no rank may enter a collective another rank skips."""
     missing = [rank for rank, info in enumerate(infos) if info.numpy_problem is not None]
     if not missing:
         return None

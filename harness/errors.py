@@ -196,10 +196,7 @@ def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
     """``(summary, {rank: stacks})`` that a ``KeyboardInterrupt`` carries from a run it
     stopped (see :func:`note_interrupt`), or None when it stopped none."""
     found = getattr(exc, _INTERRUPT_ATTR, None)
-    if not isinstance(found, tuple):
-        return None
-    summary, stacks, _ = found
-    return str(summary), dict(stacks)
+    return (str(found[0]), dict(found[1])) if isinstance(found, tuple) else None
 
 
 def interrupt_collectives(exc: BaseException) -> str:
@@ -216,8 +213,7 @@ def forget_interrupt_note(exc: BaseException) -> None:
     notes = getattr(exc, "__notes__", None)
     if found is None or not isinstance(notes, list):
         return
-    summary = found[0]
-    notes[:] = [note for note in notes if not (isinstance(note, str) and note.startswith(summary))]
+    notes[:] = [note for note in notes if not (isinstance(note, str) and note.startswith(found[0]))]
     if not notes:
         del exc.__notes__  # type: ignore[attr-defined]
 

@@ -14,10 +14,9 @@ to the probe that checks it:
 :data:`PRIVATE_APIS` lists every use with its probe; ``tests/test_structure.py`` runs them, so
 an upgrade that removes one fails that test by name instead of breaking a rank in a way that
 is hard to trace. Imports of torch, pytest, coverage and multiprocessing happen inside the
-functions: this package is imported by the plugin (which loads into every pytest run, so it
-must not import torch or multiprocessing), by ranks (which may run without pytest) and by the
-controller. Callers use ``from harness import compat`` and ``compat.<name>``: each module's
-``__all__`` is re-exported here.
+functions: the plugin imports this package in every pytest run (which must not import
+torch or multiprocessing), and so do ranks, which may run without pytest. Callers use
+``from harness import compat`` and ``compat.<name>`` (each module's ``__all__``, re-exported).
 """
 
 from __future__ import annotations

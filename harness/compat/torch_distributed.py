@@ -50,10 +50,8 @@ def backend_registry() -> dict[str, Any]:
     name as a class attribute of ``Backend`` (``Backend.NAME``) and to the class-level
     containers ``backend_list`` (what ``is_backend_available`` reads), ``backend_type_map``,
     ``backend_capability``, ``default_device_backend_map`` and ``_plugins`` (whichever this
-    torch has, 2.4 to 2.13): the copy holds every class attribute, containers copied.
-
-    Returns:
-        ``{attribute name: value}``, lists and dicts as shallow copies.
+    torch has, 2.4 to 2.13): the copy holds every class attribute by name, lists and dicts
+    as shallow copies.
     """
     from torch.distributed import Backend
 
@@ -64,14 +62,9 @@ def backend_registry() -> dict[str, Any]:
 
 
 def restore_backend_registry(saved: dict[str, Any]) -> None:
-    """Put torch.distributed's backend registry back as :func:`backend_registry` copied it.
-
-    Attributes added since are deleted, containers are refilled in place (other modules may
-    hold them), anything else rebound. Only what differs is touched.
-
-    Args:
-        saved: What :func:`backend_registry` returned.
-    """
+    """Put torch.distributed's backend registry back as :func:`backend_registry` copied it
+    (``saved``): attributes added since are deleted, containers are refilled in place (other
+    modules may hold them), anything else rebound. Only what differs is touched."""
     from torch.distributed import Backend
 
     now = vars(Backend)
@@ -92,21 +85,15 @@ def restore_backend_registry(saved: dict[str, Any]) -> None:
 
 def rpc_init_count() -> int:
     """How many times this process has initialized ``torch.distributed.rpc`` (0 where that
-    module was never imported).
-
-    ``init_rpc`` counts its initializations in ``torch.distributed.rpc._init_counter`` (it
-    prefixes each one's store with it); torch says nowhere else whether RPC was ever used.
-    """
+    module was never imported): ``init_rpc`` counts them in ``rpc._init_counter`` (it
+    prefixes each one's store with it); torch says nowhere else whether RPC was ever used."""
     rpc: Any = sys.modules.get("torch.distributed.rpc")
     return int(getattr(rpc, "_init_counter", 0)) if rpc is not None else 0
 
 
 def rpc_agent_running() -> bool:
-    """Whether an RPC agent is set in this process (``init_rpc`` without ``shutdown``).
-
-    ``torch.distributed.rpc._is_current_rpc_agent_set`` (from ``torch._C``); there is no
-    public ``is_initialized`` for RPC.
-    """
+    """Whether an RPC agent is set in this process (``init_rpc`` without ``shutdown``):
+    ``rpc._is_current_rpc_agent_set``, as RPC has no public ``is_initialized``."""
     rpc: Any = sys.modules.get("torch.distributed.rpc")
     is_set = getattr(rpc, "_is_current_rpc_agent_set", None) if rpc is not None else None
     return bool(is_set()) if is_set is not None else False

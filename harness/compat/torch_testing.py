@@ -169,9 +169,7 @@ def _probe_mptc() -> object:
     for name in (*names, "_current_test_name", "TEST_ERROR_EXIT_CODE"):
         getattr(cls, name)
     if len(inspect.signature(cls._run).parameters) < 4:
-        raise TypeError(
-            "MultiProcessTestCase._run no longer takes (rank, test_name, file_name, pipe)"
-        )
+        raise TypeError("MultiProcessTestCase._run no longer takes (rank, test_name, ...)")
     return (module.get_timeout, module.TEST_SKIPS)
 
 

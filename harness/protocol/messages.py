@@ -1,11 +1,11 @@
 """The messages a controller and its ranks exchange, one class each.
 
-Each rank has one duplex pipe to its controller, and everything that crosses it is one of
-these: ``Call`` (answered by ``Done``, ``Failed`` or ``Skipped``; a pytest test whose body
-failed sends ``Failing`` first) and ``Regroup`` (answered by ``Ready`` or ``Failed``);
-``Ready`` also answers the rank's start. User objects travel pre-pickled as ``bytes``, so the
-messages always pickle and a failure to (un)pickle user data is reported by the side that
-saw it, naming the object.
+Everything that crosses a rank's duplex pipe to its controller is one of these: ``Call``
+(answered by ``Done``, ``Failed`` or ``Skipped``; a pytest test whose body failed sends
+``Failing`` first) and ``Regroup`` (answered by ``Ready``, which also answers the rank's
+start, or ``Failed``). User objects travel pre-pickled as ``bytes``, so the messages always
+pickle and a failure to (un)pickle user data is reported by the side that saw it, naming
+the object.
 
 Three things need no message, so that they work while the rank's main thread is blocked in
 a collective or a sleep (which release the GIL; a Python signal handler would never run):
@@ -45,8 +45,7 @@ class RankSetup:
         inherited: The controller's ``os.environ`` when the rank started. A forked rank would
             otherwise see the forkserver's environment, frozen when that server started.
         env: The rank's torchrun variables, set over ``inherited``.
-        workdir: The world generation's private directory (see
-            :mod:`harness.protocol.rank_files`).
+        workdir: The world generation's private directory (:mod:`harness.protocol.rank_files`).
         coverage: The controller's coverage options (``{"run:branch": True, ...}``) and
             ``"config_file"``, for the rank's own ``coverage.Coverage``; None when the
             controller is not measured.
@@ -187,10 +186,8 @@ class Failed:
 @dataclass(frozen=True)
 class Failing:
     """A pytest test's body, or a rank-side fixture's setup, raised (fields as in ``Failed``);
-    the rank now tears down the fixtures already set up, then sends ``Failed``.
-
-    That teardown may take long (a fixture that waits for its peers), and a rank still in it
-    when the controller stops waiting is torn down, so the failure comes first. The
+    sent before the rank tears down the fixtures already set up, which may take long (a rank
+    still at it when the controller stops waiting is torn down), then sends ``Failed``. The
     controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and
     the peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
     """
