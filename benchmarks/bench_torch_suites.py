@@ -22,8 +22,9 @@ end. Every child runs in its own session and its process group is killed when it
 ``spawn`` suite's children get ``BACKEND=gloo WORLD_SIZE=2``, a fresh ``TEMP_DIR`` (with its
 ``barrier`` directory) and ``INIT_METHOD=file://TEMP_DIR/init``, as PyTorch's CI sets them
 (see ``bench_mptc.py``, which measures that suite's skip reasons too). ``--results DIR``
-keeps each run's XML and wall time there; ``--reuse-native`` then takes the native runs
-from it instead of running them again (they take the longest).
+keeps each run's JUnit XML (``SUITE-native.xml``, ``SUITE-mptc.xml``: the failure messages)
+and its outcomes and wall time (``SUITE-MODE.json``) there; ``--reuse-native`` then takes
+the native runs from it instead of running them again (they take the longest).
 """
 
 from __future__ import annotations
@@ -210,6 +211,7 @@ class Compared:
     suite: str
     native: Run
     ours: Run
+    selection: str = "whole file"
 
     def differences(self) -> list[tuple[str, str, str]]:
         """``(test id, native outcome, ours)`` of every test whose outcome differs."""
@@ -243,13 +245,15 @@ def compare(
             print(f"{suite.name}: native run taken from {kept}", file=sys.stderr)
             continue
         print(f"{suite.name}: {mode} run ...", file=sys.stderr)
-        xml = os.path.join(root, f"{suite.name}-{mode}.xml")
+        xml = os.path.join(options.results or root, f"{suite.name}-{mode}.xml")
         env = _environment(root, suite.spawn_env)
         runs[mode] = run_pytest([*args, *extra], work, env, options.timeout, xml)
         if kept:
             with open(kept, "w") as handle:
                 json.dump(runs[mode].to_json(), handle, indent=1)
-    compared = Compared(suite.name, runs["native"], runs["mptc"])
+    compared = Compared(
+        suite.name, runs["native"], runs["mptc"], f"`{keyword}`" if keyword else "whole file"
+    )
     print(f"\n### {suite.name}: {' '.join(suite.files)}" + (f" -k {keyword!r}" if keyword else ""))
     print(f"\ntests: {len(set(compared.native.outcomes) | set(compared.ours.outcomes))}")
     print(f"native:      {_counts_text(compared.native)} in {compared.native.seconds:.1f} s")
@@ -269,9 +273,9 @@ def compare(
 def table(results: list[Compared]) -> str:
     """The Markdown table of every suite."""
     lines = [
-        "| suite | tests | native (pass/fail/skip/error) | `--dist-mptc` (pass/fail/skip/error) "
-        "| differences | native | `--dist-mptc` | ratio |",
-        "|---|---|---|---|---|---|---|---|",
+        "| suite | selection | tests | native (pass/fail/skip/error) "
+        "| `--dist-mptc` (pass/fail/skip/error) | differences | native | `--dist-mptc` | ratio |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for compared in results:
         counts = [
@@ -283,7 +287,7 @@ def table(results: list[Compared]) -> str:
         ]
         tests = len(set(compared.native.outcomes) | set(compared.ours.outcomes))
         lines.append(
-            f"| {compared.suite} | {tests} | {counts[0]} | {counts[1]} "
+            f"| {compared.suite} | {compared.selection} | {tests} | {counts[0]} | {counts[1]} "
             f"| {len(compared.differences())} | {compared.native.seconds:.1f} s "
             f"| {compared.ours.seconds:.1f} s | **{compared.ratio():.1f}x** |"
         )
