@@ -2,8 +2,11 @@
 (pytest's process, under the plugin). It never runs inside a rank.
 
 * :mod:`~harness.controller.world`       ``World`` and ``run``: a world's life and its calls
+* :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
 * :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
-* :mod:`~harness.controller.outcome`     what the ranks' answers amount to (pure logic)
+* :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
+* :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
+* :mod:`~harness.controller.outcome`     the outcome of a call, and what was seen of a rank
 * :mod:`~harness.controller.spawn`       the process manager: where a rank is spawned and stopped
 * :mod:`~harness.controller.forkserver`  the warm server ranks are forked from
 * :mod:`~harness.controller.stacks`      faulthandler dumps made readable

@@ -10,30 +10,16 @@ from harness import validate
 
 
 def resolve_backend(backend: object) -> str:
-    """Turn ``"auto"`` into what ``fhelium.distributed.init`` would pick (NCCL when CUDA is
-    available, else Gloo); check a named backend.
-
-    Args:
-        backend: One of :data:`harness.validate.BACKEND_CHOICES`, in any case.
-
-    Returns:
-        The backend's name: ``"gloo"`` or ``"nccl"`` for ``"auto"``, else the name given
-        (in lower case).
-
-    Raises:
-        ValueError: For any other value, naming it and the valid ones.
-    """
+    """The backend named by one of :data:`harness.validate.BACKEND_CHOICES` (any case), in
+    lower case; ``"auto"`` is what ``fhelium.distributed.init`` would pick (NCCL when CUDA
+    is available, else Gloo). Raises ``ValueError`` for any other value."""
     name = validate.backend(backend)
     return default_backend() if name == "auto" else name
 
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:
-    """Why a world of this (resolved) backend and size cannot run here, or None if it can.
-
-    Returns:
-        ``"needs 2 CUDA devices, found 0"``, ``"backend 'nccl' is not available in this
-        build of torch 2.13.0"``, or None.
-    """
+    """Why a world of this (resolved) backend and size cannot run here (``"needs 2 CUDA
+    devices, found 0"``), or None if it can."""
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:

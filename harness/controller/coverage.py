@@ -1,14 +1,11 @@
-"""Measure coverage inside ranks when the controller is measured, with no user configuration.
+"""Measure coverage inside ranks when the controller is measured: the controller's half.
 
-Ranks are started by forkserver or spawn, and coverage.py follows neither by itself (and
-pytest-cov 7 no longer patches subprocesses). So when ``coverage.Coverage.current()`` is
-active in the controller, each rank starts its own ``Coverage`` with the controller's
-settings (:mod:`harness.rank.coverage`), writes its data into the world's private directory
-when it ends (also when it is torn down after a failure), and the controller merges those
-files into its own live data before pytest-cov (or ``coverage run``) saves and combines it.
-No ``.coverage.*`` file is ever written next to the user's data file.
-
-This is the controller's half: :func:`settings` for the ranks, :func:`merge` afterwards.
+coverage.py follows neither forkserver nor spawn children (nor does pytest-cov 7). So when
+``coverage.Coverage.current()`` is active here, each rank runs its own ``Coverage`` with
+our :func:`settings` (:mod:`harness.rank.coverage`) and writes its data into the world's
+private directory when it ends (also when torn down after a failure); :func:`merge` folds
+those files into our live data before pytest-cov (or ``coverage run``) saves it. No
+``.coverage.*`` file is ever written next to the user's data file.
 """
 
 from __future__ import annotations

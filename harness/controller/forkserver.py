@@ -36,11 +36,14 @@ so that their ranks save coverage before the server's death takes them down)."""
 def context() -> BaseContext:
     """The multiprocessing context ranks are started from; starts the forkserver once."""
     global _context
-    if _context is not None:
-        return _context
+    if _context is None:
+        _context = _start_server()
+    return _context
+
+
+def _start_server() -> BaseContext:
     if "forkserver" not in multiprocessing.get_all_start_methods():
-        _context = multiprocessing.get_context("spawn")
-        return _context
+        return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     # Only effective before the server starts; a server someone else started first still
     # works, its ranks just import these modules themselves.
@@ -53,23 +56,18 @@ def context() -> BaseContext:
             f"harness: the multiprocessing forkserver could not start ({exc}); ranks are "
             "started with 'spawn' instead, which costs seconds per world",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-        _context = multiprocessing.get_context("spawn")
-        return _context
+        return multiprocessing.get_context("spawn")
     atexit.register(_stop)
-    _context = ctx
-    return _context
+    return ctx
 
 
 def warm_up() -> bool:
-    """Start the forkserver now; returns at once, while the server imports torch.
+    """Start the forkserver now (it imports torch meanwhile); whether this call started it.
 
-    Does nothing in a process that is still bootstrapping (a rank re-importing a main module
-    that imports ``harness.World`` at the top): only starting a world there is an error.
-
-    Returns:
-        Whether this call started the server (False where one ran already, or none could).
+    Not in a process still bootstrapping (a rank re-importing a main module that imports
+    ``harness.World`` at the top): only starting a world there is an error.
     """
     if compat.bootstrapping():
         return False
@@ -80,36 +78,31 @@ def warm_up() -> bool:
 
 def _preload() -> list[str]:
     # Everything a rank imports before it can run a call; pytest only when we run under it
-    # (without it each rank of an isolated test would import pytest, ~0.5 s).
+    # (else each rank of an isolated test would import it).
     modules = ["torch", "torch.distributed", "fhelium.distributed", "harness.rank.loop"]
     # Each call seeds numpy's generator where torch has imported numpy, and numpy loads
-    # numpy.random only at first use (~7 ms): once here rather than in every rank's first
-    # call. Where numpy is missing the server skips it (it ignores preload ImportErrors).
+    # numpy.random only at first use: once here rather than in every rank's first call.
+    # Where numpy is missing the server skips it (it ignores preload ImportErrors).
     modules.append("numpy.random")
     if "pytest" in sys.modules:
         modules += ["pytest", compat.ASSERT_REWRITER_MODULE, "harness.rank.pytest_body"]
     if "coverage" in sys.modules:
         modules.append("coverage")
-    if compat.MPTC_MODULE in sys.modules and not _cuda_available():
+    torch = sys.modules.get("torch")
+    if compat.MPTC_MODULE in sys.modules and torch is not None and not torch.cuda.is_available():
         # The session runs MultiProcessTestCase classes (--dist-mptc): every rank imports
-        # torch's test utilities (~2 s). Not where CUDA is: importing them asks CUDA for its
+        # torch's test utilities. Not where CUDA may be: importing them asks CUDA for its
         # devices, and a server that has initialized CUDA cannot fork usable ranks.
         modules += [compat.MPTC_MODULE, "harness.rank.mptc_body"]
     return modules
-
-
-def _cuda_available() -> bool:
-    """Whether the controller's torch (imported already, or not at all) sees CUDA."""
-    torch = sys.modules.get("torch")
-    return torch is None or bool(torch.cuda.is_available())
 
 
 def _stop() -> None:
     """At exit: close what still runs on the server, then end the server at once.
 
     Left alone, the server would notice our exit and shut its interpreter down with torch
-    loaded, outliving us by a second with our stdout and stderr still open (``pytest | tee``
-    waits for that). Processes someone else started on it are left alone, and so is it.
+    loaded, outliving us with our stdout and stderr still open (``pytest | tee`` waits for
+    that). Processes someone else started on it are left alone, and so is it.
     """
     for hook in before_stop:
         try:

@@ -1,8 +1,7 @@
 """Where ranks are spawned and stopped: the process manager of the controller.
 
-* Start method: ranks fork from the warm forkserver of :mod:`harness.controller.forkserver`
-  (``spawn`` where that is unavailable). Never ``fork`` the controller itself: it may have touched
-  CUDA or hold live process groups.
+* Start method: ranks fork from the warm server of :mod:`harness.controller.forkserver`,
+  never from the controller itself (it may have touched CUDA or hold process groups).
 * Rendezvous: a ``FileStore`` in the world's private (0700) directory, and Gloo/NCCL pinned
   to the loopback interface, so nothing listens on a reachable address and concurrent runs
   on one machine cannot meet each other.
@@ -25,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from harness.controller.forkserver import context
-from harness.protocol.messages import STACKS_SIGNAL, RankSetup
+from harness.protocol.messages import RankSetup
 from harness.protocol.rank_files import RankFiles
 from harness.rank import CODE_DIR, entry
 
@@ -34,7 +33,7 @@ STOP_GRACE_S = 5.0
 STOP_GRACE_NO_COVERAGE_S = 1.0
 
 
-def loopback_interface() -> str:
+def _loopback_interface() -> str:
     """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
     names = [name for _, name in socket.if_nameindex()]
     for name in ("lo", "lo0"):
@@ -72,7 +71,7 @@ def rank_env(rank: int, world_size: int, master_port: int) -> dict[str, str]:
     # torchrun's default: one intra-op thread per rank, so N ranks do not fight over cores.
     if "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = "1"
-    loopback = loopback_interface()
+    loopback = _loopback_interface()
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if name not in os.environ:
             env[name] = loopback
@@ -107,8 +106,7 @@ def start_ranks(
     *,
     init: bool = True,
 ) -> list[RankProcess]:
-    """Start ``world_size`` rank processes (they then rendezvous on their own, or make no
-    process group at all when ``init`` is False)."""
+    """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``)."""
     ctx = context()
     port = free_port()
     inherited = dict(os.environ)
@@ -148,10 +146,8 @@ def start_ranks(
 
 
 def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
-    """Stop ranks: close lifelines, give them ``grace_s`` to exit, SIGKILL the rest, reap all.
-
-    Safe to call again on the same ranks.
-    """
+    """Stop ranks: close lifelines, give them ``grace_s`` to exit, SIGKILL the rest, reap all
+    (again on the same ranks: nothing more)."""
     for proc in ranks:
         if proc.lifeline is not None:
             proc.lifeline.close()
@@ -176,39 +172,9 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
         proc.reaped = True
         proc.conn.close()
         proc.process.close()
-        _kill_group(proc.pid)
-
-
-def _kill_group(pid: int) -> None:
-    """SIGKILL what is left of a stopped rank's process group: whatever it started (a
-    subprocess a test left running, and that one's children), which would otherwise
-    outlive the World. A rank leads its own group (``harness.rank.loop``); its group id is
-    its pid, which the kernel does not hand out again while the group has a member."""
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except OSError:
-        pass  # no such group left (the usual case), or a member that is not ours to kill
-
-
-def dump_stacks(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
-    """Ask every live rank for a dump of all its threads; return the raw dumps by rank."""
-    pending = {}
-    for proc in ranks:
-        if proc.alive():
-            pending[proc.rank] = proc.files
-            try:
-                os.kill(proc.pid, STACKS_SIGNAL)
-            except ProcessLookupError:
-                pass
-    dumps: dict[int, str] = {}
-    deadline = time.monotonic() + timeout_s
-    while pending and time.monotonic() < deadline:
-        time.sleep(0.02)
-        for rank, files in list(pending.items()):
-            text = files.stack_dump()
-            # faulthandler writes a dump in one go from the signal handler; a dump that has
-            # stopped growing for one poll interval is complete.
-            if text and text == dumps.get(rank):
-                del pending[rank]
-            dumps[rank] = text
-    return dumps
+        # What is left of the rank's process group (it leads one, whose id is its pid, not
+        # handed out again while the group has a member): what a test started there.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            pass  # no such group left (the usual case), or a member that is not ours to kill

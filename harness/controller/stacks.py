@@ -1,10 +1,10 @@
 """Turn :mod:`faulthandler` dumps into tracebacks a person can read.
 
-A rank's stacks are taken by :mod:`faulthandler` (on a signal at a timeout, or on a fatal
-error) because it works from a C signal handler: it sees a main thread that is blocked in a
-collective or a ``time.sleep`` where Python-level code would never run. Its dump names files
-and line numbers only, most recent call first. The controller runs on the same machine and
-reads the same files, so it adds the source lines and puts the frames in traceback order.
+A rank's stacks are taken by :mod:`faulthandler` (at a timeout, or a fatal error): from a C
+signal handler, it sees a main thread blocked in a collective or a sleep, where Python code
+would never run. Its dump names files and lines only, most recent call first; the
+controller, on the same machine, adds the source lines and puts the frames in traceback
+order.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ def format_dump(
     main_thread: int | None = None,
     hidden: tuple[int, ...] = (),
 ) -> str:
-    """Rewrite a faulthandler dump as traceback-style text with source lines.
+    """Rewrite a faulthandler dump as traceback-style text with source lines: one block
+    per thread, ``(most recent call last)``, without the harness's own outermost frames;
+    lines that are no part of a stack (``Fatal Python error: ...``) stay at the top.
 
     Args:
         dump: What :mod:`faulthandler` wrote.
@@ -36,12 +38,6 @@ def format_dump(
             ``Ready`` message said): outermost frames there are the harness's, not the user's.
         main_thread: Ident of the rank's main thread: it is listed first and labelled.
         hidden: Idents of harness threads to leave out.
-
-    Returns:
-        One block per thread, ``(most recent call last)``, each frame followed by its source
-        line. The harness's own outermost frames (multiprocessing's bootstrap, the rank loop)
-        are dropped. Lines of the dump that are not part of a stack (``Fatal Python error:
-        ...``) are kept at the top.
     """
     preamble: list[str] = []
     threads: list[tuple[int, list[tuple[str, int, str]]]] = []
@@ -71,14 +67,11 @@ def format_dump(
 
 
 def _user_frames(frames: list[tuple[str, int, str]], code_dir: str) -> list[tuple[str, int, str]]:
-    # Drop the outermost frames that belong to multiprocessing's bootstrap or the harness
-    # (the rank loop, and harness.compat's runner of a MultiProcessTestCase test: the
-    # package above the rank side), as the rank's call sites do; keep everything from the
-    # first frame of user code on (torch's own test code included). A thread that is all
-    # harness (the rank waiting for work) keeps its frames, so the reader still sees where
-    # it waits. Past the first user frame, the rank side's frames are its
-    # collective-recording wrapper (harness.rank.trace) between the user's call and
-    # torch's: left out too.
+    # Everything from the first frame of user code on (torch's test code included), less
+    # the outermost frames of multiprocessing's bootstrap and the harness (the rank loop;
+    # harness.compat's MultiProcessTestCase runner, in the package above the rank side)
+    # and, past that, the rank side's collective-recording wrapper. A thread that is all
+    # harness (the rank waiting for work) keeps its frames: the reader sees where it waits.
     package = os.path.dirname(code_dir.rstrip(os.sep)) + os.sep
     harness = (_MULTIPROCESSING_DIR, "<", code_dir, package)
     for index, (path, _, _) in enumerate(frames):

@@ -2,22 +2,31 @@
 
 :func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
 exception and a death are all seen the moment they happen. Once a rank fails, the others
-get a short grace period to report (a peer blocked in a collective with a rank that exited
-fails within milliseconds); those still silent after it are left to the caller to tear down,
-so an error reaches the user in about a second, never after a process-group timeout.
+get a short grace to report (a peer blocked in a collective with a rank that exited fails
+at once); the caller tears down those still silent, never waiting for a process-group
+timeout.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import select
 import time
 from dataclasses import replace
 
-from harness.controller import spawn, stacks
+from harness.controller import stacks
 from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.protocol.messages import TRACE_REQUEST, Done, Failed, Failing, Ready, Skipped
+from harness.protocol.messages import (
+    STACKS_SIGNAL,
+    TRACE_REQUEST,
+    Done,
+    Failed,
+    Failing,
+    Ready,
+    Skipped,
+)
 from harness.protocol.traces import RankTrace
 
 FAILURE_GRACE_S = 0.5
@@ -39,12 +48,10 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
         deadline: ``time.monotonic()`` value to stop at; None waits without bound.
 
     Returns:
-        The replies by rank, and whether the deadline passed. After the first reply that
-        is not a success, the others get a grace period; those still silent after it are
-        missing from the result (the caller tears them down). A rank whose test body failed
-        says so before its fixtures' teardown (``Failing``): that counts as its ``Failed``
-        from then on, replaced by the ``Failed`` that ends its call if it comes in time,
-        dated when the body failed.
+        The replies by rank (those still silent after the grace missing), and whether the
+        deadline passed. A rank whose test body failed says so before its fixtures'
+        teardown (``Failing``): that is its ``Failed`` from then on, replaced by the
+        ``Failed`` that ends its call if it comes in time, dated when the body failed.
     """
     replies: dict[int, Reply] = {}
     pending = {proc.rank: proc for proc in ranks}
@@ -98,16 +105,33 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
     return replies, False
 
 
-def stacks_now(ranks: list[RankProcess]) -> dict[int, str]:
-    """Every rank's readable stacks, taken now ('' for a rank that is gone)."""
-    dumps = spawn.dump_stacks(ranks)
+def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
+    """Every rank's readable stacks, taken now by a signal ('' for a rank that is gone)."""
+    pending = {}
+    for proc in ranks:
+        if proc.alive():
+            pending[proc.rank] = proc.files
+            try:
+                os.kill(proc.pid, STACKS_SIGNAL)
+            except ProcessLookupError:
+                pass
+    dumps: dict[int, str] = {}
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.02)
+        for rank, files in list(pending.items()):
+            text = files.stack_dump()
+            # faulthandler writes a dump in one go from the signal handler; a dump that has
+            # stopped growing for one poll interval is complete.
+            if text and text == dumps.get(rank):
+                del pending[rank]
+            dumps[rank] = text
     return {proc.rank: readable(proc, dumps.get(proc.rank, "")) for proc in ranks}
 
 
 def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, RankTrace | None]:
-    """The collectives each of ``ranks`` has issued in the call in progress, taken now by
-    its watchdog thread (which answers while the main thread is blocked in a collective or
-    a sleep); None for a rank that is gone or did not answer within ``timeout_s``."""
+    """The collectives each rank has issued in the call in progress, taken now by its
+    watchdog thread; None for a rank that is gone or did not answer within ``timeout_s``."""
     pending = {}
     for proc in ranks:
         if proc.alive() and proc.lifeline is not None:
@@ -151,20 +175,10 @@ def _receive(proc: RankProcess) -> Reply:
     # that already failed because of this death.
     seen = time.monotonic()
     proc.process.join(1.0)
-    dump = readable(proc, proc.files.crash_dump())
-    return Died(proc.process.exitcode, _death_time(proc, seen), dump)
-
-
-def _death_time(proc: RankProcess, seen: float) -> float:
-    """When a rank died, on the monotonic clock, as well as we can tell.
-
-    Peers blocked in a collective with a rank fail the moment its sockets close, which is
-    also when we can first see its death, so they often report a (consequential) failure
-    stamped before the death is seen. A fatal signal makes faulthandler write the crash file
-    just before the process dies: its age dates the death. Otherwise (``os._exit``, an
-    external SIGKILL) the death is dated ``DEATH_SEEN_LATE_S`` before it was seen.
-    """
+    # When it died, as well as we can tell: peers blocked in a collective with it fail the
+    # moment its sockets close, often stamped before we see its death. A fatal signal makes
+    # faulthandler write the crash file just before the process dies: its age dates the
+    # death; otherwise (os._exit, an external SIGKILL) it is dated DEATH_SEEN_LATE_S early.
     age = proc.files.crash_dump_age()
-    if age is None:
-        return seen - DEATH_SEEN_LATE_S
-    return min(seen, seen - age)
+    at = seen - DEATH_SEEN_LATE_S if age is None else min(seen, seen - age)
+    return Died(proc.process.exitcode, at, readable(proc, proc.files.crash_dump()))

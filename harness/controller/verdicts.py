@@ -1,9 +1,7 @@
 """Which collective went wrong: the ranks' traces compared, one verdict line per finding.
 
-Pure logic on plain data (:class:`~harness.protocol.traces.RankTrace` per rank, and what
-became of each rank), used by :mod:`harness.controller.outcome` for every failed call and,
-as the desync check, for every call that returned on all ranks. Per process group, only its
-member ranks are compared (a collective on a subgroup is nobody else's business):
+Pure logic on plain data, for every failed call and, as the desync check, every call that
+returned on all ranks. Per process group, only its members are compared:
 
 * the first collective whose op, reduce op, root, shapes or dtypes differ between members
   (``collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
@@ -40,6 +38,8 @@ FAILED = "failed"
 DIED = "died"
 """The rank's process ended without answering."""
 
+_ENDED = {DONE: "finished the call", FAILED: "failed", DIED: "died"}
+
 
 def find(
     traces: Mapping[int, RankTrace | None],
@@ -55,10 +55,9 @@ def find(
             or did not answer the request).
         states: Per rank, what became of it: ``RUNNING``, ``DONE``, ``FAILED`` or ``DIED``.
         world_size: The number of ranks (the members of the default group).
-        until_raised: Compare each group only up to its first collective that raised on any
-            member (``GroupHistory.raised``), that one excluded: the desync check of a call
-            that returned everywhere, whose test handled that error (a failed call's
-            verdicts compare everything: where a rank raised is what its reader wants).
+        until_raised: Compare each group only before its first collective that raised on
+            any member (``GroupHistory.raised``): the desync check of a call that returned
+            everywhere, whose test handled that error.
 
     Returns:
         One line per finding, at most one per process group; empty when the ranks agree.
@@ -113,37 +112,24 @@ def _before_raised(
 
 
 def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
-    """The desync check's first half: whether every member of every group issued as many
-    collectives on it, with the same ops in the same order (equal checksums), as the
-    other members. Ranks outside a group are not compared for it.
-
-    Args:
-        prints: Each rank's fingerprint (None: the rank did not send one, nothing to check).
-        world_size: The number of ranks.
-    """
+    """The desync check's first half: whether the members of every group issued as many
+    collectives on it, with equal checksums (True where a rank sent no fingerprint)."""
     if any(found is None for found in prints.values()):
         return True
     values = list(prints.values())
     if all(found == values[0] for found in values):
         return True  # the common case: one comparison per rank
-    seen: dict[str, tuple[int, ...] | None] = {}
+    members: dict[str, tuple[int, ...] | None] = {}
     per_rank: dict[int, dict[str, tuple[int, int]]] = {}
     for rank, found in prints.items():
-        assert found is not None
-        per_rank[rank] = {}
-        for group, ranks, count, checksum in found:
-            seen.setdefault(group, ranks)
-            per_rank[rank][group] = (count, checksum)
-    for group, ranks in seen.items():
-        members = ranks if ranks is not None else range(world_size)
-        if len({per_rank.get(rank, {}).get(group, (0, 0)) for rank in members}) > 1:
+        for group, ranks, count, checksum in found or ():
+            members.setdefault(group, ranks)
+            per_rank.setdefault(rank, {})[group] = (count, checksum)
+    for group, ranks in members.items():
+        compared = ranks if ranks is not None else range(world_size)
+        if len({per_rank.get(rank, {}).get(group, (0, 0)) for rank in compared}) > 1:
             return False
     return True
-
-
-def _label(seq: int, group: str, name: str) -> str:
-    """``collective #2`` (default group) or ``collective #2 on the group of ranks 0, 1``."""
-    return f"collective #{seq}" + ("" if group == DEFAULT_GROUP else f" on {name}")
 
 
 def _difference(group: str, name: str, histories: Mapping[int, GroupHistory | None]) -> str:
@@ -174,8 +160,7 @@ def _missing(
     known: Mapping[int, RankTrace],
     states: Mapping[int, str],
 ) -> str:
-    """Members that issued fewer collectives on the group than others: what became of them,
-    and where the others are."""
+    """Members behind on the group: what became of them, and where the others are."""
     counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
     top = max(counts.values())
     if len(set(counts.values())) == 1:
@@ -189,7 +174,8 @@ def _missing(
     assert sample is not None
     found = sample.at(seq)
     op_name = found[0].name if found is not None else "?"
-    label = _label(seq, group, name)
+    on_group = "" if group == DEFAULT_GROUP else f" on {name}"
+    label = f"collective #{seq}{on_group}"
     waiting = _waiting(ahead, group, top, known)
     state = {states.get(rank, RUNNING) for rank in behind}
     who = ranks_phrase(behind)
@@ -199,21 +185,13 @@ def _missing(
             text = f"{who} never reached {label} ({op_name}) that {others} {waiting}"
         else:
             text = f"{who} never reached {label} ({op_name}); {others} went on to #{top}"
-        places = [_where(rank, known[rank], group) for rank in behind]
-        places = [p for p in places if p]
+        places = [p for rank in behind if (p := _where(rank, known[rank], group))]
         if places:
             text += "; " + "; ".join(places)
         return text
     after = f"after #{low}" if low else "before #1"
-    on_group = "" if group == DEFAULT_GROUP else f" on {name}"
-    if state == {DONE}:
-        what = f"{who} finished the call {after}{on_group}"
-    elif state == {FAILED}:
-        what = f"{who} failed {after}{on_group}"
-    elif state == {DIED}:
-        what = f"{who} died {after}{on_group}"
-    else:
-        what = f"{who} stopped {after}{on_group}"
+    ended = _ENDED.get(state.pop(), "stopped") if len(state) == 1 else "stopped"
+    what = f"{who} {ended} {after}{on_group}"
     if waiting:
         at_top = sample.at(top)
         return f"{what}; {others} {waiting} #{top} ({at_top[0].name if at_top else '?'})"

@@ -1,19 +1,16 @@
 """The controller's entry points: ``World`` owns N ranks across calls, ``run`` is one call.
 
-A World's life: it starts a generation of ranks (:mod:`harness.controller.spawn`), waits
-for them to come up, then serves calls. For each call it sends a ``Call`` to every rank,
-waits for the answers (:mod:`harness.controller.supervise`) and has them classified
-(:mod:`harness.controller.outcome`). After a failure it stops that generation and starts a
-fresh one before the next call.
+A World starts a generation of ranks (:mod:`~harness.controller.spawn`), then serves calls:
+each is sent to every rank, answered (:mod:`~harness.controller.supervise`) and classified
+(:mod:`~harness.controller.classify`). A failure stops the generation; the next call starts
+a fresh one.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
 import shutil
 import tempfile
-import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping
@@ -21,19 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness import compat, validate
-from harness.controller import coverage, forkserver, spawn, supervise
+from harness.controller import coverage, forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.outcome import (
-    Outcome,
-    Reply,
-    classify,
-    desync,
-    leak_error,
-    leak_report,
-)
+from harness.controller.classify import leak_report
+from harness.controller.exchange import call_message, exchange
+from harness.controller.outcome import Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
-from harness.errors import note_interrupt
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
@@ -44,7 +35,6 @@ from harness.protocol.messages import (
     Regroup,
 )
 from harness.protocol.rank_files import rendezvous_path
-from harness.protocol.traces import render
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -203,8 +193,7 @@ class World:
 
         Args:
             fn: A picklable (module-level) callable.
-            args: Positional arguments, pickled and sent to every rank.
-            kwargs: Keyword arguments, pickled and sent to every rank.
+            args, kwargs: Arguments for ``fn``, pickled and sent to every rank.
             timeout: Bound in seconds for this run; None uses the World's timeout.
             check_collectives: Whether the ranks' collectives are compared after a call
                 that returned on every rank (the desync check; see
@@ -217,15 +206,13 @@ class World:
             RankError: Code raised on one or more ranks (root cause first).
             WorldTimeout: The run did not finish in time; carries every rank's stack.
             RankCrash: A rank process died during the run.
-            CollectiveMismatch: Every rank returned, but their collectives differ (another
-                op, reduce op, root, shape or dtype, or more collectives on some ranks);
-                with ``check_collectives=False`` the values are returned instead.
+            CollectiveMismatch: Every rank returned, but their collectives differ; with
+                ``check_collectives=False`` the values are returned instead.
             DistributedError: ``fn``, an argument or a return value could not be pickled,
                 or the world could not be rebuilt after an earlier failure.
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
-            KeyboardInterrupt: Ctrl-C while the ranks ran: re-raised once every rank's stack
-                was taken (attached to it as a note, which the interpreter prints after the
-                traceback) and the ranks were stopped.
+            KeyboardInterrupt: Ctrl-C while the ranks ran, re-raised once the ranks were
+                stopped, with every rank's stack attached as a note (printed after it).
             TypeError: ``check_collectives`` is not a bool.
         """
         return self.call(
@@ -245,7 +232,7 @@ class World:
         check_collectives: bool = True,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
-        raising: the entry point of tools built on the World (the pytest plugin).
+        raising (for tools built on the World, such as the pytest plugin).
 
         Args:
             fn, args, kwargs, timeout: As :meth:`run`.
@@ -279,8 +266,12 @@ class World:
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             self._rebuild()
-        name = name or _call_name(fn)
-        message = self._call_message(payload, output, seed, check_collectives)
+        name = name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
+        rendezvous = None if self.init else self._fresh_rendezvous_file()
+        leaks = self.leaks != "off"
+        message = call_message(
+            payload, output, seed, leaks, check_collectives, self._environ, rendezvous
+        )
         outcome, replies = self._exchange(message, timeout, name)
         if outcome.regroup:
             outcome.notice = self._regroup()
@@ -338,95 +329,21 @@ class World:
             f"on the same processes; the world is rebuilt before the next call: {outcome.error}"
         )
 
-    def _call_message(
-        self, payload: bytes, output: str, seed: int | None, check_collectives: bool
-    ) -> Call:
-        rendezvous = None
-        if not self.init:
-            rendezvous = {
-                "MASTER_PORT": str(spawn.free_port()),
-                "INIT_METHOD": "file://" + self._fresh_rendezvous_file(),
-            }
-        return Call(
-            payload,
-            output=output,
-            env=_environ_changes(self._environ),
-            seed=seed,
-            rendezvous=rendezvous,
-            check_leaks=self.leaks != "off",
-            check_collectives=check_collectives,
-        )
-
     def _exchange(
         self, message: Call | Regroup | None, timeout: float | None, what: str
     ) -> tuple[Outcome, dict[int, Reply]]:
-        """Send ``message`` to every rank, gather their replies and classify them; stop the
-        ranks when the outcome is a failure, or when anything (Ctrl-C) interrupts the wait.
-
-        Args:
-            message: A ``Call``, a ``Regroup``, or None to wait for ranks that are starting.
-            timeout: The bound on the wait, in seconds (None: none).
-            what: How messages name the call (``"the call of fn"``), or what is starting.
-
-        Returns:
-            The outcome, and the replies it was made from, by rank.
-        """
-        ranks = self._state.ranks
-        call = message if isinstance(message, Call) else None
+        """:func:`~harness.controller.exchange.exchange` with the live ranks, stopped when
+        it fails or is interrupted."""
+        failed = True
         try:
-            if message is not None:
-                data = pickle.dumps(message)  # once for every rank: once per rank costs more
-                for proc in ranks:
-                    try:
-                        proc.conn.send_bytes(data)
-                    except OSError:
-                        pass  # died while idle; its sentinel reports it
-            deadline = time.monotonic() + timeout if timeout is not None else None
-            replies, timed_out = supervise.gather(ranks, deadline)
-            # A failed call: what the ranks that did not answer, or returned, were doing:
-            # their collectives (asked first, answered at once by their watchdog), then
-            # their stacks. A failure's own reply carries its collectives.
-            done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
-            asked = [proc for proc in ranks if proc.rank not in replies] + done
-            failed = call is not None and len(done) < len(ranks) and asked
-            traces = supervise.traces_now(asked) if failed else {}
-            outcome = classify(
-                replies,
-                self.world_size,
-                timeout=timeout,
-                stacks=supervise.stacks_now(ranks) if timed_out else {},
-                starting=None if call else what,
-                init=self.init,
-                traces=traces,
-                check_collectives=call is not None and call.check_collectives,
+            outcome, replies = exchange(
+                self._state.ranks, message, timeout, what, init=self.init, leaks=self.leaks
             )
-            if outcome.suspect:
-                # The ranks' fingerprints differ: their traces say how (kept since the call).
-                outcome = desync(outcome, supervise.traces_now(ranks), self.world_size)
-            if outcome.leaks and self.leaks == "error" and outcome.error is None:
-                outcome = leak_error(outcome, what)
-        except BaseException as exc:
-            # Never leave ranks mid-call behind. Ctrl-C in a call first says where each rank
-            # was, as a timeout does (a second Ctrl-C meanwhile still stops them).
-            self._broken = True
-            taken = None
-            try:
-                if call is not None and isinstance(exc, KeyboardInterrupt):
-                    taken = supervise.traces_now(ranks), supervise.stacks_now(ranks)
-            finally:
+            failed = outcome.error is not None or not outcome.reusable
+        finally:
+            if failed:
+                self._broken = True
                 _stop(self._state)
-            if taken is not None:
-                note_interrupt(
-                    exc,
-                    f"{what} was interrupted (KeyboardInterrupt); each rank's collectives and "
-                    "stack at the interrupt follow (the ranks were then stopped)",
-                    taken[1],
-                    render(taken[0], self.world_size),
-                )
-            raise
-        if outcome.error is not None or not outcome.reusable:
-            self._broken = True
-            _stop(self._state)
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:
@@ -453,33 +370,27 @@ def run(
     init: bool = True,
     check_collectives: bool = True,
 ) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks.
+    """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks, stopped before
+    this returns.
 
     Each rank has the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) and a default process
     group from ``fhelium.distributed.init``; with ``init=False`` no group, but a private
-    ``INIT_METHOD`` and ``MASTER_PORT`` for ``fn`` to make one (see :class:`World`). The
-    ranks are stopped before this returns.
-
-    A script that calls this at import time needs the ``if __name__ == "__main__":`` guard,
-    as with multiprocessing's spawn and forkserver start methods.
+    ``INIT_METHOD`` and ``MASTER_PORT`` for ``fn`` to make one (see :class:`World`). A script
+    that calls this at import time needs the ``if __name__ == "__main__":`` guard, as with
+    multiprocessing's spawn and forkserver start methods.
 
     Args:
-        fn: A picklable (module-level) callable.
-        world_size: Number of ranks (>= 1).
-        args: Positional arguments for ``fn``.
-        kwargs: Keyword arguments for ``fn``.
-        backend: ``"auto"`` (NCCL when CUDA is available, else Gloo), ``"gloo"`` or ``"nccl"``.
+        fn, args, kwargs, check_collectives: As :meth:`World.run`.
+        world_size, backend, init: As :class:`World`.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
-        init: Whether the ranks start in a default process group (True) or without one.
-        check_collectives: Whether the ranks' collectives are compared once every rank
-            returned (the desync check, see ``World.run``).
 
     Returns:
         The return values, index = rank.
 
     Raises:
-        RankError, WorldTimeout, RankCrash, DistributedError: As ``World.run``.
+        RankError, WorldTimeout, RankCrash, CollectiveMismatch, DistributedError: As
+            ``World.run``.
         TypeError, ValueError, RuntimeError: As ``World``.
     """
     with World(world_size, backend=backend, init=init) as world:
@@ -488,29 +399,12 @@ def run(
         )
 
 
-def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
-    """How ``os.environ`` differs from ``started`` (its bytes, see ``compat.environ_bytes``):
-    new values, None for removed variables. Compared as bytes: this runs at every call."""
-    now = compat.environ_bytes()
-    if now == started:
-        return None
-    changes: dict[str, str | None] = {
-        os.fsdecode(k): os.fsdecode(v) for k, v in now.items() if started.get(k) != v
-    }
-    changes.update((os.fsdecode(k), None) for k in started if k not in now)
-    return changes or None
-
-
 def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
     """What a rank wrote during a captured call: read from its files unless it said it
     wrote nothing (a rank that failed or died says nothing, so its files are read)."""
     if isinstance(reply, Done) and not reply.output_written:
         return "", ""
     return proc.files.output()
-
-
-def _call_name(fn: Callable[..., Any]) -> str:
-    return f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
 
 
 def _timeout(value: float | None) -> float | None:

@@ -1,14 +1,13 @@
 """When the forkserver that ranks fork from is started: as soon as the session is known to
 need it, and never in a session that runs no distributed test.
 
-The server imports torch first (~1 s); a rank is a cheap fork of it after that. So the
-earlier it starts, the more of that import overlaps work the pytest process does anyway,
-and the less the first distributed test waits. The points, earliest first:
+The server imports torch first; a rank is a cheap fork of it after that. So the earlier it
+starts, the more of that import overlaps work the pytest process does anyway. The points,
+earliest first:
 
 1. Before the project's conftests load (:func:`before_conftests`), when a test file named
-   on the command line uses the marker. A conftest often imports the library under test,
-   and with it torch: started after it, the server's import would follow that one (~1 s
-   more before the first test) instead of running alongside.
+   on the command line uses the marker: a conftest often imports torch, and the server's
+   import then runs alongside, not after it.
 2. At ``pytest_configure`` (:func:`at_configure`): the same check, now with the conftests'
    markers known; a server started at 1 for a marker that turns out to be the project's
    own is stopped here.
@@ -50,12 +49,9 @@ _NO_TESTS_RUN = (
 
 
 def before_conftests(early_config: pytest.Config) -> None:
-    """Point 1: start the server if a named test file uses the marker.
-
-    Args:
-        early_config: pytest's config before conftests load: the command line and the ini
-            file are parsed, conftests' markers and options are not known yet.
-    """
+    """Point 1: start the server if a named test file uses the marker (``early_config``:
+    the command line and the ini file are parsed, the conftests' markers and options are
+    not known yet)."""
     options = early_config.known_args_namespace
     # An xdist worker cannot be told from its controller yet (both have -n): the worker
     # starts its server at configure instead.
@@ -69,7 +65,7 @@ def before_conftests(early_config: pytest.Config) -> None:
     if name is not None and _named_files_use(early_config.invocation_params.dir, args, name):
         if getattr(options, "cov_source", None) and "coverage" not in sys.modules:
             # pytest-cov (--cov) imports coverage right after this; imported first, it is
-            # preloaded by the server too, instead of imported by each rank (~60 ms each).
+            # preloaded by the server too, instead of imported by each rank.
             importlib.import_module("coverage")
         early_config.stash[_STARTED_EARLY] = _start()
 
@@ -87,15 +83,13 @@ def at_configure(config: pytest.Config, name: str | None) -> None:
 
 
 def at_collect(config: pytest.Config) -> None:
-    """Point 3: a file or test that uses the marker was found (or, at 2, named): start the
-    server unless options may deselect tests."""
+    """Point 3: a file or test that uses the marker was found (or, at 2, named)."""
     if not _may_deselect(config.option):
         at_collection_finish(config)
 
 
 def at_collection_finish(config: pytest.Config) -> None:
-    """Point 4 (and what the others come to): start the server unless this process runs no
-    test."""
+    """Point 4, and what the others come to: start the server unless no test runs here."""
     if not _runs_no_tests(config.option, xdist_worker=hasattr(config, "workerinput")):
         _start()
 
@@ -110,7 +104,7 @@ def file_uses(path: Path, name: str) -> bool:
 
 def _named_files_use(invocation_dir: Path, args: Iterable[str], name: str) -> bool:
     """Whether a test file named on the command line (``path`` or ``path::test``) uses the
-    marker: its distributed tests are then as good as selected."""
+    marker: its distributed tests are as good as selected."""
     paths = (Path(invocation_dir, str(arg).split("::", 1)[0]) for arg in args)
     return any(path.suffix == ".py" and file_uses(path, name) for path in paths)
 
@@ -138,7 +132,6 @@ def _may_deselect(options: argparse.Namespace) -> bool:
 
 
 def _start() -> bool:
-    """Start the server (if this process has none yet); whether one was started now."""
     from harness.controller import forkserver
 
     return forkserver.warm_up()

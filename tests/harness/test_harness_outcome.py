@@ -13,14 +13,8 @@ import unittest
 
 import pytest
 
-from harness.controller.outcome import (
-    Died,
-    Outcome,
-    Reply,
-    classify,
-    leak_error,
-    leak_report,
-)
+from harness.controller.classify import classify, leak_error, leak_report
+from harness.controller.outcome import Died, Outcome, Reply
 from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED, MAIN_GUARD_HINT, RankFailure
 from harness.protocol.messages import Done, Failed, Ready, Skipped

@@ -1,0 +1,316 @@
+"""What the ranks' replies amount to (values, a skip, or a harness error): pure logic, no
+files, no processes, so every case is unit-tested on plain data."""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+
+from harness.controller import verdicts
+from harness.controller.outcome import Died, Outcome, Reply
+from harness.errors import (
+    CollectiveMismatch,
+    DistributedError,
+    RankCrash,
+    RankError,
+    RankLeak,
+    WorldTimeout,
+)
+from harness.protocol.failures import (
+    EXIT_MAIN_REIMPORTED,
+    MAIN_GUARD_HINT,
+    RankFailure,
+    ranks_phrase,
+)
+from harness.protocol.messages import Done, Failed, Ready, Skipped
+from harness.protocol.traces import RankTrace
+
+
+def classify(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    *,
+    timeout: float | None,
+    stacks: Mapping[int, str] | None = None,
+    starting: str | None = None,
+    init: bool = True,
+    traces: Mapping[int, RankTrace | None] | None = None,
+    check_collectives: bool = True,
+) -> Outcome:
+    """Decide what a call (or the start of a world) amounts to.
+
+    Args:
+        replies: What was seen of each rank; a missing rank had not answered when the
+            supervisor stopped waiting (the deadline passed, or a peer failed).
+        world_size: The number of ranks.
+        timeout: The bound the supervisor waited under, for the message (None: none).
+        stacks: The readable stacks of the ranks that had not answered.
+        starting: For a world's start, how to name it (``"a world of 2 ranks (gloo)"``).
+        init: Whether the world has a harness default group (without one, every group a
+            call leaves is destroyed before the next call: none makes it unfit).
+        traces: The traces of the ranks that had not answered or that returned while others
+            failed (a failure's reply carries its own); None for a rank that gave none.
+        check_collectives: Whether a call that returned everywhere has its ranks'
+            fingerprints compared (the desync check's first half; see :func:`desync`).
+
+    Returns:
+        For a call: the values (``suspect`` when the fingerprints differ); the skip when
+        every rank skipped; else the error, with the ranks' collectives and verdicts:
+        ``RankError`` / ``RankCrash`` (by the first failure in time) list failures in time
+        order, then skips, and name the ranks torn down; a skip on some ranks only is a
+        ``RankError``; silent ranks and no failure, a ``WorldTimeout``. For a start: an
+        error unless every rank is ``Ready``, listing the others by rank.
+    """
+    stacks = stacks or {}
+    if starting is not None:
+        return _start(replies, world_size, timeout, stacks, starting)
+    done = {r: m for r, m in replies.items() if isinstance(m, Done)}
+    skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
+    if len(done) == world_size:
+        outcome = _values(done, init)
+        prints = {rank: reply.collectives for rank, reply in done.items()}
+        if check_collectives and outcome.error is None:
+            outcome.suspect = not verdicts.agree(prints, world_size)
+        return outcome
+    if len(skipped) == world_size:
+        return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
+    outcome = _failed(replies, world_size, timeout, stacks, skipped)
+    if outcome.error is not None:
+        _add_collectives(outcome.error, replies, traces or {}, world_size)
+    return outcome
+
+
+def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size: int) -> Outcome:
+    """The desync check's second half, for a ``suspect`` outcome: compare the ranks' whole
+    traces, taken after the call (None where one could not be read).
+
+    Returns:
+        ``outcome`` when the traces agree after all (a checksum collision; differences
+        that are right); otherwise a ``CollectiveMismatch`` outcome.
+    """
+    states = dict.fromkeys(range(world_size), verdicts.DONE)
+    # A collective that raised where the test handled the error is no desync, nor is what
+    # followed it on its group: only what completed on every member is compared.
+    found = _verdicts(traces, states, world_size, until_raised=True)
+    if not found and all(trace is not None for trace in traces.values()):
+        return outcome
+    if not found:
+        missing = [rank for rank, trace in traces.items() if trace is None]
+        found = [
+            "the ranks' collectives differ (their counts or ops per group), but "
+            f"{ranks_phrase(missing)} did not say which"
+        ]
+    error = CollectiveMismatch(
+        "every rank returned, but their collectives do not match, so the results may be "
+        f"wrong: {found[0]}"
+    )
+    error.collectives = dict(traces)
+    error.verdicts = found
+    return Outcome(error=error, outputs=outcome.outputs, notice=outcome.notice, leaks=outcome.leaks)
+
+
+def leak_report(leaks: Mapping[int, tuple[str, ...]], call: str) -> str:
+    """The warning for what ``call`` (``"test test_x.py::test_a"``) left behind: each finding
+    once, with the ranks it was found on (a body alike on every rank leaks alike)."""
+    items = "; ".join(f"{ranks}: {line}" for line, ranks in _grouped(leaks))
+    return f"{call} left behind what the harness cannot undo in a reused rank: {items}"
+
+
+def leak_error(outcome: Outcome, call: str) -> Outcome:
+    """A successful outcome with ``leaks`` made a ``RankLeak`` (``leaks="error"``): the call,
+    the ranks and the first finding, each rank's findings as its failure; not reusable
+    (stopping the ranks ends what they leaked)."""
+    leaks = outcome.leaks
+    grouped = _grouped(leaks)
+    line, ranks = grouped[0]
+    also = f" (and {len(grouped) - 1} more, below)" if len(grouped) > 1 else ""
+    summary = f"{call} left behind on {ranks}: {line}{also}; the ranks were stopped"
+    failures = {
+        rank: RankFailure(rank, "RankLeak", "; ".join(found), "".join(f"{f}\n" for f in found))
+        for rank, found in sorted(leaks.items())
+    }
+    return Outcome(
+        error=RankLeak(summary, failures),
+        outputs=outcome.outputs,
+        reusable=False,
+        notice=outcome.notice,
+        leaks=leaks,
+    )
+
+
+def _grouped(leaks: Mapping[int, tuple[str, ...]]) -> list[tuple[str, str]]:
+    """Each distinct finding with the ranks it was found on (``"ranks 0, 1"``), in order."""
+    ranks_of: dict[str, list[int]] = {}
+    for rank, found in sorted(leaks.items()):
+        for line in found:
+            ranks_of.setdefault(line, []).append(rank)
+    return [(line, ranks_phrase(ranks)) for line, ranks in ranks_of.items()]
+
+
+def _values(done: dict[int, Done], init: bool) -> Outcome:
+    values = []
+    for rank in sorted(done):
+        try:
+            values.append(pickle.loads(done[rank].value))
+        except Exception as exc:
+            message = (
+                f"could not unpickle the return value of rank {rank}: {type(exc).__name__}: {exc}"
+            )
+            failure = RankFailure(rank, type(exc).__name__, message, message + "\n")
+            return Outcome(error=RankError(message, {rank: failure}))
+    # A call that destroyed the default group on some ranks only, or made groups on some
+    # ranks only, leaves its result valid but the world unfit for the next call. Without a
+    # harness group none of this matters: every group is destroyed before the next call,
+    # which resets the counters too.
+    counts = {rank: reply.group_count for rank, reply in sorted(done.items())}
+    gone = [rank for rank, reply in sorted(done.items()) if not reply.grouped]
+    notice = ""
+    if init and 0 < len(gone) < len(done):
+        kept = [rank for rank in sorted(done) if rank not in gone]
+        notice = (
+            f"the call destroyed the default process group on {ranks_phrase(gone)} only "
+            f"({ranks_phrase(kept)} kept it), which leaves the ranks out of step; the world "
+            "is rebuilt before the next call"
+        )
+    elif init and not gone and len(set(counts.values())) > 1:
+        made = ", ".join(f"rank {rank}: {count}" for rank, count in counts.items())
+        notice = (
+            f"the call left the ranks' process-group counters out of step ({made}): "
+            "new_group was called on some ranks only, so the ranks could not meet in their "
+            "next group; the world is rebuilt before the next call"
+        )
+    reusable = all(reply.reusable for reply in done.values()) and not notice
+    regroup = init and reusable and len(gone) == len(done)
+    leaks = {rank: reply.leaks for rank, reply in sorted(done.items()) if reply.leaks}
+    return Outcome(values=values, reusable=reusable, notice=notice, regroup=regroup, leaks=leaks)
+
+
+def _failed(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    timeout: float | None,
+    stacks: Mapping[int, str],
+    skipped: dict[int, Skipped],
+) -> Outcome:
+    silent = [rank for rank in range(world_size) if rank not in replies]
+    events = sorted((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died)))
+    if events:
+        failures = {rank: _failure_of(rank, replies[rank]) for _, rank in events}
+        failures.update((r, RankFailure.skipped(r, m.reason)) for r, m in skipped.items())
+        root = next(iter(failures.values()))
+        summary = f"rank {root.rank} {root.what_happened()}"
+        later = [rank for rank in failures if rank != root.rank]
+        if later:
+            summary += f"; then {ranks_phrase(later)} failed"
+        if silent:
+            summary += f"; {ranks_phrase(silent)} torn down"
+        error: DistributedError = RankError(summary, failures)
+        if isinstance(replies[root.rank], Died):
+            codes = {r: m.exitcode or 0 for r, m in replies.items() if isinstance(m, Died)}
+            error = RankCrash(summary, failures, codes)
+        returned = {r: m.value for r, m in replies.items() if isinstance(m, Done)}
+        return Outcome(error=error, returned=returned)
+    if skipped:
+        reasons = "; ".join(f"rank {r}: {m.reason}" for r, m in sorted(skipped.items()))
+        others = [rank for rank in range(world_size) if rank not in skipped]
+        by_time = sorted(skipped.items(), key=lambda item: item[1].at)
+        summary = (
+            f"{ranks_phrase(list(skipped))} skipped but {ranks_phrase(others)} did not; a "
+            f"distributed run must skip on every rank or on none ({reasons})"
+        )
+        failures = {rank: RankFailure.skipped(rank, skip.reason) for rank, skip in by_time}
+        return Outcome(error=RankError(summary, failures))
+    bound = f" within {timeout:g} s" if timeout is not None else ""
+    what = f"still running after {timeout:g} s" if timeout is not None else "still running"
+    failures = {
+        rank: RankFailure.still_running(rank, what, stacks.get(rank, "")) for rank in silent
+    }
+    return Outcome(
+        error=WorldTimeout(
+            f"the run did not finish{bound}: {ranks_phrase(silent)} still running "
+            "(their stacks at the deadline follow; the ranks were then killed)",
+            failures,
+            {rank: stacks.get(rank, "") for rank in range(world_size)},
+        )
+    )
+
+
+def _failure_of(rank: int, reply: Reply) -> RankFailure:
+    """The failure a ``Failed`` or ``Died`` reply stands for."""
+    if isinstance(reply, Failed):
+        return reply.failure
+    assert isinstance(reply, Died)
+    return RankFailure.crash(rank, reply.exitcode, reply.dump)
+
+
+def _add_collectives(
+    error: DistributedError,
+    replies: Mapping[int, Reply],
+    fetched: Mapping[int, RankTrace | None],
+    world_size: int,
+) -> None:
+    """Give a failed call's error each rank's collectives and the verdicts on them."""
+    traces: dict[int, RankTrace | None] = {}
+    states: dict[int, str] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, Done):
+            traces[rank], states[rank] = fetched.get(rank), verdicts.DONE
+        elif isinstance(reply, (Failed, Skipped)):
+            traces[rank], states[rank] = reply.trace, verdicts.FAILED
+        elif isinstance(reply, Died):
+            traces[rank], states[rank] = None, verdicts.DIED
+        else:
+            traces[rank], states[rank] = fetched.get(rank), verdicts.RUNNING
+    if not any(trace is not None and trace.recent for trace in traces.values()):
+        return  # the call issued no collective: nothing to show
+    error.collectives = traces
+    error.verdicts = _verdicts(traces, states, world_size)
+
+
+def _verdicts(
+    traces: Mapping[int, RankTrace | None],
+    states: Mapping[int, str],
+    world_size: int,
+    *,
+    until_raised: bool = False,
+) -> list[str]:
+    """``verdicts.find``, which must never turn the user's failure into one of ours: the
+    traces come from the ranks, whatever state their code left them in."""
+    try:
+        return verdicts.find(traces, states, world_size, until_raised=until_raised)
+    except Exception as exc:
+        return [f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"]
+
+
+def _start(
+    replies: Mapping[int, Reply],
+    world_size: int,
+    timeout: float | None,
+    stacks: Mapping[int, str],
+    world: str,
+) -> Outcome:
+    if all(isinstance(replies.get(rank), Ready) for rank in range(world_size)):
+        return Outcome(values=[])
+    bound = f" after {timeout:g} s" if timeout is not None else ""
+    failures: dict[int, RankFailure] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, (Failed, Died)):
+            failures[rank] = _failure_of(rank, reply)
+        elif reply is None:
+            failures[rank] = RankFailure.still_running(
+                rank, f"not up{bound} (or torn down after a peer failed)", stacks.get(rank, "")
+            )
+    names = ", ".join(f"rank {rank}" for rank in failures)
+    reimported = any(
+        isinstance(reply, Died) and reply.exitcode == EXIT_MAIN_REIMPORTED
+        for reply in replies.values()
+    )
+    return Outcome(
+        error=DistributedError(
+            f"{world} did not start: {names} did not come up",
+            failures,
+            hint=MAIN_GUARD_HINT if reimported else "",
+        )
+    )

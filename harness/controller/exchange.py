@@ -1,0 +1,120 @@
+"""One round with a world's ranks: send every rank a message, gather and classify replies."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+from harness import compat
+from harness.controller import spawn, supervise
+from harness.controller.classify import classify, desync, leak_error
+from harness.controller.outcome import Outcome, Reply
+from harness.controller.spawn import RankProcess
+from harness.errors import note_interrupt
+from harness.protocol.messages import Call, Done, Regroup
+from harness.protocol.traces import render
+
+
+def call_message(
+    payload: bytes,
+    output: str,
+    seed: int | None,
+    check_leaks: bool,
+    check_collectives: bool,
+    started: dict[bytes, bytes],
+    rendezvous_file: str | None,
+) -> Call:
+    """The ``Call`` of ``payload``: ``env`` is how ``os.environ`` changed since the ranks
+    ``started``; ``rendezvous_file``, a private rendezvous for a world without a group."""
+    rendezvous = None
+    if rendezvous_file is not None:
+        port = str(spawn.free_port())
+        rendezvous = {"MASTER_PORT": port, "INIT_METHOD": "file://" + rendezvous_file}
+    return Call(
+        payload,
+        output=output,
+        env=_environ_changes(started),
+        seed=seed,
+        rendezvous=rendezvous,
+        check_leaks=check_leaks,
+        check_collectives=check_collectives,
+    )
+
+
+def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
+    """How ``os.environ`` differs from ``started``: new values, None for removed variables.
+    Compared as bytes (``compat.environ_bytes``): this runs at every call."""
+    now = compat.environ_bytes()
+    if now == started:
+        return None
+    changes: dict[str, str | None] = {
+        os.fsdecode(k): os.fsdecode(v) for k, v in now.items() if started.get(k) != v
+    }
+    changes.update((os.fsdecode(k), None) for k in started if k not in now)
+    return changes or None
+
+
+def exchange(
+    ranks: list[RankProcess],
+    message: Call | Regroup | None,
+    timeout: float | None,
+    what: str,
+    *,
+    init: bool,
+    leaks: str,
+) -> tuple[Outcome, dict[int, Reply]]:
+    """Send ``message`` (None: nothing, the ranks are starting) to every rank, gather their
+    replies within ``timeout`` and classify them; ``what`` names the call (``"the call of
+    fn"``) or what starts. With ``leaks="error"`` what a call left is its failure. Returns
+    the outcome and the replies, by rank; a Ctrl-C during a call is re-raised with every
+    rank's collectives and stack noted (the caller stops the ranks).
+    """
+    world_size = len(ranks)
+    call = message if isinstance(message, Call) else None
+    try:
+        if message is not None:
+            data = pickle.dumps(message)  # once for every rank: once per rank costs more
+            for proc in ranks:
+                try:
+                    proc.conn.send_bytes(data)
+                except OSError:
+                    pass  # died while idle; its sentinel reports it
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        replies, timed_out = supervise.gather(ranks, deadline)
+        # A failed call: what the ranks that did not answer, or returned, were doing: their
+        # collectives (asked first, answered at once by their watchdog), then their stacks. A
+        # failure's own reply carries its collectives.
+        done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
+        asked = [proc for proc in ranks if proc.rank not in replies] + done
+        failed = call is not None and len(done) < len(ranks) and asked
+        traces = supervise.traces_now(asked) if failed else {}
+        outcome = classify(
+            replies,
+            world_size,
+            timeout=timeout,
+            stacks=supervise.stacks_now(ranks) if timed_out else {},
+            starting=None if call else what,
+            init=init,
+            traces=traces,
+            check_collectives=call is not None and call.check_collectives,
+        )
+        if outcome.suspect:
+            # The ranks' fingerprints differ: their traces say how (kept since the call).
+            outcome = desync(outcome, supervise.traces_now(ranks), world_size)
+        if outcome.leaks and leaks == "error" and outcome.error is None:
+            outcome = leak_error(outcome, what)
+        return outcome, replies
+    except KeyboardInterrupt as interrupt:
+        if call is not None:
+            # Where each rank was, as a timeout says (a second Ctrl-C meanwhile leaves the
+            # caller to stop them all the same).
+            traces, stacks = supervise.traces_now(ranks), supervise.stacks_now(ranks)
+            note_interrupt(
+                interrupt,
+                f"{what} was interrupted (KeyboardInterrupt); each rank's collectives and "
+                "stack at the interrupt follow (the ranks were then stopped)",
+                stacks,
+                render(traces, world_size),
+            )
+        raise
