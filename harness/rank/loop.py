@@ -1,15 +1,12 @@
-"""A rank's life: this module runs INSIDE each rank process, never in the controller.
+"""A rank's life: this module runs INSIDE each rank process, never in the controller. It
+may import the stdlib, torch, ``fhelium.distributed``, the protocol, ``harness.compat`` and
+the rest of :mod:`harness.rank`; never the controller, the plugin or the command line.
 
 A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
 (through :func:`harness.rank.entry.rank_main`). It sets up its safety nets, initializes the
 default process group through ``fhelium.distributed.init`` (unless its world has no harness
-group), answers ``Ready`` and then serves ``Call`` and ``Regroup`` messages until its pipe or
-lifeline closes (see :mod:`harness.protocol.messages` for the protocol). Each message is
-handled in one place: ``Call`` in :func:`_call`; ``Regroup`` in :func:`_regroup`; the
-lifeline in :func:`_watch`.
-
-What it may import: see :mod:`harness.rank` (stdlib, torch, fhelium.distributed, the
-protocol, ``harness.compat``; never the controller).
+group), answers ``Ready`` and then serves ``Call`` (:func:`_call`) and ``Regroup``
+(:func:`_regroup`) messages until its pipe or lifeline (:func:`_watch`) closes.
 """
 
 from __future__ import annotations
@@ -63,8 +60,8 @@ _baseline_groups: set[Any] = set()
 # os._exit while coverage data is still being written.
 _exiting = threading.Lock()
 
-# faulthandler writes to these from a signal handler; they must stay open for the rank's life.
-_dump_files: list[TextIO] = []
+# faulthandler writes to these from a signal handler: open for the rank's life.
+_dump_files: tuple[TextIO, TextIO] | None = None
 
 # The rank's pipe to its controller (set once the rank is up).
 _conn: Connection | None = None
@@ -90,9 +87,11 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     _conn = conn
     files = RankFiles(setup.workdir, setup.rank)
     try:
-        _dump_files = _install_dumps(files)
+        _dump_files = crash, stacks = files.open_dumps()
     except OSError:
         os._exit(1)  # our directory is gone: the controller gave up on this world
+    faulthandler.enable(file=crash, all_threads=True)
+    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
@@ -143,17 +142,14 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
 
 
 def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
-    """Run one call; whatever happens, answer with exactly one message.
-
-    What the call changed in the rank's state is put back once the answer is sent (see
-    :func:`main`), not here: the controller takes the answer in meanwhile.
-    """
+    """Run one call; whatever happens, answer with exactly one message. (What it changed is
+    put back once the answer is sent: see :func:`main`.)"""
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
     # connecting to a group that this rank would tear down under it. Without a harness group
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
-    _destroy_groups_except(_baseline_groups | fixtures.lasting_groups())
+    reset.destroy_groups(_baseline_groups | fixtures.lasting_groups())
     if call.seed is not None:
         reset.seed_all(call.seed)
     if call.env is not None:
@@ -179,50 +175,42 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
     try:
         fn, args, kwargs = pickle.loads(call.payload)
     except BaseException as exc:
-        return Failed(
-            _failure(exc, rank, f"could not unpickle the call sent to rank {rank}"),
-            time.monotonic(),
-        )
+        context = f"could not unpickle the call sent to rank {rank}"
+        return Failed(_failure(exc, rank, context), time.monotonic())
     global _running, _failing
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks)
     recorder = trace.Recorder()
-    _running, _failing = (rank, recorder), None
+    _running = (rank, recorder)  # _failing is None: reset after every call
     try:
         # The call's warning filters end with it; so does the watch on its threads, and
         # the recording of its collectives.
         with warnings.catch_warnings(), watch.threads(), recorder:
             value = fn(*args, **kwargs)
     except BaseException as exc:
-        at = _failed_at(exc)
-        skip = _skip_kind(exc)
-        issued = recorder.trace()
+        # When report_failing sent it, before the teardown that came after; else now.
+        at = _failing[1] if _failing is not None and _failing[0] is exc else time.monotonic()
+        skip, issued = _skip_kind(exc), recorder.trace()
         if skip:
-            phase = getattr(exc, PHASE_ATTR, "call")
-            return Skipped(_skip_reason(exc), skip, at, phase, issued)
+            reason = str(getattr(exc, "msg", None) or exc)
+            return Skipped(reason, skip, at, getattr(exc, PHASE_ATTR, "call"), issued)
         return Failed(_failure(exc, rank), at, issued)
     finally:
         _running = _failing = None
     try:
         blob = pickle.dumps(value)
     except BaseException as exc:
-        return Failed(
-            _failure(
-                exc,
-                rank,
-                f"could not pickle the return value of rank {rank} "
-                f"({type(value).__qualname__} object)",
-            ),
-            time.monotonic(),
-            recorder.trace(),
-        )
+        what = f"the return value of rank {rank} ({type(value).__qualname__} object)"
+        context = f"could not pickle {what}"
+        return Failed(_failure(exc, rank, context), time.monotonic(), recorder.trace())
     return Done(
         blob,
         # A collective that raised (an error the test caused and handled) may have left its
         # group broken: the next call gets fresh ranks.
         reusable=not recorder.raised,
         group_count=compat.process_group_count(),
-        grouped=_harness_group_up(),
+        # Whether the default group is still the harness's (not destroyed, not replaced).
+        grouped=dist.is_initialized() and dist.group.WORLD in _baseline_groups,
         leaks=watch.findings(),
         collectives=recorder.fingerprint() if call.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
@@ -231,15 +219,11 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
 
 
 def report_failing(exc: BaseException) -> None:
-    """Tell the controller now that the call in progress fails with ``exc``, before the rank
+    """Tell the controller now (``Failing``) that the call in progress fails with ``exc``
+    (what the test body or a fixture's setup raised, marked with its phase), before the rank
     runs what must follow (the teardown of a pytest test's rank-side fixtures, which may take
-    long): see ``Failing``. The call's ``Failed`` still follows, dated alike.
-
-    Does nothing outside a call, for a skip, or for a call that already reported one.
-
-    Args:
-        exc: What the test body (or a fixture's setup) raised, marked with its phase.
-    """
+    long); the call's ``Failed`` still follows, dated alike. Nothing outside a call, for a
+    skip, or for a call that already reported one."""
     global _failing
     running, conn = _running, _conn
     if running is None or conn is None or _failing is not None or _skip_kind(exc):
@@ -253,20 +237,11 @@ def report_failing(exc: BaseException) -> None:
     _failing = (exc, at)
 
 
-def _failed_at(exc: BaseException) -> float:
-    """When the call failed with ``exc``: when ``report_failing`` sent it, before the
-    teardown that came after (else now)."""
-    reported = _failing
-    if reported is not None and reported[0] is exc:
-        return reported[1]
-    return time.monotonic()
-
-
 def _regroup(message: Regroup, setup: RankSetup, ready: Ready) -> RankMessage:
     """Make a fresh harness default group: the last call destroyed the old one on every rank."""
     # Every rank has answered that call, so no peer still uses a group destroyed here: what
     # the call left (a default group of its own, say) must not outlive the harness's.
-    _destroy_groups_except(set())
+    reset.destroy_groups()
     try:
         _make_default_group(setup, message.store)
     except BaseException as exc:
@@ -286,29 +261,6 @@ def _make_default_group(setup: RankSetup, store: str) -> None:
     _baseline_groups.update(compat.live_process_groups())
 
 
-def _harness_group_up() -> bool:
-    """Whether the default group is still the harness's (not destroyed, not replaced)."""
-    return dist.is_initialized() and dist.group.WORLD in _baseline_groups
-
-
-def _destroy_groups_except(keep: set[Any]) -> None:
-    """Destroy every process group not in ``keep``: subgroups first, then the default group
-    unless it is kept (which leaves ``dist.is_initialized()`` False)."""
-    if not dist.is_initialized():
-        return
-    default = dist.group.WORLD
-    for group in compat.live_process_groups() - keep - {default}:
-        try:
-            dist.destroy_process_group(group)
-        except Exception:
-            pass
-    if default not in keep:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
-
-
 def _skip_kind(exc: BaseException) -> str | None:
     if isinstance(exc, unittest.SkipTest):
         return "unittest"
@@ -319,20 +271,8 @@ def _skip_kind(exc: BaseException) -> str | None:
     return None
 
 
-def _skip_reason(exc: BaseException) -> str:
-    return str(getattr(exc, "msg", None) or exc)
-
-
 def _failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
     return RankFailure.from_exception(exc, rank, hidden_dir=CODE_DIR, context=context)
-
-
-def _install_dumps(files: RankFiles) -> list[TextIO]:
-    """Arrange for stack dumps on a fatal error and on ``STACKS_SIGNAL``; keep the files open."""
-    crash, stacks = files.open_dumps()
-    faulthandler.enable(file=crash, all_threads=True)
-    faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
-    return [crash, stacks]
 
 
 def _watch(lifeline: Connection, cov: Any, files: RankFiles, main_thread: int) -> NoReturn:

@@ -1,37 +1,28 @@
-"""Where a ``MultiProcessTestCase`` test runs on a reused rank (``--dist-mptc``): INSIDE a rank.
+"""Where a ``MultiProcessTestCase`` test runs on a reused rank (``--dist-mptc``): INSIDE a rank
+(see :mod:`harness.rank` for what it may import; torch's test classes only through
+:mod:`harness.compat`).
 
-A native run of such a test starts one process per rank, each calling the class's own
-``cls._run(rank, test_name, file_name, pipe)`` and then exiting; the parent judges the test by
-the processes' exit codes and by what they sent through their pipes. :func:`run_case` makes
-that same ``_run`` call on a rank of a reused world, and turns how it ended into what the
-controller needs to feed the class's own check (:mod:`harness.plugin.mptc`):
-
-* exit code 0, or one of the class's skip codes (``TEST_SKIPS``): the rank answers with a
-  :class:`~harness.protocol.messages.CaseExit` and stays up for the next test;
-* anything else (the test raised: exit code 10 with its traceback in the pipe; an uncaught
-  exception: 1; ``sys.exit(n)``): the rank fails the call with that exception, the exit code
-  attached (``EXIT_CODE_ATTR``), and ends as the native process would; its peers see their
-  connections to it close, and the world is rebuilt before the next test.
-
-Every process group the test made is destroyed before the rank answers, as a process exit
-would close them: a peer still waiting in a collective with this rank fails at once instead
-of at the group's timeout.
+A native run starts one process per rank, each calling the class's own
+``cls._run(rank, test_name, file_name, pipe)`` and exiting; the parent judges the test by
+their exit codes and what they sent through their pipes. :func:`run_case` makes that same
+call on a rank of a reused world, and turns how it ended into what the controller feeds the
+class's own check (:mod:`harness.plugin.mptc`): exit code 0 or one of the class's skip codes
+is a :class:`~harness.protocol.messages.CaseExit`, and the rank stays up for the next test;
+any other exit code (10: the test raised, its traceback in the pipe; 1: an exception escaped
+``_run``; ``sys.exit(n)``) fails the call with that exception, the exit code attached
+(``EXIT_CODE_ATTR``), and the rank ends as the native process would (the world is rebuilt).
 
 The test sees what a native process of it would (one that ``torch.multiprocessing`` spawned
 from pytest's process): pytest's environment as it is now, the test's ``setUp`` included,
-and none of the rank's torchrun variables; and torch's default intra-op thread count for
-that environment, not the rank's own. Both are put back after the call
-(:class:`harness.rank.reset.ProcessState`), with everything else a call may change.
-
-A test that used RPC (``torch.distributed.rpc``) is answered with :class:`FreshAfter`: its
-ranks are replaced before the next test (see there for why).
-
-What it may import: see :mod:`harness.rank`; torch's test classes only through
-:mod:`harness.compat`.
+none of the rank's torchrun variables, and torch's default intra-op thread count for that
+environment. The rank's loop puts both back after the call (:mod:`harness.rank.reset`). A
+process exit would close the test's process groups: they are destroyed before the rank
+answers, so a peer still in a collective with it fails at once instead of at the timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import subprocess
@@ -40,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from harness import compat
 from harness.protocol.failures import EXIT_CODE_ATTR
@@ -48,8 +38,7 @@ from harness.protocol.messages import CaseCall, CaseExit
 from harness.rank import reset
 from harness.rank.pytest_body import import_test_module
 
-_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-"""The variables torch's default intra-op thread count depends on."""
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's default count reads them
 
 # torch's default thread count, known for these values of _THREAD_VARIABLES. Taken when this
 # module is imported: in the forkserver (which preloads it for --dist-mptc sessions, before
@@ -63,17 +52,15 @@ _default_threads: dict[tuple[str | None, ...], int] = {
 
 @dataclass(frozen=True)
 class FreshAfter(CaseExit):
-    """A ``CaseExit`` after which the rank must not run another test: the controller
-    replaces the world's processes first.
-
-    So after a test that used RPC. RPC cannot be put back as a fresh process has it: an
-    agent a test left running makes the next ``init_rpc`` fail ("RPC is already
-    initialized"), and stopping it here would be a shutdown without its peers; ``init_rpc``
-    counts its initializations in a module global that names each one's store (ranks whose
-    counts differ never meet); a second ``init_rpc`` after a clean ``shutdown`` was far slower
-    than in a fresh process (see benchmarks/README.md); and torch's RPC test suites keep each
-    test's state in their own module globals (``dist_autograd_test``'s ``rpc_done`` and
-    ``known_context_ids``, ``rpc_test``'s futures), which only a fresh import resets.
+    """A ``CaseExit`` after which the controller replaces the world's processes: so after a
+    test that used RPC, which cannot be put back as a fresh process has it. An agent a test
+    left running makes the next ``init_rpc`` fail ("RPC is already initialized"), and
+    stopping it here would be a shutdown without its peers; ``init_rpc`` counts its
+    initializations in a module global that names each one's store (ranks whose counts
+    differ never meet); a second ``init_rpc`` after a clean ``shutdown`` was far slower than
+    in a fresh process (see benchmarks/README.md); and torch's RPC test suites keep each test's
+    state in module globals (``dist_autograd_test``'s ``rpc_done``, ``rpc_test``'s
+    futures), which only a fresh import resets.
     """
 
     reason: str = ""
@@ -91,16 +78,12 @@ class ProcessExit(Exception):
 def run_case(call: CaseCall) -> CaseExit:
     """Run one test of a ``MultiProcessTestCase`` class as its process for this rank would.
 
-    Args:
-        call: The test, the case's ``file_name`` and the ``_run`` keyword arguments.
-
     Returns:
-        The exit code (0 or a skip code) and the messages the rank sent through its pipe.
+        The exit code (0 or a skip code) and the messages the test sent through its pipe.
 
     Raises:
-        BaseException: For any other exit code: the test's own exception (exit code 10, or
-            1 when it escaped ``_run``) or a :class:`ProcessExit`, with ``EXIT_CODE_ATTR``
-            set to the exit code the process would have ended with.
+        BaseException: For any other exit code: the test's own exception, or a
+            :class:`ProcessExit`, with ``EXIT_CODE_ATTR`` set to that exit code.
     """
     module = import_test_module(call.test)
     assert call.test.cls is not None
@@ -142,7 +125,7 @@ def run_case(call: CaseCall) -> CaseExit:
     finally:
         theirs.close()
         ours.close()
-    _close_groups()
+    reset.destroy_groups()  # as the end of the test's process would
     if exitcode == 0 or exitcode in compat.mptc_skip_codes():
         if compat.rpc_init_count() != rpc_inits or compat.rpc_agent_running():
             return FreshAfter(exitcode, messages, "the test used torch.distributed.rpc")
@@ -154,14 +137,8 @@ def run_case(call: CaseCall) -> CaseExit:
 
 
 def _native_threads(environ: dict[str, str]) -> int | None:
-    """torch's default intra-op thread count in a fresh process with ``environ``.
-
-    Args:
-        environ: The process's environment.
-
-    Returns:
-        The count, or None where it cannot be learnt (the rank's count then stays).
-    """
+    """torch's default intra-op thread count in a fresh process with ``environ``; None where
+    it cannot be learnt (the rank's count then stays)."""
     key = tuple(environ.get(name) for name in _THREAD_VARIABLES)
     known = _default_threads.get(key)
     if known is not None:
@@ -197,24 +174,9 @@ def _exit_code(exc: SystemExit) -> int:
 
 def _drain(ours: Any, theirs: Any) -> tuple[str, ...]:
     """Everything the test sent through its pipe (run_test sends a failing test's traceback)."""
-    if not theirs.closed:
-        theirs.close()
+    theirs.close()
     messages = []
-    while True:
-        try:
-            if not ours.poll():
-                break
-            message = ours.recv()
-        except (EOFError, OSError):
-            break
-        messages.append(str(message))
+    with contextlib.suppress(EOFError, OSError):
+        while ours.poll():
+            messages.append(str(ours.recv()))
     return tuple(messages)
-
-
-def _close_groups() -> None:
-    """Destroy every process group, as the end of the test's process would."""
-    if dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass

@@ -1,17 +1,18 @@
-"""What one call may change in its rank, put back before the next: runs inside a rank.
+"""What one call may change in its rank, put back before the next: runs INSIDE a rank.
 
 A reused rank must look to each call as a fresh one would. :class:`ProcessState` is taken
-once when the rank is up and restored after every call: torch's default dtype, grad mode,
-deterministic-algorithms setting and intra-op thread count, ``sys.path``, the root logger's
-level and handlers, the working directory, ``os.environ`` and torch.distributed's backend
-registry (what ``Backend.register_backend`` added). Calls of ``--dist-mptc`` tests come back
-through the same loop, so all of it applies to them too. (Warning filters are kept by
-running each call inside ``warnings.catch_warnings()``.) :func:`seed_all` gives a call the
+once when the rank is up and restored after every call (``--dist-mptc`` tests included):
+torch's default dtype, grad mode, deterministic-algorithms setting and intra-op thread
+count, ``sys.path``, the root logger's level and handlers, the working directory,
+``os.environ`` and torch.distributed's backend registry (what ``Backend.register_backend``
+added). Warning filters are kept by running each call inside ``warnings.catch_warnings()``;
+process groups are destroyed by :func:`destroy_groups`. :func:`seed_all` gives a call the
 random numbers a fresh process seeded the same way would draw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from harness import compat
 
@@ -103,9 +105,7 @@ def _restore_environ(saved: dict[bytes, bytes]) -> None:
 
 def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
     """Set (None: unset) the variables in ``wanted``; with ``exact``, also unset every other.
-
-    Only what differs is touched: setting a whole environment costs milliseconds.
-    """
+    Only what differs is touched: setting a whole environment is slow."""
     if exact:
         for key in [key for key in os.environ if key not in wanted]:
             del os.environ[key]
@@ -119,8 +119,8 @@ def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> 
 def seed_all(seed: int) -> None:
     """Seed every generator a test may draw from: torch (CPU and every CUDA device),
     ``random``, and numpy's global generator where numpy is imported."""
-    # Not torch.manual_seed: it also visits the MPS, XPU and custom-device backends, which
-    # costs 0.1-0.4 ms per call here, at every test; the CPU and CUDA generators are these.
+    # Not torch.manual_seed: it also visits the MPS, XPU and custom-device backends, a cost
+    # paid at every test; the CPU and CUDA generators are these.
     torch.default_generator.manual_seed(seed)
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)  # queued until CUDA initializes, if it has not yet
@@ -128,3 +128,15 @@ def seed_all(seed: int) -> None:
     numpy: Any = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed(seed % 2**32)
+
+
+def destroy_groups(keep: set[Any] | frozenset[Any] = frozenset()) -> None:
+    """Destroy every process group not in ``keep``: subgroups first, then the default group
+    unless it is kept (which leaves ``dist.is_initialized()`` False)."""
+    if not dist.is_initialized():
+        return
+    default = dist.group.WORLD
+    for group in [*(compat.live_process_groups() - keep - {default}), default]:
+        if group not in keep:
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group(group)
