@@ -1,9 +1,6 @@
-"""What a call leaves running or open in its rank that no reset can undo: runs inside a rank.
-
-:mod:`harness.rank.reset` puts back the state a call may change; some things a call may
-leave behind cannot be put back without knowing what they are for. They are reported
-instead, each finding one line that the controller shows with the call
-and the rank:
+"""What a call leaves running or open in its rank that no reset can undo, reported rather
+than put back (:mod:`harness.rank.reset` puts back what it can): runs INSIDE a rank. Each
+finding is one line, which the controller shows with the call and the rank:
 
 * **threads** the call started (``threading.Thread.start``, daemon or not) that are still
   alive when it returns, with where each was started: the first frame outside the standard
@@ -11,20 +8,15 @@ and the rank:
 * **child processes** of the rank that were not there before the call and still run
   (zombies run nothing and are left out), with their command line;
 * **file descriptors** opened during the call and still open that point at a file or
-  directory, with its path.
+  directory, with its path (a descriptor closed and reopened during the call is not seen).
 
-Left out on purpose: sockets, pipes and anonymous inodes (epoll, eventfd). The backends open
-them for each process group (Gloo: a self-pipe, an epoll instance and one socket per peer),
-and the groups a call leaves are destroyed only when the next call starts (see
-:func:`harness.rank.loop._call`), so they are still open when the call returns; a pipe to a
-subprocess is reported through the subprocess. Device files under ``/dev`` are left out too:
-CUDA and NCCL open them (and shared memory in ``/dev/shm``) once per process, in whichever
-call first needs them. A descriptor is compared by number: one closed and reopened during the
-call is not seen.
-
-Child processes and file descriptors are read from ``/proc`` (Linux); elsewhere only threads
-are checked. Per call the check costs two listings of ``/proc/self/fd`` and two ``waitid``
-calls (``/proc`` is read for children only when the rank has any).
+Left out on purpose: sockets, pipes and anonymous inodes (epoll, eventfd), which the backends
+open for each process group (Gloo: a self-pipe, an epoll instance and a socket per peer)
+while the groups a call leaves are destroyed only when the next call starts
+(:func:`harness.rank.loop._call`); a pipe to a subprocess is reported through the
+subprocess. Also device files under ``/dev``, which CUDA and NCCL open once per process, in
+whichever call first needs them. Child processes and file descriptors are read from
+``/proc`` (Linux); elsewhere only threads are checked.
 """
 
 from __future__ import annotations
@@ -32,7 +24,6 @@ from __future__ import annotations
 import inspect
 import os
 import signal
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -40,28 +31,17 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from harness.rank.sites import in_stdlib
+
 _FD_DIR = "/proc/self/fd"
 _TASK_DIR = "/proc/self/task"
 
-_PROC = os.path.isdir(_TASK_DIR)
-"""Whether this system has ``/proc`` (Linux); elsewhere only threads are checked."""
-
+_PROC = os.path.isdir(_TASK_DIR)  # Linux
+# Whether the kernel lists each thread's children (a build option, on in common kernels).
 _CHILDREN_FILES = _PROC and os.path.exists(f"{_TASK_DIR}/{os.getpid()}/children")
-"""Whether the kernel lists each thread's children (a build option, on in common kernels)."""
 
 _THREADING_FILE = threading.__file__
 _OWN_FILE = __file__
-
-
-def _library_dirs() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The standard library's directories, and the site-packages inside them (not stdlib)."""
-    paths = sysconfig.get_paths()
-    stdlib = tuple({os.path.join(paths[k], "") for k in ("stdlib", "platstdlib") if k in paths})
-    site = tuple({os.path.join(paths[k], "") for k in ("purelib", "platlib") if k in paths})
-    return stdlib, site
-
-
-_STDLIB, _SITE = _library_dirs()
 
 # The watch of the call in progress (see Watch.threads), for lasting().
 _current: Watch | None = None
@@ -70,23 +50,18 @@ _current: Watch | None = None
 @contextmanager
 def lasting() -> Iterator[None]:
     """What the block starts or opens is meant to outlive the call (a wider-scoped
-    fixture's threads, files, processes: they end with its scope): not a leak of the call."""
-    if _current is None:
+    fixture's threads, files, processes end with its scope): not a leak of the call."""
+    if _current is None:  # between calls, or the call checks no leaks
         yield
-        return
-    with _current.lasting():
-        yield
+    else:
+        with _current.lasting():
+            yield
 
 
 class Watch:
-    """The leaks of one call: made just before the call runs, read once it has returned.
-
-    Construction takes the snapshot (open file descriptors, live child processes);
-    :meth:`threads` must surround the call itself; :meth:`findings` compares.
-
-    Args:
-        enabled: False makes every step a no-op that finds nothing (the caller asked for
-            no leak check).
+    """The leaks of one call: made just before the call runs (it notes the open file
+    descriptors and live child processes), :meth:`threads` around the call, and
+    :meth:`findings` once it has returned. With ``enabled`` False it finds nothing.
     """
 
     def __init__(self, *, enabled: bool = True) -> None:
@@ -99,10 +74,8 @@ class Watch:
     def threads(self) -> Iterator[None]:
         """Record where each thread started inside the block was started.
 
-        ``threading.Thread.start`` is wrapped for the block only: outside calls the rank's
-        own threads (its watchdog, the output pumps) start unobserved and unattributed, and
-        a rank between calls runs plain Python. Restored on the way out, whatever the call
-        did (also when it raised).
+        ``threading.Thread.start`` is wrapped for the block only: the rank's own threads
+        (its watchdog, the output pumps) start outside calls, unobserved.
         """
         if not self._enabled:
             yield
@@ -125,11 +98,7 @@ class Watch:
 
     @contextmanager
     def lasting(self) -> Iterator[None]:
-        """See the module's :func:`lasting`: what the block starts or opens is the call's
-        starting point, not its leak."""
-        if not self._enabled:
-            yield
-            return
+        """See the module's :func:`lasting`."""
         before = set(self._started)
         try:
             yield
@@ -140,11 +109,8 @@ class Watch:
             self._children |= _live_children()
 
     def findings(self) -> tuple[str, ...]:
-        """What the call left behind, one line each (empty when nothing).
-
-        A thread that has finished, or that the call joined, is not a leak; nothing here
-        waits for a thread to finish: one alive now outlives the call.
-        """
+        """What the call left behind, one line each: a thread alive now (nothing waits
+        for it) outlives the call."""
         if not self._enabled:
             return ()
         found = [
@@ -181,7 +147,7 @@ def _where_started(frame: FrameType | None) -> str:
         if name not in (_THREADING_FILE, _OWN_FILE):
             if fallback is None:
                 fallback = frame
-            if not (name.startswith(_STDLIB) and not name.startswith(_SITE)):
+            if not in_stdlib(name):
                 break
         frame = frame.f_back
     chosen = frame or fallback
@@ -287,7 +253,7 @@ def _command(pid: int) -> str:
     # A child that subprocess.Popen has just started may still be inside execve: its parent
     # resumes before the kernel has laid out the new command line, which reads as empty
     # until then. Only found leaks get here, so waiting up to ~0.1 s for it costs nothing.
-    for _ in range(_CMDLINE_TRIES):
+    for _ in range(50):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
                 text = handle.read().replace(b"\0", b" ").decode(errors="replace").strip()
@@ -297,6 +263,3 @@ def _command(pid: int) -> str:
             return text
         time.sleep(0.002)
     return "<no command line>"
-
-
-_CMDLINE_TRIES = 50
