@@ -2,14 +2,11 @@
 
 A new rank process starts in :func:`rank_main`; a pytest test body runs through
 :func:`run_test`, and rank-side fixtures of a wider scope end through :func:`end_scopes`.
-The controller hands these functions to new processes and to calls, pickled by name; the
-modules that do the work are imported here only when a function runs, which is inside a
-rank, where the forkserver has preloaded them. The controller, which only names them, then
-does not import the rank loop, the fixture machinery or the collective recording (~25 ms of
-its first distributed test, while the forkserver imports torch beside it).
-
-Runs INSIDE a rank (see :mod:`harness.rank` for what it may import); this module itself
-imports only the standard library.
+The controller hands these functions to new processes and to calls, pickled by name. The
+modules that do the work are imported only when a function runs, inside a rank (where the
+forkserver has preloaded them), so the controller, which only names them, does not import
+the rank loop, the fixture machinery or the collective recording for its first test. This
+module itself imports only the standard library.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
 
 
 def end_scopes(scope_keys: list[str] | None) -> None:
-    """End rank-side fixture scopes: :func:`harness.rank.pytest_body.end_scopes`."""
-    from harness.rank import pytest_body
+    """End rank-side fixture scopes: :func:`harness.rank.fixtures.end_scopes`."""
+    from harness.rank import fixtures
 
-    pytest_body.end_scopes(scope_keys)
+    fixtures.end_scopes(scope_keys)

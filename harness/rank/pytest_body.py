@@ -2,12 +2,10 @@
 
 The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
 (:class:`~harness.protocol.messages.TestRef`), never the function object, and a
-:class:`~harness.protocol.messages.FixturePlan`: the controller fixtures' values and the
-fixtures that run in the ranks. Here the module is imported the way pytest imported it in the
-controller (with its ``sys.path``, and with pytest's assertion rewriting when the controller's
-copy was rewritten), the class (if any) is instantiated, the rank-side fixtures are set up
-(:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when the body
-(or a fixture's setup) raised, only after the controller heard of it
+:class:`~harness.protocol.messages.FixturePlan`. Here the module is imported the way pytest
+imported it in the controller, the class (if any) is instantiated, the rank-side fixtures
+are set up (:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when
+the body (or a fixture's setup) raised, only after the controller heard of it
 (:func:`harness.rank.loop.report_failing`), since a teardown may take long.
 
 What it may import: see :mod:`harness.rank`; pytest's assertion rewriter through
@@ -33,17 +31,9 @@ from harness.rank import fixtures
 
 
 def run_test(ref: TestRef, plan: FixturePlan) -> None:
-    """Set up the test's rank-side fixtures, call the referenced test, tear them down.
-
-    Raises:
-        BaseException: What the test raised; what a fixture raised, marked as the setup or
-            teardown error it is (see :mod:`harness.rank.fixtures`).
-    """
-    # The controller's sys.path, for the test module and whatever its body imports later
-    # (the rank puts its own sys.path back after every call).
-    missing = set(ref.sys_path).difference(sys.path)
-    sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
-    module = _import(ref.module, ref.path, ref.rewrite)
+    """Set up the test's rank-side fixtures, call the referenced test, tear them down;
+    raises what the test raised, or what a fixture raised marked with its phase."""
+    module = import_test_module(ref)
     owner: Any = module
     cls = None
     if ref.cls is not None:
@@ -63,8 +53,8 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
         "instance": owner if cls is not None else None,
         "function": function,
     }
-    # Here, not at the top: the launcher mode's plugin imports this module in pytest's
-    # process, which needs no rank loop.
+    # Here, not at the top: the controller imports this module too (through mptc_body, for
+    # --dist-mptc), and needs no rank loop.
     from harness.rank import loop
 
     setup = fixtures.Setup(plan, test, _load_fixture, failing=loop.report_failing)
@@ -80,12 +70,6 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
     setup.teardown()
 
 
-def end_scopes(scope_keys: list[str] | None) -> None:
-    """End the rank-side fixtures of these pytest scopes (all for None); see
-    :func:`harness.rank.fixtures.end_scopes`."""
-    fixtures.end_scopes(scope_keys)
-
-
 def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
     """The function behind a fixture: pytest's decorator wraps it (``__wrapped__``)."""
     owner: Any = _import(ref.module, ref.path, ref.rewrite)
@@ -96,16 +80,17 @@ def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
 
 
 def import_test_module(ref: TestRef) -> ModuleType:
-    """The module of a referenced test, imported as the controller did (its ``sys.path``
-    first, pytest's assertion rewriting where the controller's copy has it)."""
+    """The module of a referenced test, imported as the controller did: its ``sys.path``
+    first (also for what the body imports later; the rank puts its own back after every
+    call), pytest's assertion rewriting where the controller's copy has it."""
     missing = set(ref.sys_path).difference(sys.path)
     sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
     return _import(ref.module, ref.path, ref.rewrite)
 
 
+# The module found for each (name, file): looked for once, not at every test of it
+# (checking that a module comes from a file costs two ``stat`` calls).
 _imported: dict[tuple[str, str], ModuleType] = {}
-"""The module found for each (name, file) so far: a test module is looked for once, not at
-every test of it (checking that a module comes from a file costs two ``stat`` calls)."""
 
 
 def _import(name: str, path: str, rewrite: bool) -> ModuleType:
@@ -113,13 +98,11 @@ def _import(name: str, path: str, rewrite: bool) -> ModuleType:
     loaded = sys.modules.get(name)
     if loaded is not None and _imported.get((name, path)) is loaded:
         return loaded
-    module = _find(name, path, rewrite)
-    _imported[(name, path)] = module
+    module = _imported[(name, path)] = _find(name, path, rewrite, loaded)
     return module
 
 
-def _find(name: str, path: str, rewrite: bool) -> ModuleType:
-    loaded = sys.modules.get(name)
+def _find(name: str, path: str, rewrite: bool, loaded: ModuleType | None) -> ModuleType:
     if loaded is not None and _same_file(getattr(loaded, "__file__", None), path):
         return loaded
     if not rewrite:
