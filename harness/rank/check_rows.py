@@ -1,29 +1,20 @@
 """The rank half of ``python -m harness check``: one row (a collective kind in one mode),
-run, verified and timed; this module runs INSIDE each rank.
+run, verified and timed; this module runs INSIDE each rank. It may import the standard
+library, torch, :mod:`fhelium.distributed` and :mod:`harness.rank.collective_kinds` (how
+each kind is called and what it must produce) only, so that it tests torch.distributed and
+not the harness.
 
 The command line (:mod:`harness.cli`) sends its ranks :func:`rank_info` once, then
 :func:`check_row` once per row, each as its own call: a row that raises on some ranks only,
-or hangs, then ends that call alone (the world tears the call down and is rebuilt) and the
-next rows still run.
-
-Each row runs a collective in one mode (blocking, or ``async_op=True`` with
-``Work.wait()``), checks the result exactly against what it must be on this rank, and
-becomes one ``Row``. A collective the backend does not implement is ``unsupported``, not a
-problem; a wrong result is a ``FAIL``; any other exception is raised, so that the call ends
-on every rank instead of leaving the peers blocked in the next collective.
+or hangs, then ends that call alone (the world is rebuilt) and the next rows still run. A
+collective the backend does not implement is ``unsupported``, not a problem; a wrong result
+is a ``FAIL``; any other exception is raised, so that the call ends on every rank instead of
+leaving the peers blocked in the next collective.
 
 The object collectives (``broadcast_object_list`` ...) need numpy: torch turns the bytes that
 arrive back into objects with ``Tensor.numpy()``, and the torch wheel does not depend on
-numpy. Without it they raise on the receiving ranks only, so whether to run them must be
-decided alike on every rank before any rank enters one: the command line asks every rank
-(:func:`rank_info`) and decides for all of them.
-
-The kinds themselves, how each is called and what it must produce, are in
-:mod:`harness.rank.collective_kinds`; :func:`row_names` and :func:`needs_numpy` come from
-there.
-
-What it may import: the standard library, torch, :mod:`fhelium.distributed` and its kinds
-only, so that it tests torch.distributed and not the harness.
+numpy. Without it they raise on the receiving ranks only, so the command line asks every
+rank (:func:`rank_info`) and decides for all of them whether to run them.
 """
 
 from __future__ import annotations
@@ -37,25 +28,9 @@ import torch
 import torch.distributed as dist
 
 from fhelium.distributed import local_device
-from harness.rank.collective_kinds import Ctx, Kind, find, needs_numpy, row_names
-
-__all__ = [
-    "DEFAULT_REPEATS",
-    "FAIL",
-    "NEEDS_NUMPY",
-    "NOT_APPLICABLE",
-    "OK",
-    "UNSUPPORTED",
-    "CollectiveError",
-    "RankInfo",
-    "Row",
-    "check_row",
-    "needs_numpy",
-    "numpy_problem",
-    "rank_device",
-    "rank_info",
-    "row_names",
-]
+from harness.rank.collective_kinds import Ctx, Kind, find
+from harness.rank.collective_kinds import needs_numpy as needs_numpy
+from harness.rank.collective_kinds import row_names as row_names
 
 DEFAULT_REPEATS = 5
 """Timed repetitions per collective after one warm-up; the median is reported."""
@@ -76,14 +51,9 @@ _UNSUPPORTED_PATTERN = re.compile(
 
 
 class Row(NamedTuple):
-    """One line of the report.
-
-    Attributes:
-        name: The collective, with ``" (async)"`` appended for its ``async_op=True`` form
-            (``"isend/irecv (async)"`` for the non-blocking form of ``"send/recv"``).
-        status: ``"ok"``, ``"FAIL: <why>"``, ``"unsupported: <why>"`` or ``"n/a: <why>"``.
-        latency_ms: Median latency in milliseconds, or None when it did not run.
-    """
+    """One line of the report: the row's name (see :func:`row_names`), its status (``"ok"``,
+    ``"FAIL: <why>"``, ``"unsupported: <why>"`` or ``"n/a: <why>"``) and the median latency
+    in milliseconds (None when it did not run)."""
 
     name: str
     status: str
@@ -92,21 +62,13 @@ class Row(NamedTuple):
 
 class CollectiveError(Exception):
     """A collective misbehaved on this rank in a way its peers may not see (an
-    ``async_op=True`` call that returned no Work handle): raised, so that the call ends on
-    every rank."""
+    ``async_op=True`` call that returned no Work handle)."""
 
 
 def numpy_problem() -> str | None:
-    """Why torch cannot use numpy in this process, or None if it can.
-
-    It makes the conversion torch's object collectives make when they turn the bytes that
-    arrived back into objects (``Tensor.numpy()``), so it also catches a numpy that is
-    installed but that this torch cannot use.
-
-    Returns:
-        ``"<exception type>: <first line>"`` (``"RuntimeError: Numpy is not available"``),
-        or None.
-    """
+    """Why torch cannot use numpy in this process (``"RuntimeError: Numpy is not
+    available"``), or None if it can: it tries the conversion the object collectives make,
+    so it also catches a numpy installed that this torch cannot use."""
     try:
         torch.zeros(1, dtype=torch.uint8).numpy()
     except Exception as exc:  # whatever stops the conversion stops the object collectives
@@ -115,64 +77,38 @@ def numpy_problem() -> str | None:
 
 
 class RankInfo(NamedTuple):
-    """What the command line asks each rank before the rows (see :func:`rank_info`).
-
-    Attributes:
-        device: This rank's device, as the header shows it.
-        numpy_problem: Why torch cannot use numpy here (see :func:`numpy_problem`), or None.
-    """
+    """What the command line asks each rank before the rows: its device, as the header shows
+    it, and :func:`numpy_problem`."""
 
     device: str
     numpy_problem: str | None
 
 
 def rank_info() -> RankInfo:
-    """This rank's device and whether torch can use numpy here (rank side).
-
-    Returns:
-        A :class:`RankInfo`.
-    """
+    """This rank's device and whether torch can use numpy here (rank side)."""
     return RankInfo(rank_device(), numpy_problem())
 
 
 def check_row(name: str, repeats: int = DEFAULT_REPEATS) -> Row:
-    """Run one row on this rank of the default process group (rank side).
-
-    Every rank of the group must call this, with the same arguments, at the same time; the
-    caller decides for every rank alike whether an object collective's row may run (see
-    :func:`rank_info`). The collective runs once as a warm-up and then ``repeats`` times,
-    and every run's result is compared exactly with what it must be on this rank.
-
-    Args:
-        name: The row, one of :func:`row_names`.
-        repeats: Timed repetitions after the warm-up (>= 1); the median is reported.
-
-    Returns:
-        The row: ``ok``, ``unsupported`` (the backend raised "not supported" at once),
-        ``n/a`` (too few ranks) or ``FAIL`` (a wrong result).
+    """Run the row ``name`` (one of :func:`row_names`) on this rank of the default process
+    group, as every rank of it does at the same time: once as a warm-up, then ``repeats``
+    (>= 1) times, timed (the median is reported), each result compared exactly with what it
+    must be on this rank. The row is ``ok``, ``unsupported`` (the backend raised "not
+    supported" at once), ``n/a`` (too few ranks) or ``FAIL`` (a wrong result).
 
     Raises:
-        RuntimeError: If no default process group is initialized.
-        ValueError: If ``name`` or ``repeats`` is invalid.
-        Exception: Whatever the collective raised on this rank (other than "not
-            supported"): its peers may be blocked in it, so the call must end.
+        RuntimeError: No default process group is initialized.
+        ValueError: ``name`` or ``repeats`` is invalid.
+        Exception: Whatever else the collective raised on this rank: its peers may be
+            blocked in it, so the call must end.
     """
-    ctx = _context(repeats)
-    kind, async_op = find(name)
-    return _measure(ctx, kind, async_op, name, repeats)
-
-
-def _context(repeats: int) -> Ctx:
     if not dist.is_initialized():
         raise RuntimeError("checking collectives needs an initialized default process group")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    return Ctx(
-        rank=dist.get_rank(),
-        world_size=dist.get_world_size(),
-        device=local_device(),
-        backend=str(dist.get_backend()),
-    )
+    kind, async_op = find(name)
+    ctx = Ctx(dist.get_rank(), dist.get_world_size(), local_device(), str(dist.get_backend()))
+    return _measure(ctx, kind, async_op, name, repeats)
 
 
 def _measure(c: Ctx, kind: Kind, async_op: bool, name: str, repeats: int) -> Row:
@@ -206,10 +142,8 @@ def _measure(c: Ctx, kind: Kind, async_op: bool, name: str, repeats: int) -> Row
         # this rank failed and are already in the next repetition's collective.
         if problem is None:
             problem = _compare(trial.out, trial.expected)
-    latency = statistics.median(times) * 1000.0
-    if problem is not None:
-        return Row(name, f"{FAIL}: {problem}", latency)
-    return Row(name, OK, latency)
+    status = OK if problem is None else f"{FAIL}: {problem}"
+    return Row(name, status, statistics.median(times) * 1000.0)
 
 
 def _wait(handle: Any) -> None:

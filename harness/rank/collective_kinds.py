@@ -1,14 +1,12 @@
 """Every collective kind ``python -m harness check`` runs: how it is called on this rank, and
-what it must leave there (this module runs INSIDE each rank; :mod:`harness.rank.check_rows`
-runs, times and verifies one row of it).
+what it must leave there. Runs INSIDE each rank (:mod:`harness.rank.check_rows` runs, times
+and verifies one row); it may import the standard library and torch only, so that it tests
+torch.distributed and not the harness.
 
 A kind is one torch.distributed function (or pair: ``send``/``recv``), checked in the modes
 it has (blocking, and ``async_op=True``); a row is one kind in one mode. Each rank's inputs
 are labelled by rank and position so that every expected result is exact, and a piece that
 arrived at the wrong place shows which one it was.
-
-What it may import: the standard library and torch only, so that it tests torch.distributed
-and not the harness.
 """
 
 from __future__ import annotations
@@ -50,14 +48,8 @@ class Ctx:
 
 @dataclass
 class Trial:
-    """One execution of a collective: launch it, then compare what it produced.
-
-    Attributes:
-        run: Launches the collective; returns None, a Work, or a list of Works.
-        out: What the collective writes its result into on this rank (read after ``run``
-            and any ``wait`` finished).
-        expected: What ``out`` must then equal exactly.
-    """
+    """One execution of a collective: ``run`` launches it (returning None, a Work, or a list
+    of Works); once it and any ``wait`` finished, ``out`` must equal ``expected`` exactly."""
 
     run: Callable[[], Any]
     out: Any
@@ -70,11 +62,11 @@ class Kind:
 
     Attributes:
         name: The row name (the torch.distributed function called).
-        setup: Builds a fresh ``Trial`` (inputs are consumed in place by most collectives).
+        setup: Builds a fresh ``Trial`` (most collectives consume their inputs in place).
         modes: The ``async_op`` values it is checked with.
         min_ranks: Fewest ranks it means anything with (point-to-point needs a peer).
-        async_name: Row name of the ``async_op=True`` form when that form calls other
-            functions (``isend``/``irecv``); default ``"<name> (async)"``.
+        async_name: Row name of the ``async_op=True`` form where it calls other functions
+            (``isend``/``irecv``); default ``"<name> (async)"``.
         needs_numpy: Whether torch needs numpy to run it (the object collectives).
     """
 
@@ -263,26 +255,14 @@ KINDS: tuple[Kind, ...] = (
 
 
 def row_names() -> list[str]:
-    """Every row's name, in report order.
-
-    Returns:
-        One name per (collective, mode), e.g. ``"all_reduce"``, ``"all_reduce (async)"``.
-    """
+    """Every row's name, in report order: one per kind and mode (``"all_reduce"``,
+    ``"all_reduce (async)"``)."""
     return [_row_name(kind, mode) for kind in KINDS for mode in kind.modes]
 
 
 def needs_numpy(name: str) -> bool:
-    """Whether a row runs an object collective, which torch cannot run without numpy.
-
-    Args:
-        name: A row name from :func:`row_names`.
-
-    Returns:
-        True for the object collectives' rows.
-
-    Raises:
-        ValueError: ``name`` is not a row name.
-    """
+    """Whether the row ``name`` runs an object collective, which needs numpy; ValueError
+    when ``name`` is not a row name."""
     return find(name)[0].needs_numpy
 
 
@@ -293,11 +273,7 @@ def _row_name(kind: Kind, async_op: bool) -> str:
 
 
 def find(name: str) -> tuple[Kind, bool]:
-    """The kind and mode (``async_op``) of a row.
-
-    Raises:
-        ValueError: ``name`` is not a row name.
-    """
+    """The kind and mode (``async_op``) of a row; ValueError when ``name`` is none."""
     for kind in KINDS:
         for async_op in kind.modes:
             if _row_name(kind, async_op) == name:
