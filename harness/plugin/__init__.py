@@ -1,23 +1,18 @@
 """The pytest plugin: options, the ``distributed`` marker, fixtures and hooks.
 
 Registered through the ``pytest11`` entry point (``harness = "harness.plugin"``), so a
-project that installs fhelium only has to mark its tests::
-
-    @pytest.mark.distributed(world_size=2)
-    def test_all_reduce(rank, world_size):
-        ...
-
-This module only translates between pytest and the harness core, which works without
-pytest (:mod:`harness.controller`). The rest of the plugin:
+project that installs fhelium only has to mark its tests. This module only translates
+between pytest and the harness core, which works without pytest (:mod:`harness.controller`).
+The rest of the plugin:
 
 * :mod:`~harness.plugin.marker`    the marker: its arguments, parametrized world sizes
 * :mod:`~harness.plugin.settings`  the session's and each test's settings, one precedence
 * :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
-* :mod:`~harness.plugin.confirm`   a reused world's verdict checked on fresh processes
 * :mod:`~harness.plugin.replay`    what each world ran, run again on a fresh world
-* :mod:`~harness.plugin.order`     an order dependence's culprit, its message, repro lines
+* :mod:`~harness.plugin.order`     a reused world's verdict checked on fresh processes, the
+  order dependence it shows, repro lines
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
 * :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
@@ -44,15 +39,8 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
-from harness.plugin import interrupts, report, settings, warmup  # noqa: E402
-from harness.plugin.marker import (  # noqa: E402
-    MARKER,
-    claim_marker,
-    find_mark,
-    launcher_world,
-    marker_name,
-    parametrize,
-)
+from harness.plugin import interrupts, marker, report, settings, warmup  # noqa: E402
+from harness.plugin.marker import MARKER, find_mark, launcher_world, marker_name  # noqa: E402
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
 if TYPE_CHECKING:
@@ -61,9 +49,7 @@ if TYPE_CHECKING:
 
 # Nothing here imports torch: the session (and with it torch) is created on first use.
 _SESSION = pytest.StashKey["DistSession"]()
-_MPTC = "harness-mptc"
-"""The name :class:`harness.plugin.mptc.CasePlugin` is registered under when ``--dist-mptc``
-is on (the module is imported only then)."""
+_MPTC = "harness-mptc"  # mptc.CasePlugin's name, when --dist-mptc is on
 
 
 def _session(config: pytest.Config) -> DistSession:
@@ -75,96 +61,57 @@ def _session(config: pytest.Config) -> DistSession:
     return session
 
 
+_FLAGS = {
+    "--dist-no-collective-check": "do not compare the ranks' collectives after a distributed "
+    "test that passed (the desync check)",
+    "--dist-isolate": "run every distributed test in fresh rank processes instead of reused worlds",
+    "--dist-mptc": "run unittest classes derived from torch's MultiProcessTestCase on reused "
+    "ranks, one world per world size (default: ini dist_mptc)",
+    "--dist-verify": "run every distributed test on its reused world and again on fresh "
+    "processes; a differing outcome is reported (an order dependence), the fresh one is the "
+    "verdict",
+}
+# Their defaults are settings.py's, where an unset key ('') is read.
+_INI = {
+    "dist_confirm": "fresh (default): a distributed test that fails on a reused world runs "
+    "again on fresh processes before it is reported; off: it is reported as it is",
+    "dist_order_dependent": "what an order dependence found on fresh processes does: warn "
+    "(default) or fail (the test fails)",
+    "dist_bisect_runs": "how many fresh worlds the search for the earlier test behind an "
+    f"order dependence may start (default: {settings.DEFAULT_BISECT_RUNS}; 0: no search)",
+    "dist_timeout": "default time limit of one distributed test in seconds "
+    f"({settings.DEFAULT_TIMEOUT_S:g})",
+    "dist_leaks": "what a distributed test that leaves threads, child processes or open "
+    "files in a rank gets: warn (default), error (a failure) or off",
+    "dist_marker": f"name of the plugin's marker (default: {MARKER}, unless the project has "
+    "a marker of that name)",
+}
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "distributed tests (fhelium harness)")
     group.addoption(
         "--dist-backend",
         choices=BACKEND_CHOICES,
-        default=None,
         help="backend for distributed tests that ask for 'auto' (default: auto, i.e. NCCL "
         "when CUDA is available, else Gloo)",
     )
     group.addoption(
         "--dist-timeout",
         type=float,
-        default=None,
         metavar="SECONDS",
-        help=f"default time limit of one distributed test (default: ini dist_timeout, "
+        help="default time limit of one distributed test (default: ini dist_timeout, "
         f"else {settings.DEFAULT_TIMEOUT_S:g})",
     )
-    group.addoption(
-        "--dist-no-collective-check",
-        action="store_true",
-        default=False,
-        help="do not compare the ranks' collectives after a distributed test that passed "
-        "(the desync check: another op, reduce op, root, shape or dtype on some ranks fails "
-        "the test)",
-    )
-    group.addoption(
-        "--dist-isolate",
-        action="store_true",
-        default=False,
-        help="run every distributed test in fresh rank processes instead of reused worlds",
-    )
-    group.addoption(
-        "--dist-mptc",
-        action="store_true",
-        default=False,
-        help="run unittest classes derived from torch's MultiProcessTestCase on reused "
-        "ranks (one world per world size) instead of spawning processes for every test "
-        "(default: ini dist_mptc)",
-    )
-    group.addoption(
-        "--dist-verify",
-        action="store_true",
-        default=False,
-        help="run every distributed test on its reused world and again on fresh processes, "
-        "and report each test whose outcome differs (an order dependence); the fresh "
-        "outcome is the verdict",
-    )
-    parser.addini(
-        "dist_confirm",
-        help="fresh (default): a distributed test that fails on a reused world runs again "
-        "on fresh processes before it is reported (passing there, the fresh verdict stands "
-        "and the order dependence is reported); off: failures are reported as they are",
-        default="fresh",
-    )
-    parser.addini(
-        "dist_order_dependent",
-        help="what an order dependence found on fresh processes does: warn (default: a "
-        "warning naming the earlier test that causes it) or fail (the test fails)",
-        default="warn",
-    )
-    parser.addini(
-        "dist_bisect_runs",
-        help="how many fresh worlds the search for the earlier test behind an order "
-        "dependence may start (default: 8; 0: no search)",
-        default="8",
-    )
+    for flag, text in _FLAGS.items():
+        group.addoption(flag, action="store_true", default=False, help=text)
+    for name, text in _INI.items():
+        parser.addini(name, help=text)
     parser.addini(
         "dist_mptc",
         type="bool",
         help="run MultiProcessTestCase classes on reused ranks, as --dist-mptc (false)",
         default=False,
-    )
-    parser.addini(
-        "dist_timeout",
-        help="default time limit of one distributed test in seconds "
-        f"({settings.DEFAULT_TIMEOUT_S:g})",
-        default=str(settings.DEFAULT_TIMEOUT_S),
-    )
-    parser.addini(
-        "dist_leaks",
-        help="what to do when a distributed test leaves threads, child processes or open "
-        "files behind in a rank: warn (default), error (fail the test, rebuild the world) "
-        "or off",
-        default="warn",
-    )
-    parser.addini(
-        "dist_marker",
-        help=f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
-        f"where the project has a '{MARKER}' marker of its own)",
-        default="",
     )
 
 
@@ -178,21 +125,19 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None
 
 @pytest.hookimpl(trylast=True)  # after conftests: a marker of the project's own is seen
 def pytest_configure(config: pytest.Config) -> None:
-    name = claim_marker(config)
+    name = marker.claim_marker(config)
     if name is not None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
             "init=True, check_collectives=True): run the test body on every rank of a "
-            "torch.distributed world (lists of world sizes or backends parametrize the test; "
-            "init=False: the ranks have the torchrun environment but no process group, the "
-            "test makes its own; check_collectives=False: a passing test's collectives are "
-            "not compared between ranks)",
+            "torch.distributed world (a list of world sizes or backends parametrizes the "
+            "test; init=False: no process group, the test makes its own)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
     config.pluginmanager.register(report, "harness-report")
-    config.pluginmanager.register(interrupts.InterruptReporter(config), "harness-interrupts")
+    config.pluginmanager.register(interrupts.Hooks(config), "harness-interrupts")
     if chosen.mptc:
         from harness.plugin import mptc
 
@@ -248,33 +193,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _session(session.config)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(_SESSION, None)
-    if session is not None:
-        session.close()
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    parametrize(metafunc)
+    marker.parametrize(metafunc)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
-    # Around pytest's own setup: first decide which fixtures run in the ranks (pytest then
-    # sets up only the others), then, with those up, run the test on its ranks.
-    run = (
-        isinstance(item, pytest.Function)
-        and find_mark(item) is not None
-        and launcher_world() is None
-    )
-    if run:
-        assert isinstance(item, pytest.Function)
-        _session(item.config).prepare(item)
+    # Around pytest's own setup: first take the fixtures that run in the ranks out of its
+    # hands (it sets up only the others), then, with those up, run the test on its ranks.
+    if not isinstance(item, pytest.Function) or find_mark(item) is None or launcher_world():
+        return (yield)
+    from harness.plugin import rank_fixtures
+
+    rank_fixtures.split(item)
     yield
-    option = item.config.option
-    if run and not (option.setuponly or option.setupplan):
-        assert isinstance(item, pytest.Function)
-        _session(item.config).run_item(item)
+    _session(item.config).run_item(item)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -285,20 +218,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-# pytest-timeout's hook (optional: pytest-timeout may not be installed). Nothing is returned,
-# so pytest-timeout still arms its timer: the harness pauses it only while the ranks run.
-@pytest.hookimpl(optionalhook=True, tryfirst=True)
-def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> None:
-    # Every test's, not only distributed ones': a wider-scoped rank fixture may end in the
-    # teardown of any test (see DistSession._end_scope).
-    interrupts.timer_armed(item, settings)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item) -> None:
-    interrupts.runtest_started(item)
-
-
 @pytest.hookimpl(wrapper=True, trylast=True)
 def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, object]:
     # Inside pytest-cov's own wrapper: the worlds' ranks save their coverage when they stop,
@@ -306,9 +225,13 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
     try:
         return (yield)
     finally:
-        dist_session = session.config.stash.get(_SESSION, None)
-        if dist_session is not None:
-            dist_session.close()
+        pytest_unconfigure(session.config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(_SESSION, None)
+    if session is not None:
+        session.close()
 
 
 def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
@@ -326,9 +249,9 @@ def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
             f"with request.getfixturevalue (in {request.node.nodeid})",
             pytrace=False,
         )
-    marker = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
+    shown = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
     pytest.fail(
-        f"fixture {name!r} is only available in tests marked @pytest.mark.{marker} "
+        f"fixture {name!r} is only available in tests marked @pytest.mark.{shown} "
         f"(requested by {request.node.nodeid})",
         pytrace=False,
     )

@@ -15,6 +15,7 @@ import pytest
 
 from harness import compat
 from harness.plugin.marker import find_mark, parse_mark
+from harness.plugin.settings import TestSettings
 from harness.rank.identity import rank_value
 
 
@@ -57,24 +58,19 @@ class LauncherRank:
             self._outcome_group = None
             fhelium.distributed.shutdown()
 
-    def run_item(
-        self, item: pytest.Function, world_size: int, backend: str, *, init: bool = True
-    ) -> None:
-        """Run the test body here; raise what every rank agrees the outcome is.
-
-        A test marked ``init=False`` is skipped: it makes its own default process group, and
-        here pytest runs inside the launcher's (every rank skips alike, from the marker).
-        """
+    def run_item(self, item: pytest.Function, test: TestSettings, backend: str) -> None:
+        """Run the test body here; raise what every rank agrees the outcome is (every rank
+        skips alike, from the marker, a test that this world cannot run)."""
         import torch.distributed as dist
 
-        if not init:
+        if not test.init:  # it makes its own default group; here pytest runs in the launcher's
             compat.skip_at_test(
                 "needs ranks without a process group (init=False); under the launcher the "
                 "test would run inside the launcher's group: run it without the launcher"
             )
-        if world_size != self.world_size:
+        if test.world_size != self.world_size:
             compat.skip_at_test(
-                f"needs world size {world_size}; the launcher's world has {self.world_size}"
+                f"needs world size {test.world_size}; the launcher's world has {self.world_size}"
             )
         self.ensure_group()
         live = str(dist.get_backend())

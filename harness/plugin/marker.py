@@ -1,33 +1,28 @@
-"""The ``distributed`` marker: which one is the plugin's, its arguments, read without torch.
-
-The settings a marker's arguments resolve to are :mod:`harness.plugin.settings`.
-
-The plugin is loaded into every pytest run of an environment that has fhelium installed, so
-what it needs before a distributed test actually runs lives here, free of torch.
+"""The ``distributed`` marker: which one is the plugin's, and its arguments (without torch).
 
 Which marker is the plugin's is decided once per session (:func:`claim_marker`): ini
 ``dist_marker`` (default ``distributed``). A project that declares a ``distributed`` marker of
 its own (ini ``markers``, or a conftest's ``pytest_configure``) keeps it: the plugin then runs
-no test by that marker, and says so in the report header.
+no test by that marker, and says so in the report header. The settings a marker's arguments
+resolve to are :mod:`harness.plugin.settings`'s.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-MARKER = "distributed"
-"""The marker's default name."""
+MARKER = "distributed"  # the marker's default name
 
 WORLD_SIZE_PARAM = "_harness_world_size"
 BACKEND_PARAM = "_harness_backend"
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MarkSpec:
     """The arguments of a ``distributed`` marker, not yet validated."""
 
@@ -43,11 +38,12 @@ _CLAIMED = pytest.StashKey["str | None"]()
 
 
 def claim_marker(config: pytest.Config) -> str | None:
-    """Decide which marker runs tests on ranks this session; return its name, or None when
-    the project has its own ``distributed`` marker (and no ``dist_marker`` was set).
+    """Decide which marker runs tests on ranks this session (called after every conftest's
+    ``pytest_configure``, so that the markers they declare are seen).
 
-    Called from ``pytest_configure`` after every conftest's, so that markers they declare
-    are seen. An explicit ini ``dist_marker`` is always the plugin's.
+    Returns:
+        Its name; None when the project has its own ``distributed`` marker and no ini
+        ``dist_marker`` names one (that one is always the plugin's).
 
     Raises:
         pytest.UsageError: ``dist_marker`` is not a valid marker name.
@@ -91,8 +87,8 @@ def find_mark(node: pytest.Item) -> pytest.Mark | None:
 
 
 def parse_mark(mark: pytest.Mark) -> MarkSpec:
-    """Read ``@pytest.mark.distributed(world_size=2, *, backend, timeout, isolate, init,
-    check_collectives)``.
+    """Read a marker's arguments: ``world_size`` (the only positional one) and
+    :class:`MarkSpec`'s others by name.
 
     Raises:
         ValueError: For unknown or surplus arguments.
@@ -107,7 +103,7 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
         if "world_size" in kwargs:
             raise ValueError(f"@pytest.mark.{mark.name} got world_size twice")
         kwargs["world_size"] = mark.args[0]
-    valid = ("world_size", "backend", "timeout", "isolate", "init", "check_collectives")
+    valid = [field.name for field in dataclasses.fields(MarkSpec)]
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
         raise ValueError(

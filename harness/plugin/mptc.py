@@ -1,28 +1,23 @@
 """Existing ``MultiProcessTestCase`` suites, unchanged, on reused ranks (``--dist-mptc``).
 
-torch's ``MultiProcessTestCase`` (``torch.testing._internal.common_distributed``) runs each
-test in ``world_size`` freshly spawned processes: ``setUp`` starts them, each calls the
-class's ``cls._run(rank, test_name, file_name, pipe)``, and the test method, in the parent,
-waits for them and judges their exit codes (``_check_return_codes``). Under ``--dist-mptc``
-(ini ``dist_mptc = true``) pytest still runs such a test as the unittest test it is (its
-``setUp``, ``tearDown``, skip decorators, ``instantiate_parametrized_tests`` methods), but
-the case instance is diverted at two points: starting its processes does nothing, and
-waiting for them runs ``_run`` on each rank of a reused ``World(init=False)`` instead
-(:mod:`harness.rank.mptc_body`), one world per world size. The exit codes and pipe messages
-that come back feed the class's own ``_check_return_codes``, so pass, skip and fail are the
-class's verdict; a failure is reported as the harness reports one (root cause first, each
-rank's traceback; every rank's stacks on a timeout).
+torch's ``MultiProcessTestCase`` runs each test in ``world_size`` freshly spawned processes:
+``setUp`` starts them, each calls the class's ``cls._run(rank, test_name, file_name, pipe)``,
+and the test method, in the parent, waits for them and judges their exit codes
+(``_check_return_codes``). Under ``--dist-mptc`` (ini ``dist_mptc = true``) pytest still runs
+such a test as the unittest test it is (``setUp``, ``tearDown``, skip decorators, ...), but
+starting its processes does nothing, and waiting for them runs ``_run`` on each rank of a
+reused ``World(init=False)`` instead (:mod:`harness.rank.mptc_body`), one world per world
+size. The exit codes and pipe messages that come back feed the class's own check, so pass,
+skip and fail are the class's verdict; a failure is reported as the harness reports one.
 
-A world is rebuilt (fresh processes) where a rank's process would have ended with a failing
-exit code (the test raised, a rank crashed or timed out): see :mod:`harness.rank.mptc_body`.
-Where the class's check accepts such an exit anyway, a warning names the test.
-
-Every touch of torch's private test API goes through :mod:`harness.compat`.
+A world is rebuilt where a rank's process would have ended with a failing exit code (see
+:mod:`harness.rank.mptc_body`); where the class's check accepts such an exit anyway, a
+warning names the test. Every touch of torch's private test API goes through
+:mod:`harness.compat`.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import pickle
 import time
@@ -36,7 +31,7 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import confirm, order, rank_fixtures, replay, report
+from harness.plugin import order, rank_fixtures, replay, report
 from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
@@ -84,8 +79,16 @@ class CasePlugin:
         if selected(item) and launcher_world() is None:
             assert isinstance(item, pytest.Function)
             case = item.instance
-            runner = _CaseRunner(item, case, self._session)
-            compat.mptc_divert(case, runner.start, runner.join)
+            started: list[Any] = []
+
+            def join(fn: Any) -> None:  # in place of _join_processes(fn)
+                if started:
+                    run_case(self._session(), item, case, fn)
+                else:  # its setUp started no processes: the class's own wait and check
+                    compat.mptc_join_natively(case, fn)
+
+            # In place of _start_processes(proc): the ranks are up already.
+            compat.mptc_divert(case, started.append, join)
         return (yield)
 
     @pytest.hookimpl(wrapper=True)
@@ -107,31 +110,6 @@ class CasePlugin:
         return made
 
 
-class _CaseRunner:
-    """The two points of one test case instance that run on the harness instead."""
-
-    def __init__(
-        self, item: pytest.Function, case: Any, session: Callable[[], DistSession]
-    ) -> None:
-        self.item = item
-        self.case = case
-        self.session = session
-        self.started = False
-
-    def start(self, proc: Any) -> None:
-        """In place of ``_start_processes(proc)``: the ranks are already up."""
-        self.started = True
-
-    def join(self, fn: Any) -> None:
-        """In place of ``_join_processes(fn)``: run the test on the ranks, then the class's
-        own check on how they ended."""
-        if not self.started:
-            # Its setUp started no processes: the class's own (empty) wait and check.
-            compat.mptc_join_natively(self.case, fn)
-            return
-        run_case(self.session(), self.item, self.case, fn)
-
-
 def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:
     """Run one ``MultiProcessTestCase`` test on a world of its size and judge it with the
     class's own ``_check_return_codes``.
@@ -149,111 +127,107 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
-    from harness.controller.world import World
-    from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CaseCall
+    from harness.protocol.messages import CaseCall
+    from harness.rank.mptc_body import FreshAfter
     from harness.rank.mptc_body import run_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
-    # A native process inherits its parent's environment, as the test's setUp left it, and
-    # nothing else: the rank runs the test with exactly this one.
-    environ = dict(os.environ)
     call = CaseCall(
         test=rank_fixtures.reference(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
         kwargs=compat.mptc_run_kwargs(case),
-        environ=environ,
+        # A native process inherits its parent's environment, as the test's setUp left
+        # it, and nothing else: the rank runs the test with exactly this one.
+        environ=dict(os.environ),
     )
-    captured = session.config.getoption("capture", "fd") != "no"
-    output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
     step = replay.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
-    new_world = functools.partial(
-        World, world_size, backend="gloo", init=False, leaks=session.settings.leaks
-    )
 
-    def attempt(world: World) -> tuple[str, _Ended]:
-        ended = _Ended.run(step, world, output, world_size)
+    def attempt(world: World, fresh: bool) -> tuple[str, _Ended]:
+        started = time.time()
+        outcome = step.call(world, session.output)
+        ended = _Ended(outcome, time.time() - started, world_size, world.pids)
+        if any(isinstance(value, FreshAfter) for value in ended.returned.values()):
+            world.close()  # the next test gets new processes
         return ended.judge(case, fn), ended
 
-    note = ""
-    if session.settings.isolate:
-        with new_world() as world:
-            ended = _Ended.run(step, world, output, world_size)
-    else:
-        # The ranks make their own groups with whatever backend the test asks for; the
-        # world's backend only names it (Gloo: a world of any size starts on any machine).
-        world = session.world(world_size, "gloo", init=False)
-        earlier = session.history.before(world)
-        ended = _Ended.run(step, world, output, world_size)
-        session.history.record(world, step)
-        checked = confirm.check(
-            item,
-            session.settings,
-            earlier,
-            ended.judge(case, fn),
-            attempt,
-            new_world,
-            ("--dist-mptc",),
-        )
-        ended = checked.fresh if checked.fresh is not None else ended
-        note = checked.note
-        if checked.failure is not None:
-            raise checked.failure
-        if _fresh_after(ended.outcome):
-            world.close()  # the next test gets new processes (harness.rank.mptc_body.FreshAfter)
-    outcome = ended.outcome
-    report.add_output_sections(item, outcome.outputs)
-    if outcome.error is not None:
-        command = order.command(session.config, [item.nodeid], ("--dist-mptc",))
-        order.set_repro(item, f"{note}run ({world_size} ranks): {command}")
+    # The ranks make their own groups with whatever backend the test asks for; the world's
+    # backend only names it (Gloo: a world of any size starts on any machine).
+    shape = (world_size, "gloo", False)
+    checked = session.judge(item, step, shape, attempt, session.settings.isolate, "--dist-mptc")
+    if checked.failure is not None:
+        raise checked.failure
+    ended = checked.result
+    error = ended.outcome.error
+    report.add_output_sections(item, ended.outcome.outputs)
+    if error is not None:
+        order.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")
     try:
-        compat.mptc_check(case, fn, ended.elapsed, ended.processes, ended.pipes)
+        ended.check(case, fn)
     except unittest.SkipTest:
         raise
     except Exception:
-        if outcome.error is not None:
-            raise outcome.error from None
+        if error is not None:
+            raise error from None
         raise
-    if outcome.error is not None:
+    if error is not None:
         warnings.warn(
-            f"test {item.nodeid} passed by its class's own check although "
-            f"{outcome.error.summary}; its ranks were replaced by fresh processes for the next "
-            "test",
+            f"test {item.nodeid} passed by its class's own check although {error.summary}; "
+            "its ranks were replaced by fresh processes for the next test",
             RuntimeWarning,
             stacklevel=2,
         )
 
 
-def _fresh_after(outcome: Outcome) -> bool:
-    """Whether a rank asked for its world's processes to be replaced before the next test."""
-    from harness.rank.mptc_body import FreshAfter
-
-    values = outcome.values
-    if values is not None:
-        return any(isinstance(value, FreshAfter) for value in values)
-    return any(isinstance(pickle.loads(blob), FreshAfter) for blob in outcome.returned.values())
-
-
-@dataclass
 class _Ended:
-    """How one run of a test on a world ended, as the class's check sees its processes."""
+    """How one run of a test on a world ended, as the class's check sees its processes:
+    each rank's exit code and what it sent through its pipe."""
 
-    outcome: Outcome
-    elapsed: float
-    processes: list[_Exited]
-    pipes: dict[int, _Sent]
+    def __init__(self, outcome: Outcome, elapsed: float, world_size: int, pids: list[int]):
+        from harness.protocol.messages import CaseExit
 
-    @classmethod
-    def run(cls, step: replay.Step, world: World, output: str, world_size: int) -> _Ended:
-        started = time.time()
-        outcome = step.call(world, output)
-        elapsed = time.time() - started
-        processes, pipes = _processes(outcome, world_size, world.pids)
-        return cls(outcome, elapsed, processes, pipes)
+        self.outcome = outcome
+        self.elapsed = elapsed
+        values = outcome.values
+        self.returned: dict[int, Any] = (
+            dict(enumerate(values))
+            if values is not None
+            else {rank: pickle.loads(blob) for rank, blob in outcome.returned.items()}
+        )
+        ended: dict[int, tuple[int | None, list[str]]] = {
+            rank: (value.exitcode, list(value.messages))
+            for rank, value in self.returned.items()
+            if isinstance(value, CaseExit)
+        }
+        error = outcome.error
+        if error is not None:
+            exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
+            for rank, failure in error.failures.items():
+                if failure.exc_type == "WorldTimeout":
+                    ended[rank] = (None, [])
+                elif failure.exc_type == "RankCrash":
+                    ended[rank] = (exitcodes.get(rank, _TERMINATED), [])
+                else:
+                    exitcode = failure.exitcode if failure.exitcode is not None else 1
+                    ended[rank] = (exitcode, [failure.traceback])
+        # Ranks the harness stopped after a peer failed (a native parent terminates them
+        # too); after a timeout, every rank is one that did not finish.
+        silent: int | None = None if isinstance(error, WorldTimeout) else _TERMINATED
+        self.processes: list[_Exited] = []
+        self.pipes: dict[int, _Sent] = {}
+        for rank in range(world_size):
+            code, messages = ended.get(rank, (silent, []))
+            pid = pids[rank] if rank < len(pids) else -1 - rank
+            self.processes.append(_Exited(pid, code, f"process {rank}"))
+            self.pipes[pid] = _Sent(messages)
+
+    def check(self, case: Any, fn: Any) -> None:
+        """The class's own check (``_check_return_codes``) on this run."""
+        compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
 
     def judge(self, case: Any, fn: Any) -> str:
-        """The class's own verdict on this run (``replay.PASSED``, ``FAILED``, ``SKIPPED``)."""
+        """The class's verdict on this run (``replay.PASSED``, ``FAILED``, ``SKIPPED``)."""
         try:
-            compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
+            self.check(case, fn)
         except unittest.SkipTest:
             return replay.SKIPPED
         except Exception:
@@ -264,20 +238,21 @@ class _Ended:
 @dataclass
 class _Exited:
     """One rank as the class's check sees one of its processes: ended, with an exit code
-    (None: still running at the deadline) and a pid (the rank's)."""
+    (None: still running at the deadline) and a pid (the rank's). The harness owns the
+    rank: nothing is left to end or wait for."""
 
     pid: int
     exitcode: int | None
     name: str
 
     def terminate(self) -> None:
-        """Nothing to end: the harness owns the rank (the class's tearDown calls this)."""
+        pass
 
     def kill(self) -> None:
-        """As :meth:`terminate`."""
+        pass
 
     def join(self, timeout: float | None = None) -> None:
-        """Already ended."""
+        pass
 
     def is_alive(self) -> bool:
         return False
@@ -304,45 +279,3 @@ class _Sent:
 
     def close(self) -> None:
         self.closed = True
-
-
-def _processes(
-    outcome: Outcome, world_size: int, pids: list[int]
-) -> tuple[list[_Exited], dict[int, _Sent]]:
-    """The exit code and pipe messages each rank's process would have ended with."""
-    from harness.protocol.messages import CaseExit
-
-    ended: dict[int, tuple[int | None, list[str]]] = {}
-    values = outcome.values
-    returned: dict[int, Any] = (
-        dict(enumerate(values))
-        if values is not None
-        else {rank: pickle.loads(blob) for rank, blob in outcome.returned.items()}
-    )
-    for rank, value in returned.items():
-        if isinstance(value, CaseExit):
-            ended[rank] = (value.exitcode, list(value.messages))
-    error = outcome.error
-    if error is not None:
-        exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
-        for rank, failure in error.failures.items():
-            if failure.exc_type == "WorldTimeout":
-                ended[rank] = (None, [])
-            elif failure.exc_type == "RankCrash":
-                ended[rank] = (exitcodes.get(rank, _TERMINATED), [])
-            else:
-                ended[rank] = (
-                    failure.exitcode if failure.exitcode is not None else 1,
-                    [failure.traceback],
-                )
-    # Ranks the harness stopped after a peer failed (a native parent terminates them too);
-    # after a timeout, every rank is one that did not finish.
-    silent: int | None = None if isinstance(error, WorldTimeout) else _TERMINATED
-    processes = []
-    pipes = {}
-    for rank in range(world_size):
-        code, messages = ended.get(rank, (silent, []))
-        pid = pids[rank] if rank < len(pids) else -1 - rank
-        processes.append(_Exited(pid, code, f"process {rank}"))
-        pipes[pid] = _Sent(messages)
-    return processes, pipes

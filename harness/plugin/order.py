@@ -1,11 +1,14 @@
-"""Order dependence: the earlier test it comes from, and how it reads.
+"""A reused world's verdict held against fresh processes, and the order dependence it shows.
 
-A test whose verdict on a reused world differs from its verdict on fresh processes depends
-on what an earlier test left in the ranks. :func:`bisect` looks for that test among those
-the world ran (:class:`harness.plugin.replay.History`), on fresh worlds; :func:`message`
-says what was found, ending with the command that shows it, and :func:`report` reports it
-as ini ``dist_order_dependent`` says. :func:`command` is also the repro line that ends
-every failure report of a distributed test (:func:`set_repro`, :func:`repro`).
+A distributed test on a reused world runs on processes that earlier tests ran on. Whatever
+they left behind that no reset covers can make it fail where fresh processes would pass it
+(or pass where they would fail it). So :func:`check` runs a test that failed on a reused
+world once more on fresh ranks (ini ``dist_confirm = fresh``, the default), with the same
+seed, world size, backend and fixture values; under ``--dist-verify``, every test. Failing
+again, it is reported as it was. Otherwise the fresh verdict stands, :func:`bisect` looks
+for the earlier test behind it among those the world ran, on fresh worlds, and
+:func:`check` reports the order dependence. :func:`command` also makes the line that ends
+every failure report of a distributed test (:func:`set_repro`).
 """
 
 from __future__ import annotations
@@ -15,17 +18,91 @@ import shlex
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import pytest
 
 from harness.errors import OrderDependenceWarning
 from harness.plugin.replay import FAILED, PASSED, SKIPPED, Replayed, Step, on_fresh
+from harness.plugin.settings import Settings
 
 if TYPE_CHECKING:
     from harness.controller.world import World
 
+_T = TypeVar("_T")
 _REPRO = pytest.StashKey[str]()
+
+
+@dataclass(frozen=True)
+class Checked(Generic[_T]):
+    """A test's run on a reused world, held against fresh processes.
+
+    Attributes:
+        result: What the attempt returned whose verdict stands (the fresh run's, where it
+            differs from the reused world's).
+        note: What a failure report says of the check before its repro command
+            (``"confirmed on fresh processes; "``; '' when nothing was checked).
+        failure: The test's failure where an order dependence is one
+            (``dist_order_dependent = fail``, or ``-W error`` and its warning).
+    """
+
+    result: _T
+    note: str = ""
+    failure: BaseException | None = None
+
+
+def check(
+    item: pytest.Item,
+    settings: Settings,
+    earlier: Sequence[Step],
+    reused: tuple[str, _T],
+    attempt: Callable[[World], tuple[str, _T]],
+    new_world: Callable[[], World],
+    option: str,
+) -> Checked[_T]:
+    """Hold a test's verdict on a reused world against fresh processes where the settings
+    ask for it, and report the order dependence that shows.
+
+    Args:
+        item: The test.
+        settings: The session's settings.
+        earlier: The tests that ran on the reused world before it (none: the world was
+            fresh, and nothing is checked).
+        reused: How it ended there (``PASSED``, ``FAILED`` or ``SKIPPED``), and the result.
+        attempt: Runs the test on a fresh world as it ran on the reused one; returns the
+            same pair.
+        new_world: Starts a fresh world like the reused one.
+        option: What the commands in messages need besides the test ids.
+    """
+    verdict, result = reused
+    if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
+        return Checked(result)
+    try:
+        fresh, found = on_fresh(new_world, (), attempt)
+    except Exception as exc:  # the fresh world did not start
+        return Checked(result, f"not confirmed on fresh processes ({exc}); ")
+    if fresh == verdict:
+        return Checked(result, "confirmed on fresh processes; ")
+    finding = None
+    if settings.bisect_runs:
+        finding = bisect(
+            new_world, earlier, lambda world: attempt(world)[0], verdict, settings.bisect_runs
+        )
+    text = message(item, [step.nodeid for step in earlier], verdict, fresh, finding, option)
+    if settings.order_dependent == "fail" and fresh != FAILED:
+        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+    path, lineno, _ = item.location
+    try:  # a warning located at the test
+        warnings.warn_explicit(
+            OrderDependenceWarning(text),
+            OrderDependenceWarning,
+            str(item.config.rootpath / path),
+            (lineno or 0) + 1,
+        )
+    except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
+        text = f"OrderDependenceWarning: {text}"
+        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+    return Checked(found)
 
 
 @dataclass(frozen=True)
@@ -33,16 +110,12 @@ class Finding:
     """What the search for an order dependence found.
 
     Attributes:
-        tests: The earlier tests that, run before the test on fresh ranks, reproduce what
-            the reused world did: one test when the culprit was found, else the earlier
-            tests the cause is among.
-        found: Whether ``tests`` is one culprit shown to reproduce it alone.
+        tests: The culprit, when ``why`` is ''; else the earlier tests the cause is among.
         runs: The fresh worlds used.
-        why: Why the search stopped short of a culprit ('' when found).
+        why: Why the search stopped short of a culprit.
     """
 
     tests: tuple[str, ...]
-    found: bool
     runs: int
     why: str = ""
 
@@ -87,25 +160,19 @@ def bisect(
             else:
                 high = middle
         if high - low > 1:
-            return Finding(ids[low:high], False, runs, spent)
+            return Finding(ids[low:high], runs, spent)
         if shown_alone:
-            return Finding((ids[low],), True, runs)
+            return Finding((ids[low],), runs)
         if runs >= budget:
-            return Finding(ids[low:], False, runs, spent)
+            return Finding(ids[low:], runs, spent)
         if reproduces(history[low : low + 1]):
-            return Finding((ids[low],), True, runs)
-        return Finding(
-            ids[low:], False, runs, f"{_name(ids[low])} alone before it does not reproduce it"
-        )
+            return Finding((ids[low],), runs)
+        return Finding(ids[low:], runs, f"{_name(ids[low])} alone before it does not reproduce it")
     except Replayed as replayed:
-        return Finding(
-            ids[low:],
-            False,
-            runs,
-            f"{_name(replayed.nodeid)} failed when it was run again on fresh processes",
-        )
+        why = f"{_name(replayed.nodeid)} failed when it was run again on fresh processes"
+        return Finding(ids[low:], runs, why)
     except Exception as exc:  # a fresh world that does not start
-        return Finding(ids[low:], False, runs, f"a fresh world did not start ({exc})")
+        return Finding(ids[low:], runs, f"a fresh world did not start ({exc})")
 
 
 _REUSED = {PASSED: "passed", FAILED: "failed", SKIPPED: "was skipped"}
@@ -113,38 +180,34 @@ _FRESH = {PASSED: "passes", FAILED: "fails", SKIPPED: "is skipped"}
 
 
 def message(
-    config: pytest.Config,
-    nodeid: str,
+    item: pytest.Item,
     earlier: Sequence[str],
     reused: str,
     fresh: str,
     finding: Finding | None,
-    extra: Sequence[str] = (),
+    option: str,
 ) -> str:
     """How an order dependence reads, ending with the command that shows it.
 
     Args:
-        config: The session's config (for the command).
-        nodeid: The test.
+        item: The test.
         earlier: The tests that ran before it on the reused world.
         reused, fresh: How it ended there and on fresh ranks.
         finding: What the search found (None: no search was made).
-        extra: Options the command needs besides the tests (``--dist-mptc``).
+        option: What the command needs besides the tests (``--dist-mptc``).
     """
-    test = _name(nodeid)
-    plural = "" if finding is not None and finding.runs == 1 else "s"
-    runs = "" if finding is None else f" (found in {finding.runs} run{plural})"
-    if finding is not None and finding.found:
+    test, nodeid = _name(item.nodeid), item.nodeid
+    if finding is not None and not finding.why:
         culprit = finding.tests[0]
+        runs = f"{finding.runs} run" + ("s" if finding.runs != 1 else "")
         return (
             f"{test} {_REUSED[reused]} after {_name(culprit)} on a reused world and "
-            f"{_FRESH[fresh]} on fresh processes{runs}; run: "
-            f"{command(config, [culprit, nodeid], extra)}"
+            f"{_FRESH[fresh]} on fresh processes (found in {runs}); run: "
+            f"{command(item.config, [culprit, nodeid], option)}"
         )
     count = f"{len(earlier)} earlier test" + ("s" if len(earlier) != 1 else "")
     if finding is None:
-        among, where = list(earlier), f" ({_names(earlier)})"
-        why = ""
+        among, where, why = list(earlier), f" ({_names(earlier)})", ""
     else:
         among, where = list(finding.tests), ""
         why = (
@@ -154,44 +217,14 @@ def message(
     return (
         f"{test} {_REUSED[reused]} on a reused world after {count}{where} and "
         f"{_FRESH[fresh]} on fresh processes{why}; run: "
-        f"{command(config, [*among, nodeid], extra)}"
+        f"{command(item.config, [*among, nodeid], option)}"
     )
 
 
-def report(item: pytest.Item, text: str, fresh: str, *, fail: bool) -> None:
-    """Report an order dependence of ``item``: a warning located at the test (pytest lists
-    it in its warnings summary), or, with ``fail`` (ini ``dist_order_dependent = fail``),
-    the test's failure where the fresh run did not fail it already.
-
-    Raises:
-        pytest.fail.Exception: ``fail``, and the fresh run passed or skipped; or the
-            warning filters turn the warning into an error (``-W error``): the test's
-            failure then, not an error of its setup inside the plugin.
-    """
-    if fail and fresh != FAILED:
-        pytest.fail(text, pytrace=False)
-    path, lineno, _ = item.location
-    try:
-        warnings.warn_explicit(
-            OrderDependenceWarning(text),
-            OrderDependenceWarning,
-            str(item.config.rootpath / path),
-            (lineno or 0) + 1,
-        )
-    except OrderDependenceWarning:
-        pass
-    else:
-        return
-    pytest.fail(f"OrderDependenceWarning: {text}", pytrace=False)
-
-
-def command(config: pytest.Config, nodeids: Sequence[str], extra: Sequence[str] = ()) -> str:
-    """The pytest command line that runs these tests, in this order, as this run did.
-
-    Node ids are relative to the root directory; the command is for the directory pytest
-    was started from. Under pytest-randomly its seed is kept (the harness seeds each test
-    from it) and, for several tests, its shuffling is turned off: the order is the point.
-    """
+def command(config: pytest.Config, nodeids: Sequence[str], option: str) -> str:
+    """The pytest command line, for the directory pytest was started from, that runs these
+    tests in this order as this run did: with ``option``, and under pytest-randomly with its
+    seed (the harness seeds each test from it) and, for several tests, without shuffling."""
     start = str(config.invocation_params.dir)
     root = str(config.rootpath)
     args = []
@@ -200,7 +233,7 @@ def command(config: pytest.Config, nodeids: Sequence[str], extra: Sequence[str] 
         if start != root:
             path = os.path.relpath(os.path.join(root, path), start)
         args.append(shlex.quote(path + sep + rest))
-    args += extra
+    args.append(option)
     seed = config.getoption("randomly_seed", None)
     if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
         args.append(f"--randomly-seed={seed}")
@@ -209,9 +242,16 @@ def command(config: pytest.Config, nodeids: Sequence[str], extra: Sequence[str] 
     return "pytest " + " ".join(args)
 
 
-def set_repro(item: pytest.Item, line: str) -> None:
-    """Note the line a failure report of ``item`` ends with (see :func:`repro`)."""
-    item.stash[_REPRO] = line
+def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
+    """Note the line a failure report of ``item`` ends with (see :func:`repro`).
+
+    Args:
+        item: The test.
+        note: What the check on fresh processes found (``"confirmed on fresh processes; "``).
+        world: The world it ran on (``"2 ranks, gloo"``).
+        option: What the command needs besides the test id (``--dist-backend=gloo``).
+    """
+    item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
 
 
 def repro(item: pytest.Item) -> str:

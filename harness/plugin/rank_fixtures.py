@@ -1,34 +1,24 @@
 """Where a distributed test's fixtures run, and what its ranks are sent (controller side).
 
-A fixture runs in the controller unless it must run in the ranks. It runs
-inside each rank when it is
-
-(a) one of the plugin's (``rank``, ``world_size``, ``local_rank``, ``local_device``);
-(b) a fixture that requests, directly or through others, a fixture that runs in the ranks
-    (so ``@pytest.fixture def tag(rank): ...`` just works);
-(c) one of pytest's per-process built-ins (``monkeypatch``, ``capsys``, ``capsysbinary``,
-    ``capfd``, ``capfdbinary``, ``caplog``, ``recwarn``);
-(d) declared with :func:`harness.fixture`.
-
-pytest's own fixtures are left where pytest runs them, whatever they request: ``tmp_path``
-stays one directory of the controller, shared by every rank. Asking for ``request`` does not
-move a fixture: it gets the controller's request there and a view of it in a rank. Nor does
-asking for ``tmp_path_factory``: it is the session's, the same for every rank, so a
-controller fixture built on it (the everyday "directory shared by all ranks") stays in the
-controller and its value reaches every rank; the test body or a rank-side fixture that asks
-for it gets a rank-side twin over the controller's base directory.
+A fixture runs in the controller unless it runs inside each rank: one of the plugin's
+(``rank``, ``world_size``, ``local_rank``, ``local_device``), one of pytest's per-process
+built-ins (``PER_PROCESS_FIXTURES``: ``monkeypatch``, ``capsys``, ...), one declared with
+:func:`harness.fixture`, or one that requests such a fixture, directly or through others.
+pytest's other fixtures stay where pytest runs them, whatever they request. Asking for
+``request`` moves nothing (a rank gets a view of it), nor does asking for
+``tmp_path_factory``: it is the session's, the same for every rank, so a controller fixture
+built on it stays in the controller; a rank-side consumer gets a twin over its base
+directory.
 
 :func:`split` decides before pytest sets anything up, and takes the rank-side fixtures out of
-the item's ``fixturenames`` so that pytest does not run them in the controller;
-:func:`plan` then builds the :class:`~harness.protocol.messages.FixturePlan` from the
-controller fixtures' values. The ranks run the plan in :mod:`harness.rank.fixtures`.
+the item's ``fixturenames``; :func:`plan` then builds the ranks'
+:class:`~harness.protocol.messages.FixturePlan` (run in :mod:`harness.rank.fixtures`).
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 import pytest
@@ -55,6 +45,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _SCOPES = ("function", "class", "module", "package", "session")
 _PLUGIN_MODULE = "harness.plugin"
 _SHARED_FACTORY = "tmp_path_factory"
+_SIDE = pytest.StashKey["RankSide"]()
 
 
 @overload
@@ -122,65 +113,119 @@ def fixture(
     return declare(function) if function is not None else declare
 
 
-@dataclass
 class RankSide:
-    """A distributed test's fixtures that run in the ranks, in setup order.
+    """A distributed test's fixtures that run in the ranks, as :func:`split` finds them.
 
     Attributes:
-        fixtures: The rank-side definitions (``pytest.FixtureDef``), each after the ones it
-            requests.
-        args: For every test argument and rank-side fixture argument, where it comes from.
+        fixtures: Their definitions (``pytest.FixtureDef``), each after those it requests.
+        keys: Each one's key in the plan, by ``id()`` of its definition.
+        wants_request: Whether the test or one of them asks for ``request``.
     """
 
-    fixtures: list[Any] = field(default_factory=list)
-    keys: dict[int, str] = field(default_factory=dict)
-    wants_request: bool = False
+    def __init__(self, defs: Mapping[str, Sequence[Any]]) -> None:
+        self.fixtures: list[Any] = []
+        self.keys: dict[int, str] = {}
+        self.wants_request = False
+        self._defs = defs
+        self._why: dict[int, str] = {}
 
-    def key(self, fixturedef: Any) -> str:
-        return self.keys[id(fixturedef)]
+    def why(self, fixturedef: Any) -> str:
+        """Why the fixture runs in the ranks ('' when it does not)."""
+        known = self._why.get(id(fixturedef))
+        if known is not None:
+            return known
+        self._why[id(fixturedef)] = ""  # a cycle (pytest reports it) decides nothing
+        module = _module(fixturedef)
+        name = fixturedef.argname
+        if module == _PLUGIN_MODULE and name in PLUGIN_FIXTURES:
+            why = "it is the plugin's"
+        elif module.startswith("_pytest."):
+            why = "it is a per-process fixture" if name in PER_PROCESS_FIXTURES else ""
+        elif getattr(fixturedef.func, IN_RANKS_ATTR, False):
+            why = "declared with harness.fixture"
+        else:
+            requests = self._requests(fixturedef)
+            why = next((f"it requests {arg!r}" for arg, dep in requests if self.why(dep)), "")
+        self._why[id(fixturedef)] = why
+        return why
+
+    def add(self, fixturedef: Any) -> None:
+        """Add a rank-side fixture after the rank-side fixtures it requests."""
+        if id(fixturedef) in self.keys:
+            return
+        self.keys[id(fixturedef)] = ""  # in progress: a cycle stops here
+        for arg, dependency in self._requests(fixturedef):
+            if self.why(dependency) or _shared_factory(dependency):
+                self.add(dependency)
+            elif arg == fixturedef.argname:
+                pytest.fail(
+                    f"fixture {arg!r} runs in the ranks and requests the fixture of the same "
+                    "name that it overrides, which runs in the controller; give one of them "
+                    "another name",
+                    pytrace=False,
+                )
+        if _function_ref(fixturedef) is None and not _builtin(fixturedef):
+            pytest.fail(
+                f"fixture {fixturedef.argname!r} must run in the ranks "
+                f"({self.why(fixturedef)}), but a rank cannot import it: it is defined "
+                f"inside a function ({fixturedef.func.__qualname__}); define it at module or "
+                "class level",
+                pytrace=False,
+            )
+        self.keys[id(fixturedef)] = f"{fixturedef.argname}@{fixturedef.baseid}#{len(self.fixtures)}"
+        self.fixtures.append(fixturedef)
+
+    def _requests(self, fixturedef: Any) -> Iterator[tuple[str, Any]]:
+        """The fixtures ``fixturedef`` requests (not ``request``), by argument."""
+        for arg in fixturedef.argnames:
+            dependency = _dependency(fixturedef, arg, self._defs) if arg != "request" else None
+            if dependency is not None:
+                yield arg, dependency
 
 
-def split(item: pytest.Function) -> RankSide:
-    """Decide which of the test's fixtures run in the ranks; leave only the others in
-    ``item.fixturenames`` for pytest to set up in the controller.
+def split(item: pytest.Function) -> None:
+    """Decide which of the test's fixtures run in the ranks (once: a rerun finds pytest's
+    part already trimmed); leave only the others in ``item.fixturenames`` for pytest to set
+    up in the controller.
 
     Raises:
         pytest.fail.Exception: A fixture that must run in the ranks cannot (defined inside a
             function, where a rank cannot import it).
     """
+    if _SIDE in item.stash:
+        return
     defs = compat.fixture_defs(item)
-    decided: dict[int, bool] = {}
-    side = RankSide()
+    side = RankSide(defs)
     for name in item.fixturenames:
         chain = defs.get(name)
-        if chain and _in_ranks(chain[-1], defs, decided):
-            _add(chain[-1], side, defs, decided)
+        if chain and side.why(chain[-1]):
+            side.add(chain[-1])
+    argnames = compat.test_argnames(item)
     factory = defs.get(_SHARED_FACTORY)
-    if factory and _shared_factory(factory[-1]) and _SHARED_FACTORY in compat.test_argnames(item):
-        _add(factory[-1], side, defs, decided)
+    if factory and _shared_factory(factory[-1]) and _SHARED_FACTORY in argnames:
+        side.add(factory[-1])
     rank_names = {fixturedef.argname for fixturedef in side.fixtures}
     # The controller's tmp_path_factory is still set up: the ranks share its base directory.
-    keep = {_SHARED_FACTORY}
-    item.fixturenames = [n for n in item.fixturenames if n not in rank_names or n in keep]
-    side.wants_request = "request" in compat.test_argnames(item) or any(
+    item.fixturenames = [
+        n for n in item.fixturenames if n not in rank_names or n == _SHARED_FACTORY
+    ]
+    side.wants_request = "request" in argnames or any(
         "request" in fixturedef.argnames for fixturedef in side.fixtures
     )
-    return side
+    item.stash[_SIDE] = side
 
 
-def plan(
-    item: pytest.Function, side: RankSide, request_info: Callable[[], RequestInfo]
-) -> FixturePlan:
+def plan(item: pytest.Function, request_info: Callable[[], RequestInfo]) -> FixturePlan:
     """The plan the ranks get, once pytest has set up the controller's fixtures.
 
     Args:
-        item: The test.
-        side: What :func:`split` decided for it.
+        item: The test, after :func:`split`.
         request_info: Builds the ``request`` view's data (only called when it is needed).
 
     Raises:
         pytest.fail.Exception: A controller fixture's value does not pickle (naming it).
     """
+    side = item.stash[_SIDE]
     defs = compat.fixture_defs(item)
     values: dict[str, Any] = {}
 
@@ -192,14 +237,11 @@ def plan(
             chain = defs.get(name)
             fixturedef = chain[-1] if chain else None
         if fixturedef is not None and id(fixturedef) in side.keys:
-            return Arg(ARG_FIXTURE, side.key(fixturedef))
+            return Arg(ARG_FIXTURE, side.keys[id(fixturedef)])
         if name not in values:
             value = item.funcargs[name]
-            check_picklable(
-                value,
-                f"fixture {name!r}"
-                + (f" (requested by {requester.argname!r})" if requester is not None else ""),
-            )
+            by = f" (requested by {requester.argname!r})" if requester is not None else ""
+            check_picklable(value, f"fixture {name!r}{by}")
             values[name] = value
         return Arg(ARG_VALUE, name)
 
@@ -207,12 +249,12 @@ def plan(
     params = params.params if params is not None else {}
     fixtures = tuple(
         RankFixture(
-            key=side.key(fixturedef),
+            key=side.keys[id(fixturedef)],
             name=fixturedef.argname,
             scope=str(fixturedef.scope),
             scope_key=scope_node(item, str(fixturedef.scope))[0],
-            function=_reference(fixturedef),
-            builtin=None if _reference(fixturedef) is not None else fixturedef.argname,
+            function=_function_ref(fixturedef),
+            builtin=None if _function_ref(fixturedef) is not None else fixturedef.argname,
             args=tuple((arg, source(arg, fixturedef)) for arg in fixturedef.argnames),
             param=params.get(fixturedef.argname),
             has_param=fixturedef.argname in params and fixturedef.params is not None,
@@ -248,32 +290,6 @@ def scope_node(item: pytest.Item, scope: str) -> tuple[str, Any | None]:
     return "", None
 
 
-def _in_ranks(fixturedef: Any, defs: Mapping[str, Sequence[Any]], decided: dict[int, bool]) -> bool:
-    known = decided.get(id(fixturedef))
-    if known is not None:
-        return known
-    decided[id(fixturedef)] = False  # a cycle (pytest reports it) decides nothing
-    module = getattr(fixturedef.func, "__module__", "") or ""
-    name = fixturedef.argname
-    if module == _PLUGIN_MODULE and name in PLUGIN_FIXTURES:
-        result = True
-    elif module.startswith("_pytest."):
-        result = name in PER_PROCESS_FIXTURES
-    elif getattr(fixturedef.func, IN_RANKS_ATTR, False):
-        result = True
-    else:
-        result = any(
-            dependency is not None and _in_ranks(dependency, defs, decided)
-            for dependency in (
-                _dependency(fixturedef, arg, defs)
-                for arg in fixturedef.argnames
-                if arg != "request"
-            )
-        )
-    decided[id(fixturedef)] = result
-    return result
-
-
 def _dependency(requester: Any, name: str, defs: Mapping[str, Sequence[Any]]) -> Any | None:
     """The definition ``requester`` gets for ``name``: the one before it for its own name
     (an overriding fixture requesting the one it overrides), else the test's."""
@@ -286,81 +302,33 @@ def _dependency(requester: Any, name: str, defs: Mapping[str, Sequence[Any]]) ->
     return chain[-1]
 
 
-def _add(
-    fixturedef: Any, side: RankSide, defs: Mapping[str, Sequence[Any]], decided: dict[int, bool]
-) -> None:
-    """Add a rank-side fixture after the rank-side fixtures it requests."""
-    if id(fixturedef) in side.keys:
-        return
-    side.keys[id(fixturedef)] = ""  # in progress: a cycle stops here
-    for arg in fixturedef.argnames:
-        dependency = _dependency(fixturedef, arg, defs) if arg != "request" else None
-        if dependency is None:
-            continue
-        if _in_ranks(dependency, defs, decided) or _shared_factory(dependency):
-            _add(dependency, side, defs, decided)
-        elif arg == fixturedef.argname:
-            pytest.fail(
-                f"fixture {arg!r} runs in the ranks and requests the fixture of the same name "
-                "that it overrides, which runs in the controller; give one of them another "
-                "name",
-                pytrace=False,
-            )
-    reference = _reference(fixturedef)
-    if reference is None and not _builtin(fixturedef):
-        pytest.fail(
-            f"fixture {fixturedef.argname!r} must run in the ranks "
-            f"({_why(fixturedef, defs, decided)}), but a rank cannot import it: it is defined "
-            f"inside a function ({fixturedef.func.__qualname__}); define it at module or "
-            "class level",
-            pytrace=False,
-        )
-    side.keys[id(fixturedef)] = f"{fixturedef.argname}@{fixturedef.baseid}#{len(side.fixtures)}"
-    side.fixtures.append(fixturedef)
+def _module(fixturedef: Any) -> str:
+    return getattr(fixturedef.func, "__module__", "") or ""
 
 
 def _shared_factory(fixturedef: Any) -> bool:
     """Whether this is pytest's own ``tmp_path_factory``: never a reason to move a fixture
     into the ranks, but a rank-side consumer gets it there (see the module's docstring)."""
-    module = getattr(fixturedef.func, "__module__", "") or ""
-    return fixturedef.argname == _SHARED_FACTORY and module.startswith("_pytest.")
+    return fixturedef.argname == _SHARED_FACTORY and _module(fixturedef).startswith("_pytest.")
 
 
 def _builtin(fixturedef: Any) -> bool:
-    module = getattr(fixturedef.func, "__module__", "") or ""
-    return module == _PLUGIN_MODULE or module.startswith("_pytest.")
+    return _module(fixturedef) == _PLUGIN_MODULE or _module(fixturedef).startswith("_pytest.")
 
 
-def _why(fixturedef: Any, defs: Mapping[str, Sequence[Any]], decided: dict[int, bool]) -> str:
-    if getattr(fixturedef.func, IN_RANKS_ATTR, False):
-        return "declared with harness.fixture"
-    for arg in fixturedef.argnames:
-        dependency = _dependency(fixturedef, arg, defs) if arg != "request" else None
-        if dependency is not None and _in_ranks(dependency, defs, decided):
-            return f"it requests {arg!r}"
-    return "it is a per-process fixture"
-
-
-def _reference(fixturedef: Any) -> FunctionRef | None:
+def _function_ref(fixturedef: Any) -> FunctionRef | None:
     """Where a rank finds a user's fixture function; None for the built-ins (and for a
     function a rank cannot import)."""
-    if _builtin(fixturedef):
-        return None
     function = fixturedef.func
     qualname = getattr(function, "__qualname__", "")
-    module_name = getattr(function, "__module__", None)
-    if not module_name or "<locals>" in qualname:
-        return None
-    module = sys.modules.get(module_name)
+    module = sys.modules.get(_module(fixturedef))
     path = getattr(module, "__file__", None)
-    if module is None or path is None:
+    if _builtin(fixturedef) or module is None or path is None or "<locals>" in qualname:
         return None
-    return FunctionRef(module_name, path, qualname, compat.asserts_rewritten(module))
+    return FunctionRef(module.__name__, path, qualname, compat.asserts_rewritten(module))
 
 
-def reference(
-    item: pytest.Function, function: str, instance_state: dict[str, Any] | None = None
-) -> TestRef:
+def reference(item: pytest.Function, function: str, *, state: bool = False) -> TestRef:
     """Where a rank finds a test: its module, the attribute path to its class there
     (``__qualname__``, or the name pytest collected it under: classes made by torch's
     ``instantiate_device_type_tests`` are module attributes under another name) and the
@@ -369,7 +337,11 @@ def reference(
     Args:
         item: The test.
         function: The function's (or method's) name in its module or class.
-        instance_state: The test class instance's ``__dict__`` to give the rank's instance.
+        state: Whether to send the test class instance's ``__dict__`` (what xunit-style
+            setup methods put there) for the rank's instance.
+
+    Raises:
+        pytest.fail.Exception: ``state``, and an attribute's value does not pickle.
     """
     module = item.module
     assert module is not None
@@ -383,6 +355,11 @@ def reference(
             owner = getattr(owner, part, None)
         if owner is not cls:
             path = item.parent.name if item.parent is not None else cls.__name__
+    instance_state = None
+    if state and cls is not None and item.instance is not None and vars(item.instance):
+        instance_state = dict(vars(item.instance))
+        for name, value in instance_state.items():
+            check_picklable(value, f"attribute {name!r} of the test class instance")
     return TestRef(
         module=module.__name__,
         path=module.__file__,

@@ -1,10 +1,8 @@
 """Running tests again on other processes: what a world ran, and a fresh world to run it on.
 
 :class:`History` keeps, per world, the tests its current processes ran, as a :class:`Step`
-each (what runs the test again: its call, seed and deadline). :func:`on_fresh` runs some of
-them, then the test under scrutiny, on a fresh world. Used to confirm a reused world's
-verdict (:mod:`harness.plugin.confirm`) and to find the test an order dependence comes from
-(:mod:`harness.plugin.order`).
+each; :func:`on_fresh` runs some of them, then the test under scrutiny, on a fresh world
+(for :mod:`harness.plugin.order`).
 """
 
 from __future__ import annotations
@@ -25,10 +23,10 @@ PASSED = "passed"
 FAILED = "failed"
 SKIPPED = "skipped"
 
+# Tests kept per world (the latest): each step holds its fixtures' values, so the bound is
+# memory's; the search for a culprit halves the history with each fresh world (its default
+# 8 runs narrow 128 tests to one).
 HISTORY_CAP = 256
-"""Tests kept per world: a world that runs more keeps the latest. Each step holds its
-fixtures' values until it is dropped, so the bound is memory's; the search for a culprit
-halves the history with each fresh world (its default 8 runs narrow 128 tests to one)."""
 
 
 def kind(outcome: Outcome) -> str:
@@ -40,15 +38,8 @@ def kind(outcome: Outcome) -> str:
 
 @dataclass(frozen=True)
 class Step:
-    """One test as a world ran it: what runs it again on other processes.
-
-    Attributes:
-        nodeid: The test's pytest node id.
-        fn, args: The call its ranks were sent.
-        timeout: Its deadline in seconds (None: none).
-        seed: The seed its ranks' generators were given.
-        check_collectives: Whether its collectives were compared.
-    """
+    """One test as a world ran it (its node id, and the call its ranks were sent, with its
+    deadline, seed and collective check): what runs it again on other processes."""
 
     nodeid: str
     fn: Callable[..., Any]
@@ -58,7 +49,7 @@ class Step:
     check_collectives: bool = True
 
     def call(self, world: World, output: str = OUTPUT_CAPTURE) -> Outcome:
-        """Run the test on ``world`` (see ``World.call`` for ``output``)."""
+        """Run the test on ``world`` (``output``: as ``World.call`` takes it)."""
         return world.call(
             self.fn,
             self.args,

@@ -11,10 +11,10 @@ attached as report sections ``rank N stdout`` / ``rank N stderr``.
 
 from __future__ import annotations
 
-import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pytest
 
@@ -22,20 +22,10 @@ from harness.errors import DistributedError
 from harness.plugin import order
 
 
-class _Writer(Protocol):
-    """The part of pytest's terminal writer a report uses (pytest does not export its type)."""
-
-    def line(self, s: str = "", **markup: bool) -> None: ...
-
-    def sep(self, sepchar: str, title: str | None = None, **markup: bool) -> None: ...
-
-
 @dataclass(frozen=True)
 class CrashLine:
-    """Where and what, in one line: what ``-ra``, ``--tb=line`` and JUnit XML show.
-
-    pytest reads ``path``, ``lineno`` and ``message`` of a report's ``longrepr.reprcrash``.
-    """
+    """Where and what, in one line: what ``-ra``, ``--tb=line`` and JUnit XML show (pytest
+    reads these three attributes of a report's ``longrepr.reprcrash``)."""
 
     path: str
     lineno: int
@@ -46,11 +36,8 @@ class CrashLine:
 
 
 class DistributedFailureRepr:
-    """The long representation of a failed distributed test.
-
-    pytest accepts any object with ``toterminal(writer)`` as a report's ``longrepr``; its
-    own base class for that is private, and nothing of it is needed here.
-    """
+    """The long representation of a failed distributed test (pytest takes any object with
+    ``toterminal(writer)`` as a report's ``longrepr``)."""
 
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
@@ -61,50 +48,41 @@ class DistributedFailureRepr:
             str(Path(item.config.rootpath, path)), (lineno or 0) + 1, self._headline
         )
 
-    def toterminal(self, tw: _Writer) -> None:
+    def _lines(self) -> Iterator[tuple[str, str | None, dict[str, bool]]]:
+        """The report's lines, for both outputs: ``(text, None, markup)``, or a separator
+        ``("", heading, {})``."""
         error = self.error
-        tw.line(self._headline, red=True, bold=True)
+        yield self._headline, None, {"red": True, "bold": True}
         verdicts, parts = error.report()
         for verdict in verdicts:
-            tw.line(verdict, red=True)
+            yield verdict, None, {"red": True}
         for heading, text in parts:
-            tw.sep("-", heading)
+            yield "", heading, {}
             lines = text.splitlines()
             # A traceback's last line is its exception; the collectives section has none.
             last = len(lines) - 1 if heading != "collectives" else -1
             for number, line in enumerate(lines):
-                tw.line(line, red=number == last)
-        if error.hint:
-            tw.line()
-            tw.line(error.hint, bold=True)
-        if self._repro:
-            tw.line()
-            tw.line(self._repro)
+                yield line, None, {"red": number == last}
+        for extra, markup in ((error.hint, {"bold": True}), (self._repro, {})):
+            if extra:
+                yield "", None, {}
+                yield extra, None, markup
+
+    def toterminal(self, tw: Any) -> None:
+        for line, heading, markup in self._lines():
+            if heading is not None:
+                tw.sep("-", heading)
+            else:
+                tw.line(line, **markup)
 
     def __str__(self) -> str:
-        # What pytest-xdist sends back from a worker, and what --tb=native falls back to.
-        out = io.StringIO()
-        self.toterminal(_PlainWriter(out))
-        return out.getvalue().rstrip("\n")
-
-
-class _PlainWriter:
-    """A writer without markup, for ``str()``: separators 80 wide, as pytest draws them."""
-
-    WIDTH = 80
-
-    def __init__(self, out: io.StringIO) -> None:
-        self._out = out
-
-    def line(self, s: str = "", **markup: bool) -> None:
-        self._out.write(s + "\n")
-
-    def sep(self, sepchar: str, title: str | None = None, **markup: bool) -> None:
-        if not title:
-            self.line(sepchar * self.WIDTH)
-            return
-        fill = sepchar * max((self.WIDTH - len(title) - 2) // (2 * len(sepchar)), 1)
-        self.line(f"{fill} {title} {fill}")
+        # What pytest-xdist sends back from a worker, and what --tb=native falls back to:
+        # no markup, separators 80 wide as pytest draws them.
+        out = []
+        for line, heading, _ in self._lines():
+            fill = "-" * max((80 - len(heading or "") - 2) // 2, 1)
+            out.append(line if heading is None else f"{fill} {heading} {fill}")
+        return "\n".join(out).rstrip("\n")
 
 
 def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) -> None:

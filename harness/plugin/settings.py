@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.plugin.marker import BACKEND_PARAM, WORLD_SIZE_PARAM, parse_mark
+from harness.plugin.marker import BACKEND_PARAM, WORLD_SIZE_PARAM, find_mark, parse_mark
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_BISECT_RUNS = 8
@@ -81,14 +81,10 @@ def read(config: pytest.Config) -> Settings:
 
 
 def _read(config: pytest.Config) -> Settings:
-    option = config.getoption("dist_timeout")
-    if option is not None:
-        timeout, where = option, "--dist-timeout"
-    else:
-        timeout, where = (
-            config.getini("dist_timeout") or DEFAULT_TIMEOUT_S,
-            "ini option dist_timeout",
-        )
+    timeout, where = config.getoption("dist_timeout"), "--dist-timeout"
+    if timeout is None:
+        timeout = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
+        where = "ini option dist_timeout"
     bisect_runs = str(config.getini("dist_bisect_runs") or DEFAULT_BISECT_RUNS).strip()
     try:
         if not bisect_runs.isdecimal():
@@ -141,12 +137,14 @@ class TestSettings:
     check_collectives: bool
 
 
-def for_test(session: Settings, item: pytest.Item, mark: pytest.Mark) -> TestSettings:
-    """Resolve a test's settings from its marker and the session's.
+def for_test(session: Settings, item: pytest.Item) -> TestSettings:
+    """Resolve a distributed test's settings from its marker and the session's.
 
     Raises:
         pytest.fail.Exception: The marker is invalid (the test fails, naming the value).
     """
+    mark = find_mark(item)
+    assert mark is not None
     problem = None
     try:
         spec = parse_mark(mark)
