@@ -180,48 +180,33 @@ class LogCapture:
             logging.getLogger(name).setLevel(level)
 
 
-class WarningsRecorder(list):  # type: ignore[type-arg]
+class WarningsRecorder:
     """``recwarn``: the warnings this rank emitted during the test (``warnings.WarningMessage``
-    objects), with pytest's ``list``, ``pop`` and ``clear``."""
+    objects, in ``list``), with pytest's methods."""
 
     def __init__(self) -> None:
-        super().__init__()
         self._catcher = warnings.catch_warnings(record=True)
-        self._log = self._catcher.__enter__()
+        self.list: list[Any] = self._catcher.__enter__()
         warnings.simplefilter("always")
 
-    def _sync(self) -> None:
-        self.extend(self._log)
-        del self._log[:]
-
-    @property
-    def list(self) -> list[Any]:
-        self._sync()
-        return self
-
     def __len__(self) -> int:
-        self._sync()
-        return super().__len__()
+        return len(self.list)
 
     def __iter__(self) -> Iterator[Any]:
-        self._sync()
-        return super().__iter__()
+        return iter(self.list)
 
     def __getitem__(self, index: Any) -> Any:
-        self._sync()
-        return super().__getitem__(index)
+        return self.list[index]
 
-    def pop(self, cls: type[Warning] = Warning) -> Any:  # type: ignore[override]
+    def pop(self, cls: type[Warning] = Warning) -> Any:
         """The first recorded warning that is an instance of ``cls``, removed."""
-        self._sync()
-        for index, message in enumerate(self):
+        for index, message in enumerate(self.list):
             if issubclass(message.category, cls):
-                return super().pop(index)
+                return self.list.pop(index)
         raise AssertionError(f"{cls!r} not found in warning list")
 
     def clear(self) -> None:
-        self._sync()
-        super().clear()
+        self.list.clear()  # the same list: the warnings module appends to it
 
     def close(self) -> None:
         self._catcher.__exit__(None, None, None)
@@ -258,6 +243,7 @@ class TempPathFactory:
             return path
 
 
+# The built-ins that end with their close().
 _CLOSED: dict[str, Callable[[], Any]] = {
     "capsys": lambda: _Capture(binary=False, fd=False),
     "capsysbinary": lambda: _Capture(binary=True, fd=False),
@@ -266,17 +252,12 @@ _CLOSED: dict[str, Callable[[], Any]] = {
     "caplog": LogCapture,
     "recwarn": WarningsRecorder,
 }
-"""The built-ins that end with their ``close()``."""
 
 
 def builtin(name: str, basetemp: str | None) -> Generator[Any, None, None]:
-    """Set up the built-in fixture ``name`` in this rank: a generator that yields its value
-    once and tears it down when resumed.
-
-    Args:
-        name: One of the protocol's ``PLUGIN_FIXTURES`` or ``PER_PROCESS_FIXTURES``, or
-            ``tmp_path_factory``.
-        basetemp: The controller's base temporary directory (for ``tmp_path_factory``).
+    """Set up the built-in fixture ``name`` in this rank (``basetemp``: the controller's base
+    temporary directory, for ``tmp_path_factory``): a generator that yields its value once
+    and tears it down when resumed.
 
     Raises:
         ValueError: ``name`` is not a built-in that runs in the ranks.

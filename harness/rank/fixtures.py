@@ -2,16 +2,13 @@
 ``request`` view they get. Runs INSIDE a rank (see :mod:`harness.rank` for what it may
 import).
 
-The controller sends a test's rank-side fixtures as the
-:class:`~harness.protocol.messages.RankFixture` entries of a
-:class:`~harness.protocol.messages.FixturePlan`, each after the fixtures it requests. Here
-each is set up from its arguments (controller values, other rank-side fixtures, the
-``request`` view) as pytest would: a plain function's return value, or a generator's first
-``yield`` with the rest run at teardown. Function-scoped fixtures end with the call that runs
-the test; wider ones stay alive in this process, keyed by the node id of their scope, until
-the controller ends that scope (:func:`end_scopes`, a call of its own) or the process ends.
-A fixture that raises marks the exception with its phase
-(:data:`~harness.protocol.failures.PHASE_ATTR`): the test's setup or teardown error.
+The controller sends a test's rank-side fixtures (``RankFixture``, each after those it
+requests) in a ``FixturePlan``. Each is set up from its arguments as pytest would: a plain
+function's return value, or a generator's first ``yield`` with the rest run at teardown.
+Function-scoped fixtures end with the call that runs the test; wider ones stay alive in
+this process, keyed by the node id of their scope, until the controller ends that scope
+(:func:`end_scopes`, a call of its own) or the process ends. A fixture that raises marks
+the exception with its phase (``PHASE_ATTR``): the test's setup or teardown error.
 """
 
 from __future__ import annotations
@@ -92,15 +89,12 @@ class Setup:
             raise
 
     def teardown(self, *, quiet: bool = False) -> None:
-        """End the function-scoped fixtures, last set up first.
-
-        Args:
-            quiet: Write teardown errors to stderr instead of raising (the test already
-                failed; its own error is the one to report).
+        """End the function-scoped fixtures, last set up first; with ``quiet`` (the test
+        failed: its own error is the one to report) their errors only go to stderr.
 
         Raises:
             BaseException: The first error a teardown raised, marked as a teardown error
-                (the others are written to stderr).
+                (the others go to stderr).
         """
         live, self._function_scoped = self._function_scoped, []
         _finish(reversed(live), quiet=quiet)
@@ -171,10 +165,8 @@ def lasting_groups() -> set[Any]:
 
 
 def end_scopes(scope_keys: list[str] | None) -> None:
-    """End the wider-scoped fixtures of these scopes (all of them for None), newest first.
-
-    Called by the controller, as a call of its own, when pytest finishes a module, class,
-    package or the session.
+    """End the wider-scoped fixtures of these scopes (all of them for None), newest first:
+    a call of its own, when pytest finishes a module, class, package or the session.
 
     Raises:
         BaseException: The first error a teardown raised, marked as a teardown error.
@@ -204,11 +196,8 @@ def _finish(live: Iterable[_Live], *, quiet: bool) -> None:
 
 
 def _resume(generator: Generator[Any, None, None], name: str) -> None:
-    try:
-        next(generator)
-    except StopIteration:
-        return
-    raise ValueError(f"fixture function {name!r} has more than one 'yield'")
+    if next(generator, _NOTSET) is not _NOTSET:
+        raise ValueError(f"fixture function {name!r} has more than one 'yield'")
 
 
 def _mark(exc: BaseException, phase: str) -> None:
