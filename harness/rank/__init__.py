@@ -1,26 +1,21 @@
 """The rank side: everything here runs INSIDE a rank process, never in the controller.
 
-* :mod:`~harness.rank.entry`        the functions the controller names (a rank's target, a
-  test body's runner), importing the rest only once they run in the rank
+* :mod:`~harness.rank.entry`        what the controller names (a rank's target, a test
+  body's runner), importing the rest only once it runs in the rank
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
-* :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes (threads,
-  child processes, open files), reported to the controller
-* :mod:`~harness.rank.trace`        which collectives a call issues (recorded per process
-  group, for failure reports and the desync check)
-* :mod:`~harness.rank.describe`     how one call of a recorded collective reads (its op)
-* :mod:`~harness.rank.sites`        where the user's code is: a collective's call site, a
-  blocked thread's position
+* :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
+* :mod:`~harness.rank.trace`        which collectives a call issues, per process group
+* :mod:`~harness.rank.describe`     how a recorded call reads (its op); the flight recorder
+* :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
-* :mod:`~harness.rank.fixtures`     a test's rank-side fixtures: set-up, scopes, teardown
+* :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
 * :mod:`~harness.rank.identity`     the plugin's rank-side fixture values (``rank``, ...)
 * :mod:`~harness.rank.mptc_body`    a ``MultiProcessTestCase`` test on a reused rank
-* :mod:`~harness.rank.check_rows`   the rank half of ``python -m harness check``: one row
-  run, verified and timed
-* :mod:`~harness.rank.collective_kinds` the collective kinds it checks: how each is called
-  and what it must produce
+* :mod:`~harness.rank.check_rows`   ``python -m harness check``: one row run, verified, timed
+* :mod:`~harness.rank.collective_kinds` how each kind it checks is called, what it produces
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
 
 What it may import: the standard library, ``torch``, ``fhelium.distributed``, the protocol

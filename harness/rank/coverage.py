@@ -1,7 +1,6 @@
-"""Coverage inside a rank: the rank's half of :mod:`harness.controller.coverage`.
-
-Runs inside a rank. A rank measures itself with the controller's settings and writes its
-data into the world's directory when it ends; the controller merges it.
+"""Coverage inside a rank, the rank's half of :mod:`harness.controller.coverage`: a rank
+measures itself with the controller's settings and writes its data into the world's
+directory when it ends; the controller merges it.
 """
 
 from __future__ import annotations

@@ -69,10 +69,8 @@ def _text_tensor(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
 
 
 def _text_tensors(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
-    bare = [_tensor_text(t, device=False) for t in value]
-    facts.tensors += bare
-    facts.device = facts.device or (str(value[0][2]) if value else "")
-    return f"[{', '.join(_tensor_text(t) for t in value)}]", f"[{', '.join(bare)}]"
+    pairs = [_text_tensor(t, param, facts) for t in value]
+    return f"[{', '.join(t for t, _ in pairs)}]", f"[{', '.join(k for _, k in pairs)}]"
 
 
 def _raw_dtypes(value: Any) -> Any:
@@ -97,8 +95,8 @@ _REDUCE_NAMES: dict[int, tuple[Any, str]] = {}
 
 
 def _raw_reduce_op(op: Any) -> str:
-    # A ReduceOp hashes and compares through pybind (about 1 us each): its name, cached by
-    # identity, is what the op table is keyed by.
+    # A ReduceOp hashes and compares through pybind, slowly: its name, cached by identity,
+    # is what the op table is keyed by.
     cached = _REDUCE_NAMES.get(id(op))
     if cached is not None and cached[0] is op:
         return cached[1]
@@ -179,7 +177,7 @@ _COLLECTIVES: dict[str, tuple[Arg, ...]] = {
     "reduce": (*_DST, _OP, Arg("tensor", TENSOR)),
     # all_gather's inputs may differ in size by rank where the backend allows it; the list
     # of outputs is the same on every rank.
-    "all_gather": (Arg("tensor", TENSOR, compared=False), Arg("tensor_list", TENSORS, False)),
+    "all_gather": (Arg("tensor", TENSOR, compared=False), Arg("tensor_list", TENSORS, shown=False)),
     "all_gather_into_tensor": (Arg("output_tensor", TENSOR), Arg("input_tensor", TENSOR)),
     "all_gather_single": (Arg("output_tensor", TENSOR), Arg("input_tensor", TENSOR)),
     "all_gather_coalesced": (Arg("input_tensor_list", TENSORS),),
@@ -194,7 +192,7 @@ _COLLECTIVES: dict[str, tuple[Arg, ...]] = {
         Arg("input_tensor_list", TENSORS, compared=False),
         Arg("input_tensor_list", DTYPES, shown=False),
     ),
-    "all_to_all_single": (Arg("input", TENSOR, compared=False), Arg("input", DTYPES, False)),
+    "all_to_all_single": (Arg("input", TENSOR, compared=False), Arg("input", DTYPES, shown=False)),
     "barrier": (),
     "monitored_barrier": (),
     "broadcast_object_list": (*_SRC, Arg("object_list", OBJECTS)),

@@ -1,7 +1,6 @@
-"""Who this rank is: the values of the plugin's rank-side fixtures, INSIDE a rank.
-
-Also used in-process under an external launcher (:mod:`harness.plugin.launcher`), where
-pytest itself runs in a rank. What it may import: see :mod:`harness.rank`.
+"""Who this rank is: the values of the plugin's rank-side fixtures, INSIDE a rank, or in
+pytest's own process under an external launcher (:mod:`harness.plugin.launcher`), where
+pytest runs in a rank. What it may import: see :mod:`harness.rank`.
 """
 
 from __future__ import annotations
@@ -12,15 +11,10 @@ from typing import Any
 
 def rank_value(name: str) -> Any:
     """The value of one of the plugin's rank-side fixtures (``rank``, ``world_size``,
-    ``local_rank``, ``local_device``) in this process.
-
-    Also used in-process under an external launcher, where pytest itself runs in a rank.
-    Without a process group (a world with ``init=False``, where the test makes its own),
-    ``rank`` and ``world_size`` are the torchrun variables ``RANK`` and ``WORLD_SIZE``, and
-    ``local_device`` is the device ``fhelium.distributed.init()`` will select:
-    ``cuda:LOCAL_RANK`` when CUDA is available, else the CPU. (``local_device()`` itself
-    would report the process's current CUDA device, which in a reused rank depends on
-    whether an earlier test called ``init``.)
+    ``local_rank``, ``local_device``) in this process. Without a process group (a world with
+    ``init=False``) they come from the torchrun variables, and ``local_device`` is the device
+    ``fhelium.distributed.init()`` will select (``local_device()`` would report the current
+    CUDA device, which in a reused rank depends on whether an earlier test called ``init``).
     """
     import torch
     import torch.distributed as dist

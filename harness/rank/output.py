@@ -21,11 +21,8 @@ running may hold the pipe open; its later output is then dropped rather than wai
 
 
 class PrefixedOutput:
-    """Route file descriptors 1 and 2 through line-prefixing pipes from ``start`` to ``stop``.
-
-    Args:
-        rank: The rank, for the prefix.
-    """
+    """Route file descriptors 1 and 2 through pipes that prefix each line with ``[rank N]``,
+    from ``start`` to ``stop``."""
 
     def __init__(self, rank: int) -> None:
         self._prefix = f"[rank {rank}] ".encode()
@@ -76,9 +73,9 @@ class PrefixedOutput:
 Redirection = OutputCapture | PrefixedOutput
 """A call's redirection of its rank's output (``start`` before the call, ``stop`` after)."""
 
+# This rank's capture into its files, made at its first captured call and kept (with the
+# files open, in place between captured calls).
 _capture: OutputCapture | None = None
-"""This rank's capture of its files (one set per rank process), made at its first captured
-call and kept: it keeps the files open and stays in place between captured calls."""
 
 
 def redirect(output: str, files: RankFiles, rank: int) -> Redirection | None:

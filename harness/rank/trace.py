@@ -4,29 +4,24 @@ pytest.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
 ``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank, in
-``torch.distributed`` and in ``torch.distributed.distributed_c10d`` alike (torch checks
-``P2POp(op=...)`` against the latter's ``isend``/``irecv``, so both must hold the same
-object). Once, because a test module that did ``from torch.distributed import all_reduce``
-holds the wrapper too; wrapping around each call would miss it. Between calls a wrapper
-costs one global read. During a call (:class:`Recorder`, a context manager around it) it
-records, before calling torch, the collective's group, its number in that group, its op
+``torch.distributed`` and in ``distributed_c10d`` alike (torch checks ``P2POp(op=...)``
+against the latter's ``isend``/``irecv``). Once, because a test module that did ``from
+torch.distributed import all_reduce`` holds the wrapper too. Between calls a wrapper costs
+one global read. During a call (:class:`Recorder`, a context manager around it) it records,
+before calling torch, the collective's group, its number there, its op
 (:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as ids into
-per-call tables of the distinct ones (each turned into text once per call); once torch
-returns, whether it completed, was issued (a ``Work`` handle) or raised. A collective
-called from inside another on the same thread (``all_gather_object`` calls ``all_gather``)
-is not recorded again; those of other threads are, in the order they start.
+per-call tables of the distinct ones; once torch returns, whether it completed, was issued
+(a ``Work``) or raised. A collective called by another on the same thread
+(``all_gather_object`` calls ``all_gather``) is not recorded again; those of other threads
+are, in the order they start. While the main thread is blocked, the watchdog thread answers
+the controller with :func:`snapshot`.
 
 What this does not see: collectives torch issues in C++ (DDP's bucket all-reduces,
-functional collectives, DTensor) and code that kept a reference to the unwrapped functions
-from before the rank started (modules preloaded in the forkserver). torch's flight recorder
-sees those, but only through private APIs that change between releases, and only when the
-user turned it on before the group was made; the wrapper uses public functions only (torch
-2.4 to 2.13) and is what the desync check relies on. Where the recorder is on, a failure's
-trace adds what it holds that the wrapper did not see (``RankTrace.recorded``).
-
-While the rank's main thread is blocked (in a collective that never completes, or a
-``time.sleep``) the harness's watchdog thread answers the controller with :func:`snapshot`,
-so a timeout's report shows what each rank was inside.
+functional collectives, DTensor) and code that kept the unwrapped functions from before the
+rank started (modules preloaded in the forkserver). torch's flight recorder sees those, but
+only through private APIs and only when the user turned it on before the group was made;
+the wrapper uses public functions only (torch 2.4 to 2.13), and the desync check relies on
+it. Where the recorder is on, a failure's trace adds what it holds (``RankTrace.recorded``).
 """
 
 from __future__ import annotations
@@ -116,30 +111,26 @@ class _Group:
 
 
 class Recorder:
-    """Records the collectives issued while it is active (a ``with`` block around a call).
-
-    At most one is active in a rank. :meth:`trace` may be taken while the call runs (from
-    another thread).
+    """Records the collectives issued while it is active (a ``with`` block around a call; at
+    most one at a time). :meth:`trace` may be taken while the call runs (from another thread).
 
     Attributes:
         busy: The threads inside a recorded collective: what they call from there is torch's.
         raised: Whether a recorded collective raised (and the call went on): its group may
             be broken, so the rank is not reused.
-        started_ns: When the block started, on the wall clock (torch's flight recorder dates
-            its entries so).
     """
 
     def __init__(self) -> None:
         self.busy: set[int] = set()
         self.raised = False
-        self.started_ns = 0
+        self._started_ns = 0  # on the wall clock, as torch's flight recorder dates entries
         self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
         self._recent: deque[_Record] = deque(maxlen=RECENT)
 
     def __enter__(self) -> Recorder:
         global _current
-        self.started_ns = time.time_ns()
+        self._started_ns = time.time_ns()
         _current = self
         return self
 
@@ -165,7 +156,7 @@ class Recorder:
         """What was recorded so far (after the block: what the call issued)."""
         records = list(self._recent)
         seen = {(r.op.name, r.place) for r in records}
-        recorded = describe.flight_recorder(self.started_ns, seen)
+        recorded = describe.flight_recorder(self._started_ns, seen)
         if not records and not recorded:
             return EMPTY
         recent = tuple(Collective(r.group.id, r.seq, r.op, *r.place, r.state) for r in records)
@@ -252,11 +243,10 @@ class Recorder:
         return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
 
 
+# The recorder of the call in progress (None between calls: wrappers then call through),
+# and that of the last call that ended.
 _current: Recorder | None = None
-"""The recorder of the call in progress; None between calls (wrappers then call through)."""
-
 _last: Recorder | None = None
-"""The recorder of the last call that ended."""
 
 
 def snapshot(main_thread: int) -> RankTrace:
@@ -271,24 +261,16 @@ def snapshot(main_thread: int) -> RankTrace:
     return dataclasses.replace(trace, blocked_at=where) if where else trace
 
 
-def install() -> list[str]:
+def install() -> None:
     """Wrap the recorded functions of ``torch.distributed`` (once per process); they behave
-    as before between calls.
-
-    Returns:
-        The names wrapped (those this torch has).
-    """
-    wrapped = []
+    as before between calls."""
     for name, spec in _SPECS.items():
         original = getattr(dist, name, None)
-        if original is None or hasattr(original, _ORIGINAL):
-            continue
-        wrapper = _wrap(original, spec)
-        for module in (dist, dist.distributed_c10d):
-            if getattr(module, name, None) is original:
-                setattr(module, name, wrapper)
-        wrapped.append(name)
-    return wrapped
+        if original is not None and not hasattr(original, _ORIGINAL):
+            wrapper = _wrap(original, spec)
+            for module in (dist, dist.distributed_c10d):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapper)
 
 
 _ORIGINAL = "__harness_traced__"
