@@ -82,20 +82,19 @@ class World:
 
     Starting ranks costs far more than using them, so a World starts ``world_size`` ranks
     once and serves any number of ``run`` calls with them. After each call every rank puts
-    back the state it came up with (see :mod:`harness.rank.reset`: torch settings,
-    ``sys.path``, warning filters, the root logger, working directory, ``os.environ``) and,
-    before the next, destroys the process groups the call left behind. A call that destroyed
-    the default group on every rank gets it back, fresh, on the same processes; on some
-    ranks only, the World warns and rebuilds itself. After a failure, timeout or crash the
-    World rebuilds itself (fresh processes, fresh rendezvous) before the next run, so one
-    bad call never poisons the next. What a call cannot have undone (threads, child
-    processes, open files it left) is reported, as ``leaks`` says.
+    back the state it came up with (torch settings, ``sys.path``, warning filters, the root
+    logger, working directory, ``os.environ``; see :mod:`harness.rank.reset`) and, before
+    the next, destroys the process groups the call left behind. A call that destroyed the
+    default group on every rank gets a fresh one on the same processes; on some ranks only,
+    the World warns and rebuilds itself, as it does (fresh processes, fresh rendezvous)
+    after a failure, timeout or crash, so one bad call never poisons the next. What a call
+    cannot have undone (threads, child processes, open files it left) is reported, as
+    ``leaks`` says.
 
-    With ``init=False`` the ranks have the torchrun environment but no process group: each
-    call makes its own. Every call gets a private rendezvous of its own, a fresh free
-    ``MASTER_PORT`` and ``INIT_METHOD=file://...`` (a new file in the World's private
-    directory), so ``dist.init_process_group("gloo")``,
-    ``dist.init_process_group(init_method=os.environ["INIT_METHOD"], ...)`` and
+    With ``init=False`` the ranks have the torchrun environment but no process group: every
+    call gets a private rendezvous (a fresh free ``MASTER_PORT``, and ``INIT_METHOD`` a new
+    ``file://`` in the World's private directory) to make its own, so
+    ``dist.init_process_group("gloo")``, ``init_method=os.environ["INIT_METHOD"]`` and
     ``fhelium.distributed.init()`` work call after call on the same processes. Whatever
     groups a call leaves, the default group included, are destroyed before the next call,
     which starts with ``dist.is_initialized()`` False.
@@ -110,12 +109,11 @@ class World:
         timeout: Default bound in seconds for each ``run``; None means no bound.
         init: Whether the ranks start in a default process group (True) or without one,
             each call making its own (False).
-        leaks: What to do when a call returns but leaves behind, in a rank, what no reset
-            undoes (threads it started that are still alive, child processes, open files;
-            see :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the
-            call, the ranks and each finding), ``"error"`` (the call fails with a
-            ``RankLeak`` and the ranks are stopped, ending what they leaked) or ``"off"``
-            (the ranks do not look).
+        leaks: What to do when a call returns but leaves in a rank what no reset undoes
+            (live threads it started, child processes, open files; see
+            :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the call,
+            the ranks and each finding), ``"error"`` (the call fails with a ``RankLeak``
+            and the ranks are stopped, ending what they leaked) or ``"off"`` (no look).
 
     Raises:
         TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,
@@ -265,7 +263,8 @@ class World:
         check_collectives = validate.flag(check_collectives, "check_collectives")
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
-            self._rebuild()
+            _stop(self._state)  # done already, unless a Ctrl-C cut it short
+            self._start()
         name = name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
         leaks = self.leaks != "off"
@@ -302,6 +301,8 @@ class World:
         return f"<harness.World world_size={self.world_size} backend={self.backend!r} {state}>"
 
     def _start(self) -> None:
+        if self._state.workdir is not None:  # the files of a torn-down generation
+            shutil.rmtree(self._state.workdir, ignore_errors=True)
         self._generation += 1
         workdir = os.path.join(self._state.root, f"g{self._generation}")
         os.mkdir(workdir, 0o700)
@@ -351,12 +352,6 @@ class World:
         assert self._state.workdir is not None
         self._rendezvous += 1
         return rendezvous_path(self._state.workdir, self._rendezvous)
-
-    def _rebuild(self) -> None:
-        _stop(self._state)
-        if self._state.workdir is not None:
-            shutil.rmtree(self._state.workdir, ignore_errors=True)
-        self._start()
 
 
 def run(
