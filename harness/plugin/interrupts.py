@@ -1,19 +1,16 @@
 """pytest-timeout and Ctrl-C during a distributed test: the ranks' stacks, not the harness's.
 
-Both stop the pytest process where it waits for the ranks, so left alone they would show
-the harness's supervision loop (``selectors.py poll``) and nothing of the ranks.
+Left alone, both would stop the pytest process where it waits for the ranks and show the
+harness's supervision loop (``selectors.py poll``), nothing of the ranks.
 
-* **pytest-timeout.** While the ranks run, the harness pauses its timer (through its public
-  hooks ``pytest_timeout_set_timer`` / ``pytest_timeout_cancel_timer``) and takes its limit
-  over as their deadline: the smaller of it and the harness's own ``timeout``, counted, as
-  pytest-timeout counts it, from the start of the test, setup included (but not the start of
-  a world, which has a bound of its own). A hang is then the harness's own ``WorldTimeout``
-  report with every rank's stack. Afterwards the timer is armed again for what is left of
-  the limit, so a hanging teardown in the pytest process is still caught. The same holds
-  when a wider-scoped rank fixture ends, in the teardown of whichever test runs then.
-* **Ctrl-C.** ``World.call`` takes the ranks' stacks before it stops them and attaches them
-  to the ``KeyboardInterrupt`` (:func:`harness.errors.interrupt_stacks`); they are printed
-  before pytest's KeyboardInterrupt summary.
+* **pytest-timeout.** While the ranks run, its timer is paused (through its public hooks)
+  and its limit, counted from the start of the test as pytest-timeout counts it (but not
+  the start of a world, which has a bound of its own), is their deadline where it is the
+  smaller: a hang is then the harness's ``WorldTimeout`` with every rank's stack. The timer
+  is then armed again for what is left, so a hanging teardown is still caught; the same
+  holds where a wider-scoped rank fixture ends, in whichever test's teardown.
+* **Ctrl-C.** ``World.call`` attaches the ranks' stacks to the ``KeyboardInterrupt``
+  (:func:`harness.errors.interrupt_stacks`); they are printed before pytest's summary.
 """
 
 from __future__ import annotations
@@ -109,28 +106,21 @@ class PytestTimeout:
         self._deadline = self._own = 0.0
 
     @classmethod
-    def of(cls, item: pytest.Item) -> PytestTimeout:
-        """The limit on a test whose fixtures are set up: counted from when pytest-timeout
+    def of(cls, item: pytest.Item, *, teardown: bool = False) -> PytestTimeout:
+        """The limit on a test whose fixtures are set up, counted from when pytest-timeout
         armed its timer, or, under its ``func_only`` (the timer is armed only in the call
-        phase, after the ranks ran), from now."""
+        phase, after the ranks ran), from now; with ``teardown``, the limit on the teardown
+        that runs now, whichever test that is (none under ``func_only``)."""
+        if teardown:
+            item = item.config.stash.get(_RUNNING, item)
         armed = item.stash.get(_ARMED, None)
         # Under func_only a note is a previous run's (pytest-rerunfailures).
         if armed is not None and not armed[0].func_only:
             return cls(item, *armed, armed=True)
-        settings = compat.pytest_timeout_settings(item)
+        settings = None if teardown else compat.pytest_timeout_settings(item)
         if settings is None or not settings.timeout or settings.timeout <= 0:
             return cls(item)
         return cls(item, settings, time.monotonic())
-
-    @classmethod
-    def in_teardown(cls, item: pytest.Item) -> PytestTimeout:
-        """The limit on the teardown that runs now, ``item`` being any test of the session
-        (none under ``func_only``, whose timer ends with the call phase)."""
-        running = item.config.stash.get(_RUNNING, item)
-        armed = running.stash.get(_ARMED, None)
-        if armed is None or armed[0].func_only:
-            return cls(running)
-        return cls(running, *armed, armed=True)
 
     @contextlib.contextmanager
     def taken_over(self, timeout: float) -> Iterator[float]:

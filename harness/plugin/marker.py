@@ -72,12 +72,10 @@ def marker_name(config: pytest.Config) -> str | None:
 
 def launcher_world() -> tuple[int, int] | None:
     """``(rank, world_size)`` when pytest itself was started by a launcher such as torchrun."""
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        try:
-            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        except ValueError:
-            return None
-    return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
 
 
 def find_mark(node: pytest.Item) -> pytest.Mark | None:

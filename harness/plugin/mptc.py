@@ -1,19 +1,13 @@
 """Existing ``MultiProcessTestCase`` suites, unchanged, on reused ranks (``--dist-mptc``).
 
-torch's ``MultiProcessTestCase`` runs each test in ``world_size`` freshly spawned processes:
-``setUp`` starts them, each calls the class's ``cls._run(rank, test_name, file_name, pipe)``,
-and the test method, in the parent, waits for them and judges their exit codes
-(``_check_return_codes``). Under ``--dist-mptc`` (ini ``dist_mptc = true``) pytest still runs
-such a test as the unittest test it is (``setUp``, ``tearDown``, skip decorators, ...), but
-starting its processes does nothing, and waiting for them runs ``_run`` on each rank of a
-reused ``World(init=False)`` instead (:mod:`harness.rank.mptc_body`), one world per world
-size. The exit codes and pipe messages that come back feed the class's own check, so pass,
-skip and fail are the class's verdict; a failure is reported as the harness reports one.
-
-A world is rebuilt where a rank's process would have ended with a failing exit code (see
-:mod:`harness.rank.mptc_body`); where the class's check accepts such an exit anyway, a
-warning names the test. Every touch of torch's private test API goes through
-:mod:`harness.compat`.
+torch's ``MultiProcessTestCase`` runs each test in freshly spawned processes, each calling
+the class's ``cls._run``, and judges their exit codes (``_check_return_codes``). Under
+``--dist-mptc`` pytest still runs such a test as the unittest test it is, but starting its
+processes does nothing, and waiting for them runs ``_run`` on each rank of a reused
+``World(init=False)`` instead (:mod:`harness.rank.mptc_body`), one world per world size. The
+exit codes and pipe messages that come back feed the class's own check, so the verdict is
+the class's; a failure is reported as the harness reports one. Every touch of torch's
+private test API goes through :mod:`harness.compat`.
 """
 
 from __future__ import annotations
@@ -39,37 +33,24 @@ if TYPE_CHECKING:
     from harness.controller.world import World
     from harness.plugin.session import DistSession
 
-_CASE = pytest.StashKey[bool]()
-
+# The exit code of a process its parent terminated (SIGTERM), as a native run's parent does
+# to the others once one has failed: the ranks the harness stopped.
 _TERMINATED = -15
-"""The exit code of a process terminated by its parent (SIGTERM), as a native run's parent
-terminates the other processes once one has failed; the harness stopped those ranks."""
 
 
 def selected(item: pytest.Item) -> bool:
-    """Whether the item is a ``MultiProcessTestCase`` test that runs on reused ranks."""
-    return item.stash.get(_CASE, False)
+    """Whether the item is a test of torch's ``MultiProcessTestCase`` or a subclass (any
+    other unittest class runs as it would)."""
+    return isinstance(item, pytest.Function) and compat.mptc_is_case_class(item.cls)
 
 
 class CasePlugin:
-    """The hooks of ``--dist-mptc``, registered by the plugin when the option is on.
-
-    Args:
-        session: Gives the plugin's session (its worlds and settings), made on first use.
-    """
+    """The hooks of ``--dist-mptc`` (``session`` makes the plugin's session on first use)."""
 
     def __init__(self, session: Callable[[], DistSession]) -> None:
         self._session = session
 
     selected = staticmethod(selected)
-
-    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        # Only torch's classes and their subclasses: any other unittest class runs as it
-        # would.
-        for item in items:
-            cls = getattr(item, "cls", None)
-            if isinstance(item, pytest.Function) and compat.mptc_is_case_class(cls):
-                item.stash[_CASE] = True
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_call(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -111,19 +92,21 @@ class CasePlugin:
 
 
 def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:
-    """Run one ``MultiProcessTestCase`` test on a world of its size and judge it with the
-    class's own ``_check_return_codes``.
+    """Run one test on a world of its size and judge it with the class's own check.
+
+    A world is rebuilt where a rank's process would have ended with a failing exit code
+    (see :mod:`harness.rank.mptc_body`); where the check accepts such an exit anyway, a
+    warning names the test.
 
     Args:
-        session: The plugin's session (its worlds, options).
-        item: The pytest item of the test.
+        session: The plugin's session.
+        item: The test.
         case: The test case instance (its ``setUp`` has run).
         fn: The test method, as the class's ``_join_processes`` receives it.
 
     Raises:
         unittest.SkipTest: The class's check says the test skipped.
-        DistributedError: The class's check failed the test and the ranks failed too: the
-            harness's account of it (root cause first, stacks on a timeout).
+        DistributedError: The class's check failed the test and the ranks failed too.
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.

@@ -38,12 +38,10 @@ class Checked(Generic[_T]):
     """A test's run on a reused world, held against fresh processes.
 
     Attributes:
-        result: What the attempt returned whose verdict stands (the fresh run's, where it
-            differs from the reused world's).
+        result: The run's result whose verdict stands (the fresh one's, where they differ).
         note: What a failure report says of the check before its repro command
             (``"confirmed on fresh processes; "``; '' when nothing was checked).
-        failure: The test's failure where an order dependence is one
-            (``dist_order_dependent = fail``, or ``-W error`` and its warning).
+        failure: The test's failure, where an order dependence is one.
     """
 
     result: _T
@@ -66,11 +64,9 @@ def check(
     Args:
         item: The test.
         settings: The session's settings.
-        earlier: The tests that ran on the reused world before it (none: the world was
-            fresh, and nothing is checked).
+        earlier: The tests that ran on the reused world before it (none: nothing to check).
         reused: How it ended there (``PASSED``, ``FAILED`` or ``SKIPPED``), and the result.
-        attempt: Runs the test on a fresh world as it ran on the reused one; returns the
-            same pair.
+        attempt: Runs it on a fresh world; returns the same pair.
         new_world: Starts a fresh world like the reused one.
         option: What the commands in messages need besides the test ids.
     """
@@ -110,9 +106,9 @@ class Finding:
     """What the search for an order dependence found.
 
     Attributes:
-        tests: The culprit, when ``why`` is ''; else the earlier tests the cause is among.
+        tests: The culprit; or, with ``why``, the earlier tests the cause is among.
         runs: The fresh worlds used.
-        why: Why the search stopped short of a culprit.
+        why: Why the search stopped short of a culprit ('' when it found one).
     """
 
     tests: tuple[str, ...]
@@ -130,8 +126,8 @@ def bisect(
     """Find the earlier test after which the test ends as it did on the reused world.
 
     The tail of ``history`` that still reproduces ``reused`` is halved until one test is
-    left (the whole history is taken to reproduce it, the test alone not to: that is what
-    the reused and fresh runs showed), and that test alone is then run before the test.
+    left (the whole history is taken to reproduce it, the test alone not to: so the reused
+    and fresh runs showed), and that test alone is then run before the test.
 
     Args:
         new_world: Starts a fresh world like the reused one.
@@ -234,23 +230,24 @@ def command(config: pytest.Config, nodeids: Sequence[str], option: str) -> str:
             path = os.path.relpath(os.path.join(root, path), start)
         args.append(shlex.quote(path + sep + rest))
     args.append(option)
-    seed = config.getoption("randomly_seed", None)
-    if config.pluginmanager.hasplugin("randomly") and isinstance(seed, int):
+    seed = randomly_seed(config)
+    if seed is not None:
         args.append(f"--randomly-seed={seed}")
         if len(nodeids) > 1:
             args.append("--randomly-dont-reorganize")
     return "pytest " + " ".join(args)
 
 
-def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
-    """Note the line a failure report of ``item`` ends with (see :func:`repro`).
+def randomly_seed(config: pytest.Config) -> int | None:
+    """pytest-randomly's seed, when that plugin is active."""
+    seed = config.getoption("randomly_seed", None)
+    return seed if isinstance(seed, int) and config.pluginmanager.hasplugin("randomly") else None
 
-    Args:
-        item: The test.
-        note: What the check on fresh processes found (``"confirmed on fresh processes; "``).
-        world: The world it ran on (``"2 ranks, gloo"``).
-        option: What the command needs besides the test id (``--dist-backend=gloo``).
-    """
+
+def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
+    """Note the line a failure report of ``item`` ends with (see :func:`repro`): ``note``
+    (what :func:`check` found), then ``run (2 ranks, gloo): pytest ... --dist-backend=gloo``
+    for ``world`` and ``option``."""
     item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
 
 

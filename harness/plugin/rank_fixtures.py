@@ -24,7 +24,7 @@ from typing import Any, TypeVar, overload
 import pytest
 
 from harness import compat
-from harness.controller.pickling import pickle_problem, short_repr
+from harness.controller.pickling import picklable, pickle_problem, short_repr
 from harness.protocol.messages import (
     ARG_FIXTURE,
     ARG_REQUEST,
@@ -46,6 +46,7 @@ _SCOPES = ("function", "class", "module", "package", "session")
 _PLUGIN_MODULE = "harness.plugin"
 _SHARED_FACTORY = "tmp_path_factory"
 _SIDE = pytest.StashKey["RankSide"]()
+_CONFIG_VIEW = pytest.StashKey[tuple[dict[str, Any], dict[str, Any]]]()
 
 
 @overload
@@ -175,10 +176,20 @@ class RankSide:
         self.keys[id(fixturedef)] = f"{fixturedef.argname}@{fixturedef.baseid}#{len(self.fixtures)}"
         self.fixtures.append(fixturedef)
 
+    def dependency(self, requester: Any | None, name: str) -> Any | None:
+        """The definition ``requester`` (None: the test) gets for ``name``: the one before
+        it for its own name (an overriding fixture requesting the one it overrides), else
+        the test's."""
+        chain = self._defs.get(name)
+        if not chain or requester is None or name != requester.argname:
+            return chain[-1] if chain else None
+        index = list(chain).index(requester) if requester in chain else 0
+        return chain[index - 1] if index > 0 else None
+
     def _requests(self, fixturedef: Any) -> Iterator[tuple[str, Any]]:
         """The fixtures ``fixturedef`` requests (not ``request``), by argument."""
         for arg in fixturedef.argnames:
-            dependency = _dependency(fixturedef, arg, self._defs) if arg != "request" else None
+            dependency = self.dependency(fixturedef, arg) if arg != "request" else None
             if dependency is not None:
                 yield arg, dependency
 
@@ -215,27 +226,20 @@ def split(item: pytest.Function) -> None:
     item.stash[_SIDE] = side
 
 
-def plan(item: pytest.Function, request_info: Callable[[], RequestInfo]) -> FixturePlan:
-    """The plan the ranks get, once pytest has set up the controller's fixtures.
-
-    Args:
-        item: The test, after :func:`split`.
-        request_info: Builds the ``request`` view's data (only called when it is needed).
+def plan(item: pytest.Function) -> FixturePlan:
+    """The plan the ranks get for a test (after :func:`split`), once pytest has set up the
+    controller's fixtures.
 
     Raises:
         pytest.fail.Exception: A controller fixture's value does not pickle (naming it).
     """
     side = item.stash[_SIDE]
-    defs = compat.fixture_defs(item)
     values: dict[str, Any] = {}
 
     def source(name: str, requester: Any | None) -> Arg:
         if name == "request":
             return Arg(ARG_REQUEST)
-        fixturedef = _dependency(requester, name, defs) if requester is not None else None
-        if fixturedef is None:
-            chain = defs.get(name)
-            fixturedef = chain[-1] if chain else None
+        fixturedef = side.dependency(requester, name)
         if fixturedef is not None and id(fixturedef) in side.keys:
             return Arg(ARG_FIXTURE, side.keys[id(fixturedef)])
         if name not in values:
@@ -269,7 +273,7 @@ def plan(item: pytest.Function, request_info: Callable[[], RequestInfo]) -> Fixt
         args=args,
         fixtures=fixtures,
         values=values,
-        request=request_info() if side.wants_request else None,
+        request=_request_info(item) if side.wants_request else None,
         basetemp=basetemp,
     )
 
@@ -290,16 +294,24 @@ def scope_node(item: pytest.Item, scope: str) -> tuple[str, Any | None]:
     return "", None
 
 
-def _dependency(requester: Any, name: str, defs: Mapping[str, Sequence[Any]]) -> Any | None:
-    """The definition ``requester`` gets for ``name``: the one before it for its own name
-    (an overriding fixture requesting the one it overrides), else the test's."""
-    chain = defs.get(name)
-    if not chain:
-        return None
-    if name == requester.argname:
-        index = list(chain).index(requester) if requester in chain else 0
-        return chain[index - 1] if index > 0 else None
-    return chain[-1]
+def _request_info(item: pytest.Function) -> RequestInfo:
+    """What the ranks' view of ``request`` answers: of the config, the values that pickle
+    (found once per session)."""
+    config = item.config
+    view = config.stash.get(_CONFIG_VIEW, None)
+    if view is None:
+        options = {k: v for k, v in vars(config.option).items() if picklable(v)}
+        ini: dict[str, Any] = {}
+        for name in compat.ini_names(config):
+            try:
+                value = config.getini(name)
+            except Exception:
+                continue
+            if picklable(value):
+                ini[name] = value
+        view = config.stash[_CONFIG_VIEW] = (options, ini)
+    marks = tuple(mark for mark in item.iter_markers() if picklable(mark))
+    return RequestInfo(item.name, item.nodeid, marks, *view)
 
 
 def _module(fixturedef: Any) -> str:

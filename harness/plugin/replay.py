@@ -72,21 +72,12 @@ class History:
     def before(self, world: World) -> list[Step]:
         """What ran on the processes the next call on ``world`` will use: empty when that
         call starts fresh ones (a new world, or one that a failure broke)."""
-        if world.broken:
-            return []
         generation, steps = self._runs.get(world, (0, []))
-        return list(steps) if generation == world.generation else []
+        return list(steps) if generation == world.generation and not world.broken else []
 
     def record(self, world: World, step: Step) -> None:
         """Note that ``step`` ran on ``world`` (forgotten when the world is rebuilt)."""
-        if world.broken:
-            self._runs.pop(world, None)
-            return
-        generation, steps = self._runs.get(world, (world.generation, []))
-        if generation != world.generation:
-            steps = []
-        steps.append(step)
-        del steps[:-HISTORY_CAP]
+        steps = [*self.before(world), step][-HISTORY_CAP:]
         self._runs[world] = (world.generation, steps)
 
 

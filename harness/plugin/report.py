@@ -1,12 +1,10 @@
 """Where a distributed failure is turned into a pytest report.
 
-pytest would show a ``DistributedError`` as a traceback through the harness's own code. The
-report instead shows what a reader needs: one line that says which rank failed and how,
-the verdicts on the ranks' collectives when they disagree, then each failing rank's
-traceback under a ``rank N`` heading, root cause first, and a ``collectives`` section (laid
-out by ``DistributedError.report``, as ``str()`` of the error is), and last the command that
-reproduces the failure (:func:`harness.plugin.order.repro`). The ranks' captured output is
-attached as report sections ``rank N stdout`` / ``rank N stderr``.
+Not a traceback through the harness's code: the report's first line says which rank failed
+and how; then come the verdicts on the ranks' collectives where they disagree, each failing
+rank's traceback (root cause first) and a ``collectives`` section, as
+``DistributedError.report`` lays them out, and last the command that reproduces the failure
+(:func:`harness.plugin.order.repro`). The ranks' captured output becomes report sections.
 """
 
 from __future__ import annotations

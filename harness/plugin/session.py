@@ -1,13 +1,11 @@
 """The plugin's controller: runs each distributed test on its world and owns the worlds.
 
-``DistSession`` keeps one ``World`` per (world size, backend, init) for the whole session (a
-World rebuilds itself after any failure) and sends each marked test to its ranks by
-reference (the body runs in :mod:`harness.rank.pytest_body`). A test is one call to its
-ranks at the end of pytest's setup phase, once the controller's fixtures are up: the ranks
-set up their own fixtures, run the body and tear those fixtures down in that call. Its
-outcome is then raised in the phase it belongs to, so a rank-side fixture's error is the
-test's setup or teardown error, as it would be in-process. Under an external launcher the
-test runs in :mod:`harness.plugin.launcher` instead.
+``DistSession`` keeps one ``World`` per (world size, backend, init) for the session (a World
+rebuilds itself after any failure). A test is one call to its ranks, by reference (the body
+runs in :mod:`harness.rank.pytest_body`), at the end of pytest's setup phase: the ranks set
+up their own fixtures, run the body and tear those fixtures down in that call. Its outcome
+is then raised in the phase it belongs to, as it would be in-process. Under an external
+launcher the test runs in :mod:`harness.plugin.launcher` instead.
 """
 
 from __future__ import annotations
@@ -16,18 +14,17 @@ import builtins
 import functools
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, NoReturn, TypeVar
 
 import pytest
 
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.pickling import picklable
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import interrupts, order, rank_fixtures, replay, report, settings
 from harness.plugin.marker import launcher_world
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, FixturePlan, RequestInfo
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, FixturePlan
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
@@ -35,8 +32,7 @@ if TYPE_CHECKING:
     from harness.plugin.launcher import LauncherRank
 
 _T = TypeVar("_T")
-_CALL_ERROR = pytest.StashKey[BaseException]()
-_CALL_SKIP = pytest.StashKey[str]()
+_CALL = pytest.StashKey["BaseException | str"]()  # the call phase's failure, or skip reason
 
 
 class DistSession:
@@ -60,7 +56,6 @@ class DistSession:
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
-        self._config_view: tuple[dict[str, Any], dict[str, Any]] | None = None
         # Scopes (node ids) whose wider-scoped rank fixtures live in these worlds.
         self._scopes: dict[str, set[World]] = {}
 
@@ -107,18 +102,17 @@ class DistSession:
         isolate: bool,
         option: str,
     ) -> order.Checked[_T]:
-        """Run a test on the session's world (on fresh processes alone where it is
-        isolated) and hold its verdict against fresh processes where the settings ask for
-        it (:func:`harness.plugin.order.check`).
+        """Run a test on the session's world (fresh processes alone where it is isolated)
+        and hold its verdict against fresh processes where the settings ask for it.
 
         Args:
             item: The test.
-            step: What runs it again (the world's history keeps it).
+            step: What runs it again (kept in the world's history).
             shape: The world's size, backend and ``init``.
-            attempt: Runs the test on a world (True: a fresh one that ends with the test);
-                returns how it ended (``replay.PASSED``, ...) and what the caller needs.
-            isolate: Whether it runs on fresh processes only.
-            option: What its commands need besides the test ids.
+            attempt: Runs it on a world (True: a fresh one, which ends with it); returns
+                how it ended (``replay.PASSED``, ...) and what the caller needs.
+            isolate: Whether it runs on fresh processes alone.
+            option: What commands need besides the test ids (:func:`order.check`).
         """
         size, backend, init = shape
         new_world = functools.partial(
@@ -155,11 +149,11 @@ class DistSession:
             if self._unavailable[key]:
                 compat.skip_at_test(str(self._unavailable[key]))
             ref = rank_fixtures.reference(item, item.originalname, state=True)
-            plan = rank_fixtures.plan(item, lambda: self._request_info(item))
+            plan = rank_fixtures.plan(item)
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
             # test, rather than erroring its setup: nothing ran on the ranks.
-            item.stash[_CALL_ERROR] = exc
+            item.stash[_CALL] = exc
             return
         scoped = any(f.scope != "function" for f in plan.fixtures)
 
@@ -182,37 +176,28 @@ class DistSession:
             shape = (test.world_size, backend, test.init)
             checked = self.judge(item, step, shape, attempt, test.isolate, option)
         outcome = checked.result
-        if checked.failure is not None:
-            item.stash[_CALL_ERROR] = checked.failure
-        if outcome.error is not None:
-            order.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
-            limit.explain(outcome.error)
-        self._deliver(item, outcome)
-
-    def _deliver(self, item: pytest.Function, outcome: Outcome) -> None:
-        """Raise what belongs to the setup phase; keep the rest for the call or teardown."""
         report.add_output_sections(item, outcome.outputs)
+        if checked.failure is not None:
+            item.stash[_CALL] = checked.failure
         skip, error = outcome.skip, outcome.error
         if skip is not None:
+            # Any skip (pytest.skip or unittest.SkipTest) is pytest's, located at the test:
+            # pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
             if skip.phase == "setup":
                 compat.skip_at_test(skip.reason)
-            item.stash[_CALL_SKIP] = skip.reason
-            return
-        if error is None:
-            return
-        # The phase of the root cause (see RankFailure.phase).
-        root = next(iter(error.failures.values()), None)
-        phase = root.phase if root is not None else "call"
-        if phase == "setup":
-            raise error
-        if phase == "teardown":
-
-            def raise_teardown_error() -> None:
+            item.stash[_CALL] = skip.reason
+        elif error is not None:
+            order.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
+            limit.explain(error)
+            # The phase of the root cause (see RankFailure.phase).
+            root = next(iter(error.failures.values()), None)
+            phase = root.phase if root is not None else "call"
+            if phase == "setup":
                 raise error
-
-            item.addfinalizer(raise_teardown_error)
-        else:
-            item.stash[_CALL_ERROR] = error
+            if phase == "teardown":
+                item.addfinalizer(functools.partial(_fail, None, error))
+            else:
+                item.stash[_CALL] = error
 
     def finish_call(self, item: pytest.Function) -> None:
         """pytest's call phase of a marked test: raise what :meth:`run_item` kept for it (or,
@@ -220,20 +205,12 @@ class DistSession:
         if self.launcher is not None:
             test = settings.for_test(self.settings, item)
             self.launcher.run_item(item, test, self.resolve_backend(test.backend))
-            return
-        skip = item.stash.get(_CALL_SKIP, None)
-        if skip is not None:
-            # Any skip (pytest.skip or unittest.SkipTest) is pytest's skip here, located at the
-            # test: pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
-            del item.stash[_CALL_SKIP]
-            compat.skip_at_test(skip)
-        error = item.stash.get(_CALL_ERROR, None)
-        if error is None:
-            return
-        del item.stash[_CALL_ERROR]
-        if isinstance(error, DistributedError):
-            _raise_xfail(item, error)
-        raise error
+        elif _CALL in item.stash:
+            kept = item.stash[_CALL]
+            del item.stash[_CALL]
+            if isinstance(kept, str):
+                compat.skip_at_test(kept)
+            _fail(item, kept)
 
     def _keep_scopes(
         self, item: pytest.Function, plan: FixturePlan, world: World, timeout: float
@@ -254,7 +231,7 @@ class DistSession:
     def _end_scope(self, item: pytest.Function, scope_key: str, timeout: float) -> None:
         # Run in the teardown of whichever test runs then, under its pytest-timeout timer.
         errors = []
-        limit = interrupts.PytestTimeout.in_teardown(item)
+        limit = interrupts.PytestTimeout.of(item, teardown=True)
         with limit.taken_over(timeout) as deadline:
             for world in self._scopes.pop(scope_key, set()):
                 if world.closed or world.broken:
@@ -269,48 +246,31 @@ class DistSession:
             limit.explain(errors[0])
             raise errors[0]
 
-    def _request_info(self, item: pytest.Function) -> RequestInfo:
-        if self._config_view is None:
-            options = {k: v for k, v in vars(self.config.option).items() if picklable(v)}
-            ini: dict[str, Any] = {}
-            for name in compat.ini_names(self.config):
-                try:
-                    value = self.config.getini(name)
-                except Exception:
-                    continue
-                if picklable(value):
-                    ini[name] = value
-            self._config_view = (options, ini)
-        marks = tuple(mark for mark in item.iter_markers() if picklable(mark))
-        return RequestInfo(item.name, item.nodeid, marks, *self._config_view)
-
     def _seed(self, item: pytest.Item) -> int:
         """The seed of a test's random generators on every rank: pytest-randomly's seed when
         that plugin is active (it reseeds every test alike), else one from the node id, so a
         test draws the same numbers alone, first, or after any others."""
-        randomly = self.config.getoption("randomly_seed", None)
-        if isinstance(randomly, int) and self.config.pluginmanager.hasplugin("randomly"):
-            return randomly
-        return zlib.crc32(item.nodeid.encode())
+        randomly = order.randomly_seed(self.config)
+        return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())
 
 
-def _raise_xfail(item: pytest.Function, error: DistributedError) -> None:
-    """Raise pytest's xfail where the test is an expected failure as it would be in-process:
-    every failing rank called ``pytest.xfail()``, or ``xfail(raises=...)`` names the
-    exception of the rank that failed first (pytest would match it against the RankError)."""
-    failures = list(error.failures.values())
-    if failures and all(f.exc_type == "XFailed" for f in failures):
-        pytest.xfail(failures[0].message)
-    xfail = compat.xfail_raises(item)
-    if xfail is None or not failures:
-        return
-    raises, reason = xfail
-    root = failures[0]
-    builtin = getattr(builtins, root.exc_type, None)
-    for expected in raises:
-        # A pytest.RaisesExc matcher (not a type) needs the exception object itself.
-        if isinstance(expected, type) and (
-            root.exc_type == expected.__qualname__
-            or (isinstance(builtin, type) and issubclass(builtin, expected))
-        ):
-            pytest.xfail(reason or f"rank {root.rank} raised {root.exc_type}")
+def _fail(item: pytest.Function | None, error: BaseException) -> NoReturn:
+    """Raise a test's failure; in its call phase (``item``), pytest's xfail instead where it
+    is an expected failure as it would be in-process: every failing rank called
+    ``pytest.xfail()``, or ``xfail(raises=...)`` names the exception of the rank that failed
+    first (pytest would match it against the ``RankError``)."""
+    failures = list(error.failures.values()) if isinstance(error, DistributedError) else []
+    if item is not None and failures:
+        if all(f.exc_type == "XFailed" for f in failures):
+            pytest.xfail(failures[0].message)
+        root, xfail = failures[0], compat.xfail_raises(item)
+        raises, reason = xfail if xfail is not None else ((), "")
+        builtin = getattr(builtins, root.exc_type, None)
+        for expected in raises:
+            # A pytest.RaisesExc matcher (not a type) needs the exception object itself.
+            if isinstance(expected, type) and (
+                root.exc_type == expected.__qualname__
+                or (isinstance(builtin, type) and issubclass(builtin, expected))
+            ):
+                pytest.xfail(reason or f"rank {root.rank} raised {root.exc_type}")
+    raise error

@@ -7,13 +7,10 @@ Where several places can give a setting, the first of these that gives it wins:
 3. the ini file (``dist_timeout``, ...);
 4. the default.
 
-Two command-line flags only ever add to what a marker says, for every test:
-``--dist-isolate`` (fresh processes) and ``--dist-no-collective-check`` (no desync check).
-pytest-timeout's limit, where it applies to a test, bounds its deadline: the smaller of the
-two wins (see :mod:`harness.plugin.interrupts`).
-
-Read without torch: the plugin checks the session's settings at configure, so a bad value
-is a usage error at once, not a failure of every distributed test.
+Two flags only ever add to what a marker says, for every test: ``--dist-isolate`` and
+``--dist-no-collective-check``. pytest-timeout's limit, where one applies to a test, bounds
+its deadline too (:mod:`harness.plugin.interrupts`). The session's settings are read, without
+torch, at configure: a bad value is a usage error at once.
 """
 
 from __future__ import annotations
@@ -74,13 +71,8 @@ def read(config: pytest.Config) -> Settings:
     Raises:
         pytest.UsageError: A value that is not valid, named with what would be.
     """
-    found = config.stash.get(_SETTINGS, None)
-    if found is None:
-        found = config.stash[_SETTINGS] = _read(config)
-    return found
-
-
-def _read(config: pytest.Config) -> Settings:
+    if _SETTINGS in config.stash:
+        return config.stash[_SETTINGS]
     timeout, where = config.getoption("dist_timeout"), "--dist-timeout"
     if timeout is None:
         timeout = config.getini("dist_timeout") or DEFAULT_TIMEOUT_S
@@ -92,7 +84,7 @@ def _read(config: pytest.Config) -> Settings:
                 "ini option dist_bisect_runs must be a whole number >= 0 (fresh worlds the "
                 f"search for an order dependence may start), got {bisect_runs!r}"
             )
-        return Settings(
+        found = config.stash[_SETTINGS] = Settings(
             backend=config.getoption("dist_backend") or "auto",
             timeout=validate.seconds(timeout, where, text=True),
             isolate=bool(config.getoption("dist_isolate", False)),
@@ -106,6 +98,7 @@ def _read(config: pytest.Config) -> Settings:
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
+    return found
 
 
 def _ini_choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:
@@ -119,8 +112,8 @@ class TestSettings:
 
     Attributes:
         world_size: The number of ranks (the marker's, or its parameter of a list).
-        backend: The backend asked for (``"auto"`` already replaced by ``--dist-backend``;
-            the session resolves ``"auto"`` itself, which needs torch).
+        backend: The backend asked for, ``"auto"`` as ``--dist-backend`` says (the session
+            resolves what remains ``"auto"``, with torch).
         timeout: The test's deadline in seconds.
         isolate: Whether it runs on fresh processes.
         init: Whether its ranks start in a default process group.
