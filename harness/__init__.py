@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from harness.errors import (
     CollectiveMismatch,
     DistributedError,
+    FaultNotFired,
     OrderDependenceWarning,
     RankCrash,
     RankError,
@@ -31,6 +32,7 @@ from harness.errors import (
     RankLeak,
     WorldTimeout,
 )
+from harness.faults import FaultFired
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
@@ -54,6 +56,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "CollectiveMismatch",
     "DistributedError",
+    "FaultFired",
+    "FaultNotFired",
     "OrderDependenceWarning",
     "RankCrash",
     "RankError",

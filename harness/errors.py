@@ -15,6 +15,7 @@ from harness.protocol.traces import RankTrace, render
 __all__ = [
     "CollectiveMismatch",
     "DistributedError",
+    "FaultNotFired",
     "OrderDependenceWarning",
     "RankCrash",
     "RankError",
@@ -149,6 +150,13 @@ class CollectiveMismatch(DistributedError):
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
+    """
+
+
+class FaultNotFired(DistributedError):
+    """The call returned, but a fault given to it (``harness.faults``) never acted: its rank
+    made fewer collectives on its group than the fault's ``at``. A sweep cannot pass
+    vacuously; ``strict=False`` on the fault allows it. ``summary`` has one line per fault.
     """
 
 

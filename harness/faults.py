@@ -138,6 +138,9 @@ class Fault:
         group = "" if self.group is None else "-g" + "_".join(map(str, self.group))
         return f"{kind}-r{self.rank}-at{self.at}{group}"
 
+    def __repr__(self) -> str:
+        return f"faults.{self}"
+
     def __str__(self) -> str:
         details = [f"rank={self.rank}", f"at={self.at}"]
         if self.kind == "kill" and self.when != "before":
@@ -192,6 +195,9 @@ class FaultFired:
 
     def __str__(self) -> str:
         return f"rank {self.fault.rank} {self.what}"
+
+    def __repr__(self) -> str:
+        return f"FaultFired({self})"
 
 
 class Sweep(tuple):  # type: ignore[type-arg]

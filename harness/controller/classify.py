@@ -4,25 +4,27 @@ files, no processes, so every case is unit-tested on plain data."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from harness.controller import verdicts
-from harness.controller.outcome import Died, Outcome, Reply
+from harness.controller.outcome import Died, Faulted, Outcome, Reply
 from harness.errors import (
     CollectiveMismatch,
     DistributedError,
+    FaultNotFired,
     RankCrash,
     RankError,
     RankLeak,
     WorldTimeout,
 )
+from harness.faults import Fault, FaultFired
 from harness.protocol.failures import (
     EXIT_MAIN_REIMPORTED,
     MAIN_GUARD_HINT,
     RankFailure,
     ranks_phrase,
 )
-from harness.protocol.messages import Done, Failed, Ready, Skipped
+from harness.protocol.messages import Done, Failed, Fired, Ready, Skipped
 from harness.protocol.traces import RankTrace
 
 
@@ -36,6 +38,9 @@ def classify(
     init: bool = True,
     traces: Mapping[int, RankTrace | None] | None = None,
     check_collectives: bool = True,
+    faults: Sequence[Fault] = (),
+    fired: Mapping[int, Fired] | None = None,
+    stopped: float = 0.0,
 ) -> Outcome:
     """Decide what a call (or the start of a world) amounts to.
 
@@ -52,29 +57,44 @@ def classify(
             failed (a failure's reply carries its own); None for a rank that gave none.
         check_collectives: Whether a call that returned everywhere has its ranks'
             fingerprints compared (the desync check's first half; see :func:`desync`).
+        faults: The call's faults: a ``Faulted`` rank's value is the ``FaultFired`` of
+            ``faults[fired.index]``.
+        fired: What each rank said as its fault acted: a failure's summary names them.
+        stopped: ``time.monotonic()`` when the wait ended (a timeout says how long after
+            the first fault the ranks were still running).
 
     Returns:
         For a call: the values (``suspect`` when the fingerprints differ); the skip when
         every rank skipped; else the error, with the ranks' collectives and verdicts:
         ``RankError`` / ``RankCrash`` (by the first failure in time) list failures in time
         order, then skips, and name the ranks torn down; a skip on some ranks only is a
-        ``RankError``; silent ranks and no failure, a ``WorldTimeout``. For a start: an
-        error unless every rank is ``Ready``, listing the others by rank.
+        ``RankError``; silent ranks and no failure, a ``WorldTimeout``; a strict fault
+        that never fired, a ``FaultNotFired``. A rank a fault ended is no failure. For a
+        start: an error unless every rank is ``Ready``, listing the others by rank.
     """
     stacks = stacks or {}
     if starting is not None:
         return _start(replies, world_size, timeout, stacks, starting)
     done = {r: m for r, m in replies.items() if isinstance(m, Done)}
+    faulted = {r: m for r, m in replies.items() if isinstance(m, Faulted)}
     skipped = {r: m for r, m in replies.items() if isinstance(m, Skipped)}
-    if len(done) == world_size:
+    if len(done) + len(faulted) == world_size:
+        unfired = [line for reply in done.values() for line in reply.unfired]
         outcome = _values(done, init)
-        prints = {rank: reply.collectives for rank, reply in done.items()}
-        if check_collectives and outcome.error is None:
+        if faulted and outcome.values is not None:
+            for rank, reply in sorted(faulted.items()):
+                act = reply.fired
+                outcome.values.insert(rank, FaultFired(faults[act.index], act.what, act.at))
+            outcome.reusable = False  # a rank died, hangs, or its collective raised
+        elif unfired and outcome.error is None:
+            outcome.error = FaultNotFired("; ".join(unfired))
+        elif check_collectives and outcome.error is None:
+            prints = {rank: reply.collectives for rank, reply in done.items()}
             outcome.suspect = not verdicts.agree(prints, world_size)
         return outcome
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
-    outcome = _failed(replies, world_size, timeout, stacks, skipped)
+    outcome = _failed(replies, world_size, timeout, stacks, skipped, fired or {}, stopped)
     if outcome.error is not None:
         _add_collectives(outcome.error, replies, traces or {}, world_size)
     return outcome
@@ -191,8 +211,13 @@ def _failed(
     timeout: float | None,
     stacks: Mapping[int, str],
     skipped: dict[int, Skipped],
+    fired: Mapping[int, Fired],
+    stopped: float,
 ) -> Outcome:
     silent = [rank for rank in range(world_size) if rank not in replies]
+    # What the faults did, for the summary: the reader needs it to judge the survivors.
+    by_time = sorted(fired.items(), key=lambda item: item[1].at)
+    by_faults = "".join(f"; rank {rank} {f.what} (injected)" for rank, f in by_time)
     events = sorted((m.at, rank) for rank, m in replies.items() if isinstance(m, (Failed, Died)))
     if events:
         failures = {rank: _failure_of(rank, replies[rank]) for _, rank in events}
@@ -204,6 +229,7 @@ def _failed(
             summary += f"; then {ranks_phrase(later)} failed"
         if silent:
             summary += f"; {ranks_phrase(silent)} torn down"
+        summary += by_faults
         error: DistributedError = RankError(summary, failures)
         if isinstance(replies[root.rank], Died):
             codes = {r: m.exitcode or 0 for r, m in replies.items() if isinstance(m, Died)}
@@ -213,21 +239,25 @@ def _failed(
     if skipped:
         reasons = "; ".join(f"rank {r}: {m.reason}" for r, m in sorted(skipped.items()))
         others = [rank for rank in range(world_size) if rank not in skipped]
-        by_time = sorted(skipped.items(), key=lambda item: item[1].at)
+        in_order = sorted(skipped.items(), key=lambda item: item[1].at)
         summary = (
             f"{ranks_phrase(list(skipped))} skipped but {ranks_phrase(others)} did not; a "
             f"distributed run must skip on every rank or on none ({reasons})"
         )
-        failures = {rank: RankFailure.skipped(rank, skip.reason) for rank, skip in by_time}
+        failures = {rank: RankFailure.skipped(rank, skip.reason) for rank, skip in in_order}
         return Outcome(error=RankError(summary, failures))
     bound = f" within {timeout:g} s" if timeout is not None else ""
     what = f"still running after {timeout:g} s" if timeout is not None else "still running"
     failures = {
         rank: RankFailure.still_running(rank, what, stacks.get(rank, "")) for rank in silent
     }
+    after = ""
+    if by_time:
+        rank, first = by_time[0]
+        after = f" {max(stopped - first.at, 0.0):.1f} s after rank {rank} {first.what}"
     return Outcome(
         error=WorldTimeout(
-            f"the run did not finish{bound}: {ranks_phrase(silent)} still running "
+            f"the run did not finish{bound}: {ranks_phrase(silent)} still running{after} "
             "(their stacks at the deadline follow; the ranks were then killed)",
             failures,
             {rank: stacks.get(rank, "") for rank in range(world_size)},
@@ -260,6 +290,10 @@ def _add_collectives(
             traces[rank], states[rank] = reply.trace, verdicts.FAILED
         elif isinstance(reply, Died):
             traces[rank], states[rank] = None, verdicts.DIED
+        elif isinstance(reply, Faulted):
+            died = reply.fired.ends and reply.then is not None
+            state = verdicts.DIED if died else verdicts.FAILED if reply.then else verdicts.RUNNING
+            traces[rank], states[rank] = fetched.get(rank) or reply.fired.trace, state
         else:
             traces[rank], states[rank] = fetched.get(rank), verdicts.RUNNING
     if not any(trace is not None and trace.recent for trace in traces.values()):

@@ -12,7 +12,8 @@ from harness.controller.classify import classify, desync, leak_error
 from harness.controller.outcome import Outcome, Reply
 from harness.controller.spawn import RankProcess
 from harness.errors import note_interrupt
-from harness.protocol.messages import Call, Done, Regroup
+from harness.faults import Fault
+from harness.protocol.messages import Call, Done, Fired, Regroup
 from harness.protocol.traces import render
 
 
@@ -24,6 +25,7 @@ def call_message(
     check_collectives: bool,
     started: dict[bytes, bytes],
     rendezvous_file: str | None,
+    faults: tuple[Fault, ...] = (),
 ) -> Call:
     """The ``Call`` of ``payload``: ``env`` is how ``os.environ`` changed since the ranks
     ``started``; ``rendezvous_file``, a private rendezvous for a world without a group."""
@@ -39,6 +41,7 @@ def call_message(
         rendezvous=rendezvous,
         check_leaks=check_leaks,
         check_collectives=check_collectives,
+        faults=faults,
     )
 
 
@@ -81,7 +84,9 @@ def exchange(
                 except OSError:
                     pass  # died while idle; its sentinel reports it
         deadline = time.monotonic() + timeout if timeout is not None else None
-        replies, timed_out = supervise.gather(ranks, deadline)
+        fired: dict[int, Fired] = {}
+        replies, timed_out = supervise.gather(ranks, deadline, fired)
+        stopped = time.monotonic()
         # A failed call: what the ranks that did not answer, or returned, were doing: their
         # collectives (asked first, answered at once by their watchdog), then their stacks. A
         # failure's own reply carries its collectives.
@@ -98,6 +103,9 @@ def exchange(
             init=init,
             traces=traces,
             check_collectives=call is not None and call.check_collectives,
+            faults=call.faults if call is not None else (),
+            fired=fired,
+            stopped=stopped,
         )
         if outcome.suspect:
             # The ranks' fingerprints differ: their traces say how (kept since the call).

@@ -8,7 +8,7 @@ from typing import Any
 
 from harness import compat
 from harness.errors import DistributedError
-from harness.protocol.messages import RankMessage, Skipped
+from harness.protocol.messages import Fired, RankMessage, Skipped
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,21 @@ class Died:
     dump: str = ""
 
 
-Reply = RankMessage | Died
+@dataclass(frozen=True)
+class Faulted:
+    """A rank whose injected fault ended its part of the call (what the supervisor saw).
+
+    Attributes:
+        fired: What the rank said as the fault acted.
+        then: What followed: its death, its ``Failed`` with the fault's error, or None
+            (it hangs, or was dying when its peers had finished).
+    """
+
+    fired: Fired
+    then: RankMessage | Died | None = None
+
+
+Reply = RankMessage | Died | Faulted
 """What the supervisor saw of one rank."""
 
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from harness.controller import stacks
-from harness.controller.outcome import Died, Reply
+from harness.controller.outcome import Died, Faulted, Reply
 from harness.controller.spawn import RankProcess
 from harness.protocol.messages import (
     STACKS_SIGNAL,
@@ -24,6 +24,7 @@ from harness.protocol.messages import (
     Done,
     Failed,
     Failing,
+    Fired,
     Ready,
     Skipped,
 )
@@ -40,18 +41,24 @@ SKIP_GRACE_S = 2.0
 """After the first skip, how long the other ranks get to finish (a skip is usually unanimous)."""
 
 
-def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, Reply], bool]:
+def gather(
+    ranks: list[RankProcess], deadline: float | None, fired: dict[int, Fired] | None = None
+) -> tuple[dict[int, Reply], bool]:
     """Wait for one reply (or death) per rank.
 
     Args:
         ranks: The ranks to wait for.
         deadline: ``time.monotonic()`` value to stop at; None waits without bound.
+        fired: Filled with the ``Fired`` each rank sent (its fault acted), by rank.
 
     Returns:
         The replies by rank (those still silent after the grace missing), and whether the
         deadline passed. A rank whose test body failed says so before its fixtures'
         teardown (``Failing``): that is its ``Failed`` from then on, replaced by the
-        ``Failed`` that ends its call if it comes in time, dated when the body failed.
+        ``Failed`` that ends its call if it comes in time, dated when the body failed. A
+        rank whose injected fault ended it (killed, exited, hung: ``Fired.ends``) or whose
+        fault's error escaped the call is ``Faulted``: no failure, so no grace period; once
+        only such ranks are left, the wait is over.
     """
     replies: dict[int, Reply] = {}
     pending = {proc.rank: proc for proc in ranks}
@@ -64,7 +71,13 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
             poller.register(fd, select.POLLIN)
             watched[fd] = proc
     grace_end: float | None = None
+    fired = {} if fired is None else fired
     while pending:
+        # A rank its fault ended is waited for no longer (a hung one never answers).
+        ended = [rank for rank in pending if rank in fired and fired[rank].ends]
+        replies.update((rank, Faulted(fired[rank])) for rank in ended if rank not in replies)
+        if len(ended) == len(pending):
+            return replies, False
         limits = [t for t in (deadline, grace_end) if t is not None]
         now = time.monotonic()
         if limits and now >= min(limits):
@@ -75,6 +88,15 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
             if proc.rank not in pending:
                 continue
             reply = _receive(proc)
+            if isinstance(reply, Fired):
+                fired[proc.rank] = reply
+                continue
+            faulted = fired.get(proc.rank)
+            if faulted is not None and (
+                (faulted.ends and isinstance(reply, Died))
+                or (isinstance(reply, Failed) and reply.fault)
+            ):
+                reply = Faulted(faulted, reply)
             early = replies.get(proc.rank)
             if isinstance(reply, Failing):
                 # The rank tears down its fixtures now, and answers after: its failure is
@@ -98,7 +120,7 @@ def gather(ranks: list[RankProcess], deadline: float | None) -> tuple[dict[int, 
             if isinstance(reply, Ready):
                 proc.main_thread, proc.watchdog_thread = reply.main_thread, reply.watchdog_thread
                 proc.code_dir = reply.code_dir
-            elif not isinstance(reply, Done):
+            elif not isinstance(reply, (Done, Faulted)):
                 grace = SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S
                 end = time.monotonic() + grace
                 grace_end = end if grace_end is None else min(grace_end, end)

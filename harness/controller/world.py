@@ -13,7 +13,7 @@ import shutil
 import tempfile
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,8 +23,9 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.outcome import Outcome, Reply
-from harness.controller.pickling import pickle_call
+from harness.controller.pickling import pickle_call, pickle_problem
 from harness.controller.spawn import RankProcess
+from harness.faults import Fault, Sweep, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
@@ -186,6 +187,7 @@ class World:
         kwargs: Mapping[str, Any] | None = None,
         timeout: float | None = None,
         check_collectives: bool = True,
+        faults: Sequence[Fault] = (),
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` once on every rank; return the results by rank.
 
@@ -196,6 +198,10 @@ class World:
             check_collectives: Whether the ranks' collectives are compared after a call
                 that returned on every rank (the desync check; see
                 :class:`~harness.errors.CollectiveMismatch`).
+            faults: Faults to inject (:mod:`harness.faults`), each at its rank's collective
+                ``#at``. A rank a fault kills, exits, hangs, or whose fault's error escapes
+                ``fn`` is no failure: its slot holds a :class:`~harness.faults.FaultFired`,
+                and the verdict is the other ranks'. The world is rebuilt after such a run.
 
         Returns:
             ``[result of rank 0, result of rank 1, ...]``.
@@ -206,15 +212,17 @@ class World:
             RankCrash: A rank process died during the run.
             CollectiveMismatch: Every rank returned, but their collectives differ; with
                 ``check_collectives=False`` the values are returned instead.
+            FaultNotFired: A fault never acted (its rank made fewer collectives).
             DistributedError: ``fn``, an argument or a return value could not be pickled,
                 or the world could not be rebuilt after an earlier failure.
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
             KeyboardInterrupt: Ctrl-C while the ranks ran, re-raised once the ranks were
                 stopped, with every rank's stack attached as a note (printed after it).
-            TypeError: ``check_collectives`` is not a bool.
+            TypeError, ValueError: ``check_collectives`` is not a bool, or ``faults`` is not
+                a list of faults that fit this world.
         """
         return self.call(
-            fn, args, kwargs, timeout=timeout, check_collectives=check_collectives
+            fn, args, kwargs, timeout=timeout, check_collectives=check_collectives, faults=faults
         ).result()
 
     def call(
@@ -228,6 +236,7 @@ class World:
         seed: int | None = None,
         name: str | None = None,
         check_collectives: bool = True,
+        faults: Sequence[Fault] = (),
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising (for tools built on the World, such as the pytest plugin).
@@ -241,7 +250,7 @@ class World:
                 CPU and CUDA, ``random``, numpy's); None leaves them as they are.
             name: How messages name the call (the plugin passes ``"test <node id>"``);
                 None: ``"the call of <fn's qualified name>"``.
-            check_collectives: As :meth:`run`.
+            check_collectives, faults: As :meth:`run`.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
@@ -261,6 +270,19 @@ class World:
                 f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}"
             )
         check_collectives = validate.flag(check_collectives, "check_collectives")
+        if isinstance(faults, Sweep):
+            raise TypeError(
+                "a sweep of faults is meant one fault at a time: run each "
+                "(for fault in sweep: world.run(fn, faults=[fault]))"
+            )
+        placed = checked(faults, self.world_size)
+        for fault in placed:
+            problem = pickle_problem(fault)
+            if problem is not None:
+                raise TypeError(
+                    f"fault {fault} does not pickle ({problem}); its function or exception "
+                    "must be defined at module level"
+                )
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             _stop(self._state)  # done already, unless a Ctrl-C cut it short
@@ -269,7 +291,7 @@ class World:
         rendezvous = None if self.init else self._fresh_rendezvous_file()
         leaks = self.leaks != "off"
         message = call_message(
-            payload, output, seed, leaks, check_collectives, self._environ, rendezvous
+            payload, output, seed, leaks, check_collectives, self._environ, rendezvous, placed
         )
         outcome, replies = self._exchange(message, timeout, name)
         if outcome.regroup:
@@ -364,6 +386,7 @@ def run(
     timeout: float | None = None,
     init: bool = True,
     check_collectives: bool = True,
+    faults: Sequence[Fault] = (),
 ) -> list[Any]:
     """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks, stopped before
     this returns.
@@ -376,7 +399,7 @@ def run(
     multiprocessing's spawn and forkserver start methods.
 
     Args:
-        fn, args, kwargs, check_collectives: As :meth:`World.run`.
+        fn, args, kwargs, check_collectives, faults: As :meth:`World.run`.
         world_size, backend, init: As :class:`World`.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
 
@@ -384,13 +407,18 @@ def run(
         The return values, index = rank.
 
     Raises:
-        RankError, WorldTimeout, RankCrash, CollectiveMismatch, DistributedError: As
-            ``World.run``.
+        RankError, WorldTimeout, RankCrash, CollectiveMismatch, FaultNotFired,
+            DistributedError: As ``World.run``.
         TypeError, ValueError, RuntimeError: As ``World``.
     """
     with World(world_size, backend=backend, init=init) as world:
         return world.run(
-            fn, args=args, kwargs=kwargs, timeout=timeout, check_collectives=check_collectives
+            fn,
+            args=args,
+            kwargs=kwargs,
+            timeout=timeout,
+            check_collectives=check_collectives,
+            faults=faults,
         )
 
 

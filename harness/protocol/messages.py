@@ -1,11 +1,11 @@
 """The messages a controller and its ranks exchange, one class each.
 
 Everything that crosses a rank's duplex pipe to its controller is one of these: ``Call``
-(answered by ``Done``, ``Failed`` or ``Skipped``; a pytest test whose body failed sends
-``Failing`` first) and ``Regroup`` (answered by ``Ready``, which also answers the rank's
-start, or ``Failed``). User objects travel pre-pickled as ``bytes``, so the messages always
-pickle and a failure to (un)pickle user data is reported by the side that saw it, naming
-the object.
+(answered by ``Done``, ``Failed`` or ``Skipped``; before that, a pytest test whose body
+failed sends ``Failing``, and a fault of the call that acts sends ``Fired``) and ``Regroup``
+(answered by ``Ready``, which also answers the rank's start, or ``Failed``). User objects
+travel pre-pickled as ``bytes``, so the messages always pickle and a failure to (un)pickle
+user data is reported by the side that saw it, naming the object.
 
 Three things need no message, so that they work while the rank's main thread is blocked in
 a collective or a sleep (which release the GIL; a Python signal handler would never run):
@@ -95,6 +95,8 @@ class Call:
         check_collectives: Whether ``Done`` carries the fingerprint of the call's
             collectives, for the desync check (they are recorded either way, and sent whole
             with ``Failed`` and ``Skipped``).
+        faults: The ``harness.faults.Fault`` specs of the call, every rank's (each rank
+            acts out its own; see ``Fired``).
     """
 
     payload: bytes
@@ -104,6 +106,7 @@ class Call:
     rendezvous: dict[str, str] | None = None
     check_leaks: bool = True
     check_collectives: bool = True
+    faults: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,7 @@ class Done:
             traces (``TRACE_REQUEST``).
         output_written: False when the call's output was captured and it wrote none: the
             controller then does not read the capture files (most calls print nothing).
+        unfired: Each strict fault of this rank that never fired, as its error's line.
     """
 
     value: bytes
@@ -164,6 +168,7 @@ class Done:
     leaks: tuple[str, ...] = ()
     collectives: Fingerprint | None = None
     output_written: bool = True
+    unfired: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,10 +181,33 @@ class Failed:
         at: ``time.monotonic()`` when it was caught: that clock is shared by the processes
             of a machine, so the controller can tell which rank failed first.
         trace: The collectives the call had issued (None for a failed start-up).
+        fault: Whether what was raised is the error an injected fault raised (``Fired``).
     """
 
     failure: RankFailure
     at: float
+    trace: RankTrace | None = None
+    fault: bool = False
+
+
+@dataclass(frozen=True)
+class Fired:
+    """A fault of the call acted on this rank (sent before it acts: a killed rank cannot).
+
+    Attributes:
+        index: The fault's index in ``Call.faults``.
+        what: What it did, e.g. ``"killed (SIGKILL) before collective #3 (all_reduce) on
+            the default group"``.
+        at: ``time.monotonic()`` when it acted.
+        ends: Whether the rank ends there for the call (killed, exited, hung): the
+            controller stops waiting for it, and its peers are the call's verdict.
+        trace: The collectives the call had issued.
+    """
+
+    index: int
+    what: str
+    at: float
+    ends: bool
     trace: RankTrace | None = None
 
 
@@ -215,7 +243,7 @@ class Skipped:
     trace: RankTrace | None = None
 
 
-RankMessage = Ready | Done | Failing | Failed | Skipped
+RankMessage = Ready | Done | Failing | Failed | Fired | Skipped
 """Everything a rank sends."""
 
 

@@ -37,6 +37,7 @@ from harness.protocol.messages import (
     Done,
     Failed,
     Failing,
+    Fired,
     RankMessage,
     RankSetup,
     Ready,
@@ -44,7 +45,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
-from harness.rank import CODE_DIR, coverage, fixtures, leaks, output, reset, trace
+from harness.rank import CODE_DIR, coverage, fixtures, inject, leaks, output, reset, trace
 
 _PR_SET_PDEATHSIG = 1
 
@@ -63,8 +64,9 @@ _exiting = threading.Lock()
 # faulthandler writes to these from a signal handler: open for the rank's life.
 _dump_files: tuple[TextIO, TextIO] | None = None
 
-# The rank's pipe to its controller (set once the rank is up).
+# The rank's pipe to its controller and its coverage (set once the rank is up).
 _conn: Connection | None = None
+_cov: Any = None
 
 # While a call runs: its rank and recorder, for report_failing.
 _running: tuple[int, trace.Recorder] | None = None
@@ -83,7 +85,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
-    global _dump_files, _conn
+    global _dump_files, _conn, _cov
     _conn = conn
     files = RankFiles(setup.workdir, setup.rank)
     try:
@@ -92,7 +94,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         os._exit(1)  # our directory is gone: the controller gave up on this world
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
-    cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
+    cov = _cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
@@ -180,7 +182,7 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
     global _running, _failing
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks)
-    recorder = trace.Recorder()
+    recorder = trace.Recorder(_plan(call, rank))
     _running = (rank, recorder)  # _failing is None: reset after every call
     try:
         # The call's warning filters end with it; so does the watch on its threads, and
@@ -194,7 +196,8 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         if skip:
             reason = str(getattr(exc, "msg", None) or exc)
             return Skipped(reason, skip, at, getattr(exc, PHASE_ATTR, "call"), issued)
-        return Failed(_failure(exc, rank), at, issued)
+        fault = recorder.plan is not None and recorder.plan.caused(exc)
+        return Failed(_failure(exc, rank), at, issued, fault=fault)
     finally:
         _running = _failing = None
     try:
@@ -215,7 +218,23 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         collectives=recorder.fingerprint() if call.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
+        unfired=recorder.plan.unfired(recorder.counts(), rank) if recorder.plan else (),
     )
+
+
+def _plan(call: Call, rank: int) -> inject.Plan | None:
+    """The faults of ``call`` placed on this rank, None where there are none."""
+    if not call.faults:
+        return None
+
+    def fire(index: int, what: str, ends: bool) -> None:
+        running, conn = _running, _conn
+        issued = running[1].trace() if running is not None else None
+        if conn is not None:
+            conn.send(Fired(index, what, time.monotonic(), ends, issued))
+        flush_std_streams()
+
+    return inject.Plan(call.faults, rank, fire, lambda code: _exit(_cov, code)) or None
 
 
 def report_failing(exc: BaseException) -> None:
@@ -230,6 +249,8 @@ def report_failing(exc: BaseException) -> None:
         return
     at = time.monotonic()
     rank, recorder = running
+    if recorder.plan is not None and recorder.plan.caused(exc):
+        return  # a fault's error: no failure by itself, so no grace period for the peers
     try:
         conn.send(Failing(_failure(exc, rank), at, recorder.trace()))
     except Exception:

@@ -53,7 +53,7 @@ from harness.protocol.traces import (
     Op,
     RankTrace,
 )
-from harness.rank import describe, sites
+from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
 from harness.rank.sites import is_call_site
 
@@ -118,11 +118,13 @@ class Recorder:
         busy: The threads inside a recorded collective: what they call from there is torch's.
         raised: Whether a recorded collective raised (and the call went on): its group may
             be broken, so the rank is not reused.
+        plan: The faults placed at this call's collectives on this rank (None: none).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, plan: inject.Plan | None = None) -> None:
         self.busy: set[int] = set()
         self.raised = False
+        self.plan = plan or None
         self._started_ns = 0  # on the wall clock, as torch's flight recorder dates entries
         self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
@@ -168,6 +170,15 @@ class Recorder:
         after every passing call)."""
         return tuple(group.fingerprint() for group in self._records() if group.count)
 
+    def counts(self) -> dict[tuple[int, ...] | None, int]:
+        """How many collectives the call issued on each group, by its sorted ranks (None:
+        the default group)."""
+        counts: dict[tuple[int, ...] | None, int] = {}
+        for group in self._records():
+            key = None if group.ranks is None else tuple(sorted(group.ranks))
+            counts[key] = counts.get(key, 0) + group.count
+        return counts
+
     def call(self, spec: Spec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
         """Record ``fn(*args, **kwargs)`` and call it."""
         try:
@@ -176,10 +187,16 @@ class Recorder:
             record = None  # never let recording break the user's call (a bad argument)
         if record is None:
             return fn(*args, **kwargs)
+        placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
         thread = threading.get_ident()
         self.busy.add(thread)
         try:
-            result = fn(*args, **kwargs)
+            if placed is None:
+                result = fn(*args, **kwargs)
+            else:
+                assert self.plan is not None
+                inputs = inject.bound(fn, args, kwargs)
+                result = self.plan.act(placed, spec.name, lambda: fn(*args, **kwargs), inputs)
         except BaseException:
             record.state = RAISED
             self.raised = True

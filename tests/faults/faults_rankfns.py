@@ -1,0 +1,69 @@
+"""Functions the fault tests run inside ranks (module level: they travel by pickle)."""
+
+from __future__ import annotations
+
+import datetime
+
+import torch
+import torch.distributed as dist
+
+
+def steps(n: int = 3) -> list[float]:
+    """``n`` all-reduces of ``rank + 1``: 3.0 each on two ranks."""
+    out = []
+    for _ in range(n):
+        t = torch.ones(4) * (dist.get_rank() + 1)
+        dist.all_reduce(t)
+        out.append(t[0].item())
+    return out
+
+
+def survives(n: int = 3) -> object:
+    """``steps``, ending cleanly when a peer is lost: what fault-tolerant code does."""
+    try:
+        return steps(n)
+    except RuntimeError as exc:
+        return f"caught {type(exc).__name__}"
+
+
+def survives_a_lost_peer(n: int = 3) -> object:
+    """``survives``, but an injected error (``"injected"``) escapes: only a lost peer is
+    coped with."""
+    try:
+        return steps(n)
+    except RuntimeError as exc:
+        if "injected" in str(exc):
+            raise
+        return f"caught {type(exc).__name__}"
+
+
+def big_steps(n: int = 3) -> object:
+    """``survives`` with 32 MiB tensors, so that a collective takes a while on the wire."""
+    try:
+        for _ in range(n):
+            dist.all_reduce(torch.ones(8 * 1024 * 1024))
+    except RuntimeError as exc:
+        return f"caught {type(exc).__name__}"
+    return "finished"
+
+
+def watched_barrier() -> str:
+    """A barrier that raises when a peer does not arrive within a second."""
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+    except RuntimeError:
+        return "a peer never arrived"
+    return "all arrived"
+
+
+def on_subgroup() -> list[float]:
+    """One all-reduce on the default group, then one on a group of ranks 0 and 1."""
+    sub = dist.new_group([0, 1])
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.all_reduce(t, group=sub)
+    return t.tolist()
+
+
+def double(tensor: torch.Tensor) -> None:
+    tensor.mul_(2)
