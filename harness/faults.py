@@ -18,6 +18,7 @@ bad one fails before any process starts. This module imports neither torch nor p
 from __future__ import annotations
 
 import math
+import pickle
 import signal as _signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -318,10 +319,16 @@ def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fau
         The faults as a tuple.
 
     Raises:
-        TypeError: ``faults`` is not a list or tuple of faults.
+        TypeError: ``faults`` is not a list or tuple of faults, is a :class:`Sweep` (meant
+            one fault at a time), or a fault does not pickle (to travel to the ranks).
         ValueError: A fault does not fit the world, or two act at the same collective of
             the same rank.
     """
+    if isinstance(faults, Sweep):
+        raise TypeError(
+            f"{where}: a sweep of faults is meant one fault at a time: run each "
+            "(for fault in sweep: world.run(fn, faults=[fault]))"
+        )
     if not isinstance(faults, (list, tuple)) or not all(isinstance(f, Fault) for f in faults):
         raise TypeError(
             f"{where} must be a list of faults made by harness.faults (kill, exit, error, "
@@ -337,6 +344,13 @@ def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fau
                 f"rank {fault.rank} on {fault.group_name}; give one"
             )
         seen[key] = fault
+        try:
+            pickle.dumps(fault)
+        except Exception as exc:
+            raise TypeError(
+                f"fault {fault} does not pickle ({type(exc).__name__}: {exc}); its function "
+                "or exception must be defined at module level"
+            ) from None
     return tuple(faults)
 
 

@@ -23,9 +23,9 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.outcome import Outcome, Reply
-from harness.controller.pickling import pickle_call, pickle_problem
+from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
-from harness.faults import Fault, Sweep, checked
+from harness.faults import Fault, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import (
     OUTPUT_CAPTURE,
@@ -81,24 +81,18 @@ def _stop(state: _State) -> None:
 class World:
     """A set of ranks kept alive between runs, with their default process group.
 
-    Starting ranks costs far more than using them, so a World starts ``world_size`` ranks
-    once and serves any number of ``run`` calls with them. After each call every rank puts
-    back the state it came up with (torch settings, ``sys.path``, warning filters, the root
-    logger, working directory, ``os.environ``; see :mod:`harness.rank.reset`) and, before
-    the next, destroys the process groups the call left behind. A call that destroyed the
-    default group on every rank gets a fresh one on the same processes; on some ranks only,
-    the World warns and rebuilds itself, as it does (fresh processes, fresh rendezvous)
-    after a failure, timeout or crash, so one bad call never poisons the next. What a call
-    cannot have undone (threads, child processes, open files it left) is reported, as
-    ``leaks`` says.
+    A World starts ``world_size`` ranks once and serves any number of ``run`` calls with
+    them. After each call every rank puts back the state it came up with (see
+    :mod:`harness.rank.reset`) and destroys the process groups the call left; after a
+    failure, timeout, crash or fault, the World rebuilds itself (fresh processes, fresh
+    rendezvous), so one bad call never poisons the next. What a call cannot have undone
+    (threads, child processes, open files it left) is reported, as ``leaks`` says.
 
     With ``init=False`` the ranks have the torchrun environment but no process group: every
-    call gets a private rendezvous (a fresh free ``MASTER_PORT``, and ``INIT_METHOD`` a new
-    ``file://`` in the World's private directory) to make its own, so
-    ``dist.init_process_group("gloo")``, ``init_method=os.environ["INIT_METHOD"]`` and
-    ``fhelium.distributed.init()`` work call after call on the same processes. Whatever
-    groups a call leaves, the default group included, are destroyed before the next call,
-    which starts with ``dist.is_initialized()`` False.
+    call gets a private rendezvous (a fresh ``MASTER_PORT``, and ``INIT_METHOD`` a new
+    ``file://``) to make its own (``dist.init_process_group("gloo")`` or
+    ``fhelium.distributed.init()``); the next call starts with ``dist.is_initialized()``
+    False.
 
     Not thread-safe: use one World from one thread at a time.
 
@@ -270,19 +264,7 @@ class World:
                 f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}"
             )
         check_collectives = validate.flag(check_collectives, "check_collectives")
-        if isinstance(faults, Sweep):
-            raise TypeError(
-                "a sweep of faults is meant one fault at a time: run each "
-                "(for fault in sweep: world.run(fn, faults=[fault]))"
-            )
         placed = checked(faults, self.world_size)
-        for fault in placed:
-            problem = pickle_problem(fault)
-            if problem is not None:
-                raise TypeError(
-                    f"fault {fault} does not pickle ({problem}); its function or exception "
-                    "must be defined at module level"
-                )
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             _stop(self._state)  # done already, unless a Ctrl-C cut it short
