@@ -20,6 +20,7 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -86,81 +87,64 @@ class Hooks:
             reporter.write_line(text)
 
 
-class PytestTimeout:
-    """pytest-timeout's limit on one test, taken over while its ranks run (no limit where
-    pytest-timeout sets none).
+@dataclass
+class Deadline:
+    """The ranks' deadline in ``seconds``, and pytest-timeout's ``limit`` where that set it."""
 
-    Attributes:
-        limit: pytest-timeout's timeout for the test, in seconds (``inf``: none).
-        end: The ``time.monotonic()`` at which it expires.
-    """
-
-    def __init__(
-        self, item: pytest.Item, settings: Any = None, started: float = 0.0, armed: bool = False
-    ) -> None:
-        self._item = item
-        self._settings = settings
-        self._armed = armed
-        self.limit = math.inf if settings is None else float(settings.timeout)
-        self.end = started + self.limit
-        self._deadline = self._own = 0.0
-
-    @classmethod
-    def of(cls, item: pytest.Item, *, teardown: bool = False) -> PytestTimeout:
-        """The limit on a test whose fixtures are set up, counted from when pytest-timeout
-        armed its timer, or, under its ``func_only`` (the timer is armed only in the call
-        phase, after the ranks ran), from now; with ``teardown``, the limit on the teardown
-        that runs now, whichever test that is (none under ``func_only``)."""
-        if teardown:
-            item = item.config.stash.get(_RUNNING, item)
-        armed = item.stash.get(_ARMED, None)
-        # Under func_only a note is a previous run's (pytest-rerunfailures).
-        if armed is not None and not armed[0].func_only:
-            return cls(item, *armed, armed=True)
-        settings = None if teardown else compat.pytest_timeout_settings(item)
-        if settings is None or not settings.timeout or settings.timeout <= 0:
-            return cls(item)
-        return cls(item, settings, time.monotonic())
-
-    @contextlib.contextmanager
-    def taken_over(self, timeout: float) -> Iterator[float]:
-        """While the ranks run: pytest-timeout's timer paused (were it to fire there, it would
-        show the harness's frames and none of the ranks'), its limit their deadline.
-
-        Yields:
-            The deadline: ``timeout``, or what is left of the limit where that is less
-            (rounded up to a tenth of a second, so that a report reads ``4.9 s``).
-        """
-        self._deadline = self._own = timeout
-        if self._settings is not None:
-            left = math.ceil(max(self.end - time.monotonic(), 0.1) * 10) / 10
-            self._deadline = min(timeout, left)
-        if self._armed:
-            self._item.config.hook.pytest_timeout_cancel_timer(item=self._item)
-        try:
-            yield self._deadline
-        finally:
-            if self._armed:
-                self._resume()
-
-    def _resume(self) -> None:
-        # What is left of the limit, or the whole limit once the ranks used it up (that
-        # timeout is reported; the teardown still gets a bound, not a second timeout).
-        now = time.monotonic()
-        left = self.end - now
-        settings = self._settings._replace(timeout=left if left > 0 else self.limit)
-        self._item.config.hook.pytest_timeout_set_timer(item=self._item, settings=settings)
-        # That call noted the shortened limit; keep pytest-timeout's own and its end instead.
-        self._item.stash[_ARMED] = (self._settings, self.end - self.limit if left > 0 else now)
+    seconds: float
+    limit: float | None = None
 
     def explain(self, error: DistributedError | None) -> None:
-        """Say in a ``WorldTimeout`` whose deadline was this limit that it was pytest-timeout's."""
-        if isinstance(error, WorldTimeout) and self._deadline < self._own:
+        """Say in a ``WorldTimeout`` whose deadline was pytest-timeout's that it was."""
+        if isinstance(error, WorldTimeout) and self.limit is not None:
             error.hint = (
                 f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test "
                 "(it counts the test's setup too); the harness took it over to show the "
                 "ranks' stacks."
             )
+
+
+@contextlib.contextmanager
+def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> Iterator[Deadline]:
+    """While the ranks run: pytest-timeout's timer on ``item`` paused, and as their deadline
+    ``timeout``, or what is left of its limit where that is less (rounded up to a tenth of a
+    second, so that a report reads ``4.9 s``).
+
+    The limit counts from when pytest-timeout armed its timer or, under its ``func_only``
+    (the timer is armed only in the call phase, after the ranks ran), from now. With
+    ``teardown``, it is the limit on the teardown that runs now, whichever test's that is
+    (none under ``func_only``).
+    """
+    if teardown:
+        item = item.config.stash.get(_RUNNING, item)
+    armed = item.stash.get(_ARMED, None)
+    # Under func_only a note is a previous run's (pytest-rerunfailures).
+    if armed is not None and armed[0].func_only:
+        armed = None
+    settings, started = armed if armed is not None else (None, time.monotonic())
+    if settings is None and not teardown:
+        settings = compat.pytest_timeout_settings(item)
+    if settings is None or not settings.timeout or settings.timeout <= 0:
+        yield Deadline(timeout)
+        return
+    limit = float(settings.timeout)
+    end = started + limit
+    left = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
+    hook = item.config.hook
+    if armed:
+        hook.pytest_timeout_cancel_timer(item=item)
+    try:
+        yield Deadline(left, limit) if left < timeout else Deadline(timeout)
+    finally:
+        if armed:
+            # Armed again for what is left, or the whole limit once the ranks used it up
+            # (that timeout is reported; the teardown still gets a bound, not a second one).
+            now = time.monotonic()
+            rest = end - now
+            again = settings._replace(timeout=rest if rest > 0 else limit)
+            hook.pytest_timeout_set_timer(item=item, settings=again)
+            # That call noted the shortened limit: keep pytest-timeout's own, and its end.
+            item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
 
 
 def _text(stack: str) -> str:

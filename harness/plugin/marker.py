@@ -38,12 +38,8 @@ _CLAIMED = pytest.StashKey["str | None"]()
 
 
 def claim_marker(config: pytest.Config) -> str | None:
-    """Decide which marker runs tests on ranks this session (called after every conftest's
-    ``pytest_configure``, so that the markers they declare are seen).
-
-    Returns:
-        Its name; None when the project has its own ``distributed`` marker and no ini
-        ``dist_marker`` names one (that one is always the plugin's).
+    """Decide which marker runs tests on ranks this session, once every conftest's markers
+    are declared, and return its name (see :func:`choose_marker`).
 
     Raises:
         pytest.UsageError: ``dist_marker`` is not a valid marker name.
@@ -60,7 +56,8 @@ def claim_marker(config: pytest.Config) -> str | None:
 
 def choose_marker(dist_marker: str, markers: Iterable[str]) -> str | None:
     """The plugin's marker name: ``dist_marker`` if set, else ``distributed`` unless one of
-    the declared ``markers`` lines (ini ``markers`` format) is a ``distributed`` marker."""
+    the declared ``markers`` lines (ini ``markers`` format) is a ``distributed`` marker
+    (None then: the project's own)."""
     declared = {line.split(":", 1)[0].split("(", 1)[0].strip() for line in markers}
     return dist_marker or (None if MARKER in declared else MARKER)
 

@@ -144,14 +144,10 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     report.add_output_sections(item, ended.outcome.outputs)
     if error is not None:
         order.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")
-    try:
-        ended.check(case, fn)
-    except unittest.SkipTest:
-        raise
-    except Exception:
-        if error is not None:
-            raise error from None
-        raise
+    if error is not None and ended.verdict == replay.FAILED:
+        raise error from None  # the harness's account of the ranks' failure
+    if ended.raised is not None:
+        raise ended.raised
     if error is not None:
         warnings.warn(
             f"test {item.nodeid} passed by its class's own check although {error.summary}; "
@@ -170,6 +166,8 @@ class _Ended:
 
         self.outcome = outcome
         self.elapsed = elapsed
+        self.verdict = replay.PASSED
+        self.raised: Exception | None = None  # by the class's check
         values = outcome.values
         self.returned: dict[int, Any] = (
             dict(enumerate(values))
@@ -203,19 +201,16 @@ class _Ended:
             self.processes.append(_Exited(pid, code, f"process {rank}"))
             self.pipes[pid] = _Sent(messages)
 
-    def check(self, case: Any, fn: Any) -> None:
-        """The class's own check (``_check_return_codes``) on this run."""
-        compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
-
     def judge(self, case: Any, fn: Any) -> str:
-        """The class's verdict on this run (``replay.PASSED``, ``FAILED``, ``SKIPPED``)."""
+        """The class's own check on this run (``_check_return_codes``): its verdict
+        (``replay.PASSED``, ``FAILED``, ``SKIPPED``), kept with what it raised."""
         try:
-            self.check(case, fn)
-        except unittest.SkipTest:
-            return replay.SKIPPED
-        except Exception:
-            return replay.FAILED
-        return replay.PASSED
+            compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
+        except unittest.SkipTest as exc:
+            self.verdict, self.raised = replay.SKIPPED, exc
+        except Exception as exc:
+            self.verdict, self.raised = replay.FAILED, exc
+        return self.verdict
 
 
 @dataclass

@@ -61,18 +61,15 @@ class DistSession:
 
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
-        resolved = self.resolve_backend(backend)
-        key = (
-            validate.positive_int(world_size, "world_size"),
-            resolved,
-            validate.flag(init, "init"),
-        )
+        size, init = validate.positive_int(world_size, "world_size"), validate.flag(init, "init")
+        key = (size, self.resolve_backend(backend), init)
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = World(
-                world_size, backend=resolved, init=init, leaks=self.settings.leaks
-            )
+            world = self._worlds[key] = self._new_world(*key)()
         return world
+
+    def _new_world(self, size: int, backend: str, init: bool) -> Callable[[], World]:
+        return functools.partial(World, size, backend=backend, init=init, leaks=self.settings.leaks)
 
     def resolve_backend(self, backend: object) -> str:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
@@ -114,14 +111,11 @@ class DistSession:
             isolate: Whether it runs on fresh processes alone.
             option: What commands need besides the test ids (:func:`order.check`).
         """
-        size, backend, init = shape
-        new_world = functools.partial(
-            World, size, backend=backend, init=init, leaks=self.settings.leaks
-        )
+        new_world = self._new_world(*shape)
         if isolate:
             with new_world() as world:
                 return order.Checked(attempt(world, True)[1])
-        world = self.world(size, backend, init)
+        world = self.world(*shape)
         earlier = self.history.before(world)
         reused = attempt(world, False)
         self.history.record(world, step)
@@ -136,8 +130,8 @@ class DistSession:
         )
 
     def run_item(self, item: pytest.Function) -> None:
-        """Run a marked test on its ranks, its controller fixtures set up: raise what belongs
-        to the setup phase, keep the rest for :meth:`finish_call` and the teardown."""
+        """Run a marked test on its ranks, its controller fixtures set up (see the module's
+        docstring for the phases)."""
         if self.config.option.setuponly or self.config.option.setupplan:
             return
         try:
@@ -166,12 +160,11 @@ class DistSession:
                 outcome = ending if ending.error is not None else outcome
             return replay.kind(outcome), outcome
 
-        limit = interrupts.PytestTimeout.of(item)
         option = f"--dist-backend={backend}"
-        with limit.taken_over(test.timeout) as deadline:
+        with interrupts.taken_over(item, test.timeout) as deadline:
             seed = self._seed(item)
             step = replay.Step(
-                item.nodeid, run_test, (ref, plan), deadline, seed, test.check_collectives
+                item.nodeid, run_test, (ref, plan), deadline.seconds, seed, test.check_collectives
             )
             shape = (test.world_size, backend, test.init)
             checked = self.judge(item, step, shape, attempt, test.isolate, option)
@@ -188,7 +181,7 @@ class DistSession:
             item.stash[_CALL] = skip.reason
         elif error is not None:
             order.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
-            limit.explain(error)
+            deadline.explain(error)
             # The phase of the root cause (see RankFailure.phase).
             root = next(iter(error.failures.values()), None)
             phase = root.phase if root is not None else "call"
@@ -231,19 +224,18 @@ class DistSession:
     def _end_scope(self, item: pytest.Function, scope_key: str, timeout: float) -> None:
         # Run in the teardown of whichever test runs then, under its pytest-timeout timer.
         errors = []
-        limit = interrupts.PytestTimeout.of(item, teardown=True)
-        with limit.taken_over(timeout) as deadline:
+        with interrupts.taken_over(item, timeout, teardown=True) as deadline:
             for world in self._scopes.pop(scope_key, set()):
                 if world.closed or world.broken:
                     continue  # its processes, and the fixtures in them, are gone already
                 outcome = world.call(
-                    end_scopes, ([scope_key],), timeout=deadline, output=OUTPUT_CAPTURE
+                    end_scopes, ([scope_key],), timeout=deadline.seconds, output=OUTPUT_CAPTURE
                 )
                 report.add_output_sections(item, outcome.outputs)
                 if outcome.error is not None:
                     errors.append(outcome.error)
         if errors:
-            limit.explain(errors[0])
+            deadline.explain(errors[0])
             raise errors[0]
 
     def _seed(self, item: pytest.Item) -> int:

@@ -138,7 +138,6 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
     """
     mark = find_mark(item)
     assert mark is not None
-    problem = None
     try:
         spec = parse_mark(mark)
         callspec = getattr(item, "callspec", None)
@@ -146,7 +145,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         backend = params.get(BACKEND_PARAM, spec.backend)
         if isinstance(backend, str) and backend.lower() == "auto":
             backend = session.backend
-        found = TestSettings(
+        return TestSettings(
             world_size=validate.positive_int(
                 params.get(WORLD_SIZE_PARAM, spec.world_size), "world_size"
             ),
@@ -164,7 +163,5 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             ),
         )
     except (TypeError, ValueError) as exc:
-        problem = str(exc)
-    if problem is not None:  # raised here, not in the except: no chained traceback
-        pytest.fail(f"invalid @pytest.mark.{mark.name}: {problem}", pytrace=False)
-    return found
+        problem = f"invalid @pytest.mark.{mark.name}: {exc}"
+        raise pytest.fail.Exception(problem, pytrace=False) from None
