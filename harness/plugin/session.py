@@ -109,7 +109,7 @@ class DistSession:
             attempt: Runs it on a world (True: a fresh one, which ends with it); returns
                 how it ended (``replay.PASSED``, ...) and what the caller needs.
             isolate: Whether it runs on fresh processes alone.
-            option: What commands need besides the test ids (:func:`order.check`).
+            option: What commands need besides the test ids (:func:`~harness.plugin.order.check`).
         """
         new_world = self._new_world(*shape)
         if isolate:
