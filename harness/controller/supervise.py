@@ -75,6 +75,8 @@ def gather(
     while pending:
         # A rank its fault ended is waited for no longer (a hung one never answers).
         ended = [rank for rank in pending if rank in fired and fired[rank].ends]
+        if any(f.ends for f in fired.values()):
+            _end_returned(ranks, replies)
         replies.update((rank, Faulted(fired[rank])) for rank in ended if rank not in replies)
         if len(ended) == len(pending):
             return replies, False
@@ -125,6 +127,16 @@ def gather(
                 end = time.monotonic() + grace
                 grace_end = end if grace_end is None else min(grace_end, end)
     return replies, False
+
+
+def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
+    """End the ranks that returned, as native processes end once their work is done: their
+    connections close, so a peer still blocked on one of them fails instead of hanging (a
+    fault ended a rank: the world is rebuilt anyway)."""
+    for proc in ranks:
+        if isinstance(replies.get(proc.rank), Done) and proc.lifeline is not None:
+            proc.lifeline.close()
+            proc.lifeline = None
 
 
 def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
