@@ -10,6 +10,7 @@ The rest of the plugin:
 * :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
+* :mod:`~harness.plugin.refs`      where a rank finds a test or fixture, what must pickle
 * :mod:`~harness.plugin.replay`    what each world ran, run again on a fresh world
 * :mod:`~harness.plugin.order`     a reused world's verdict checked on fresh processes, the
   order dependence it shows, repro lines
@@ -63,7 +64,8 @@ def _session(config: pytest.Config) -> DistSession:
 
 _FLAGS = {
     "--dist-no-collective-check": "do not compare the ranks' collectives after a distributed "
-    "test that passed (the desync check)",
+    "test that passed (the desync check: another op, reduce op, root, shape or dtype on some "
+    "ranks fails the test)",
     "--dist-isolate": "run every distributed test in fresh rank processes instead of reused worlds",
     "--dist-mptc": "run unittest classes derived from torch's MultiProcessTestCase on reused "
     "ranks, one world per world size (default: ini dist_mptc)",
@@ -74,17 +76,18 @@ _FLAGS = {
 # Their defaults are settings.py's, where an unset key ('') is read.
 _INI = {
     "dist_confirm": "fresh (default): a distributed test that fails on a reused world runs "
-    "again on fresh processes before it is reported; off: it is reported as it is",
+    "again on fresh processes before it is reported (passing there, the fresh verdict stands "
+    "and the order dependence is reported); off: failures are reported as they are",
     "dist_order_dependent": "what an order dependence found on fresh processes does: warn "
-    "(default) or fail (the test fails)",
+    "(default: a warning naming the earlier test that causes it) or fail (the test fails)",
     "dist_bisect_runs": "how many fresh worlds the search for the earlier test behind an "
     f"order dependence may start (default: {settings.DEFAULT_BISECT_RUNS}; 0: no search)",
     "dist_timeout": "default time limit of one distributed test in seconds "
     f"({settings.DEFAULT_TIMEOUT_S:g})",
-    "dist_leaks": "what a distributed test that leaves threads, child processes or open "
-    "files in a rank gets: warn (default), error (a failure) or off",
-    "dist_marker": f"name of the plugin's marker (default: {MARKER}, unless the project has "
-    "a marker of that name)",
+    "dist_leaks": "what to do when a distributed test leaves threads, child processes or open "
+    "files behind in a rank: warn (default), error (fail the test, rebuild the world) or off",
+    "dist_marker": f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
+    f"where the project has a '{MARKER}' marker of its own)",
 }
 
 
@@ -131,8 +134,10 @@ def pytest_configure(config: pytest.Config) -> None:
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
             "init=True, check_collectives=True): run the test body on every rank of a "
-            "torch.distributed world (a list of world sizes or backends parametrizes the "
-            "test; init=False: no process group, the test makes its own)",
+            "torch.distributed world (lists of world sizes or backends parametrize the test; "
+            "init=False: the ranks have the torchrun environment but no process group, the "
+            "test makes its own; check_collectives=False: a passing test's collectives are "
+            "not compared between ranks)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)

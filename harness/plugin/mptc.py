@@ -2,7 +2,8 @@
 
 torch's ``MultiProcessTestCase`` runs each test in freshly spawned processes, each calling
 the class's ``cls._run``, and judges their exit codes (``_check_return_codes``). Under
-``--dist-mptc`` pytest still runs such a test as the unittest test it is, but starting its
+``--dist-mptc`` pytest still runs such a test as the unittest test it is (``setUp``,
+``tearDown``, skip decorators, ``instantiate_parametrized_tests`` methods), but starting its
 processes does nothing, and waiting for them runs ``_run`` on each rank of a reused
 ``World(init=False)`` instead (:mod:`harness.rank.mptc_body`), one world per world size. The
 exit codes and pipe messages that come back feed the class's own check, so the verdict is
@@ -25,7 +26,7 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import order, rank_fixtures, replay, report
+from harness.plugin import order, refs, replay, report
 from harness.plugin.marker import launcher_world
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
     call = CaseCall(
-        test=rank_fixtures.reference(item, compat.mptc_test_name(case)),
+        test=refs.reference(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
         kwargs=compat.mptc_run_kwargs(case),
         # A native process inherits its parent's environment, as the test's setUp left

@@ -1,14 +1,14 @@
-"""Where a distributed test's fixtures run, and what its ranks are sent (controller side).
+"""Where a distributed test's fixtures run, and the plan its ranks get (controller side).
 
 A fixture runs in the controller unless it runs inside each rank: one of the plugin's
 (``rank``, ``world_size``, ``local_rank``, ``local_device``), one of pytest's per-process
 built-ins (``PER_PROCESS_FIXTURES``: ``monkeypatch``, ``capsys``, ...), one declared with
 :func:`harness.fixture`, or one that requests such a fixture, directly or through others.
-pytest's other fixtures stay where pytest runs them, whatever they request. Asking for
-``request`` moves nothing (a rank gets a view of it), nor does asking for
-``tmp_path_factory``: it is the session's, the same for every rank, so a controller fixture
-built on it stays in the controller; a rank-side consumer gets a twin over its base
-directory.
+pytest's other fixtures stay where pytest runs them, whatever they request: ``tmp_path`` is
+one directory of the controller, shared by every rank. Asking for ``request`` moves nothing
+(a rank gets a view of it), nor does asking for ``tmp_path_factory``: it is the session's,
+the same for every rank, so a controller fixture built on it stays in the controller; a
+rank-side consumer gets a twin over its base directory.
 
 :func:`split` decides before pytest sets anything up, and takes the rank-side fixtures out of
 the item's ``fixturenames``; :func:`plan` then builds the ranks'
@@ -17,14 +17,14 @@ the item's ``fixturenames``; :func:`plan` then builds the ranks'
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
 import pytest
 
 from harness import compat
-from harness.controller.pickling import picklable, pickle_problem, short_repr
+from harness.controller.pickling import picklable
+from harness.plugin import refs
 from harness.protocol.messages import (
     ARG_FIXTURE,
     ARG_REQUEST,
@@ -37,7 +37,6 @@ from harness.protocol.messages import (
     FunctionRef,
     RankFixture,
     RequestInfo,
-    TestRef,
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -245,7 +244,7 @@ def plan(item: pytest.Function) -> FixturePlan:
         if name not in values:
             value = item.funcargs[name]
             by = f" (requested by {requester.argname!r})" if requester is not None else ""
-            check_picklable(value, f"fixture {name!r}{by}")
+            refs.check_picklable(value, f"fixture {name!r}{by}")
             values[name] = value
         return Arg(ARG_VALUE, name)
 
@@ -329,67 +328,5 @@ def _builtin(fixturedef: Any) -> bool:
 
 
 def _function_ref(fixturedef: Any) -> FunctionRef | None:
-    """Where a rank finds a user's fixture function; None for the built-ins (and for a
-    function a rank cannot import)."""
-    function = fixturedef.func
-    qualname = getattr(function, "__qualname__", "")
-    module = sys.modules.get(_module(fixturedef))
-    path = getattr(module, "__file__", None)
-    if _builtin(fixturedef) or module is None or path is None or "<locals>" in qualname:
-        return None
-    return FunctionRef(module.__name__, path, qualname, compat.asserts_rewritten(module))
-
-
-def reference(item: pytest.Function, function: str, *, state: bool = False) -> TestRef:
-    """Where a rank finds a test: its module, the attribute path to its class there
-    (``__qualname__``, or the name pytest collected it under: classes made by torch's
-    ``instantiate_device_type_tests`` are module attributes under another name) and the
-    name of its function.
-
-    Args:
-        item: The test.
-        function: The function's (or method's) name in its module or class.
-        state: Whether to send the test class instance's ``__dict__`` (what xunit-style
-            setup methods put there) for the rank's instance.
-
-    Raises:
-        pytest.fail.Exception: ``state``, and an attribute's value does not pickle.
-    """
-    module = item.module
-    assert module is not None
-    assert module.__file__ is not None
-    cls = item.cls
-    path = None
-    if cls is not None:
-        path = cls.__qualname__
-        owner: Any = module
-        for part in path.split("."):
-            owner = getattr(owner, part, None)
-        if owner is not cls:
-            path = item.parent.name if item.parent is not None else cls.__name__
-    instance_state = None
-    if state and cls is not None and item.instance is not None and vars(item.instance):
-        instance_state = dict(vars(item.instance))
-        for name, value in instance_state.items():
-            check_picklable(value, f"attribute {name!r} of the test class instance")
-    return TestRef(
-        module=module.__name__,
-        path=module.__file__,
-        cls=path,
-        function=function,
-        sys_path=tuple(sys.path),
-        rewrite=compat.asserts_rewritten(module),
-        instance_state=instance_state,
-    )
-
-
-def check_picklable(value: Any, what: str) -> None:
-    """Fail the test, naming ``what``, when ``value`` does not pickle."""
-    problem = pickle_problem(value)
-    if problem is None:
-        return
-    pytest.fail(
-        f"{what} cannot be sent to the ranks: its value {short_repr(value)} does not pickle "
-        f"({problem})",
-        pytrace=False,
-    )
+    """Where a rank finds a user's fixture function (None for the built-ins)."""
+    return None if _builtin(fixturedef) else refs.function_ref(fixturedef.func)

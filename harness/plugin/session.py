@@ -4,8 +4,9 @@
 rebuilds itself after any failure). A test is one call to its ranks, by reference (the body
 runs in :mod:`harness.rank.pytest_body`), at the end of pytest's setup phase: the ranks set
 up their own fixtures, run the body and tear those fixtures down in that call. Its outcome
-is then raised in the phase it belongs to, as it would be in-process. Under an external
-launcher the test runs in :mod:`harness.plugin.launcher` instead.
+is then raised in the phase it belongs to, so a rank-side fixture's error is the test's setup
+or teardown error, as it would be in-process. Under an external launcher the test runs in
+:mod:`harness.plugin.launcher` instead.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError
-from harness.plugin import interrupts, order, rank_fixtures, replay, report, settings
+from harness.plugin import interrupts, order, rank_fixtures, refs, replay, report, settings
 from harness.plugin.marker import launcher_world
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, FixturePlan
 from harness.rank.entry import end_scopes, run_test
@@ -142,7 +143,7 @@ class DistSession:
                 self._unavailable[key] = unavailable_reason(backend, test.world_size)
             if self._unavailable[key]:
                 compat.skip_at_test(str(self._unavailable[key]))
-            ref = rank_fixtures.reference(item, item.originalname, state=True)
+            ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item)
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
@@ -164,7 +165,13 @@ class DistSession:
         with interrupts.taken_over(item, test.timeout) as deadline:
             seed = self._seed(item)
             step = replay.Step(
-                item.nodeid, run_test, (ref, plan), deadline.seconds, seed, test.check_collectives
+                item.nodeid,
+                run_test,
+                (ref, plan),
+                deadline.seconds,
+                seed,
+                test.check_collectives,
+                test.faults,
             )
             shape = (test.world_size, backend, test.init)
             checked = self.judge(item, step, shape, attempt, test.isolate, option)
