@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 
+from harness.faults import Sweep
+
 MARKER = "distributed"  # the marker's default name
 
 WORLD_SIZE_PARAM = "_harness_world_size"
 BACKEND_PARAM = "_harness_backend"
+FAULT_PARAM = "_harness_fault"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +35,7 @@ class MarkSpec:
     isolate: Any = False
     init: Any = True
     check_collectives: Any = True
+    faults: Any = ()
 
 
 _CLAIMED = pytest.StashKey["str | None"]()
@@ -109,7 +113,8 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
 
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
-    """Turn list-valued ``world_size`` / ``backend`` into parameters (ids ``ws2``, ``gloo``)."""
+    """Turn list-valued ``world_size`` / ``backend`` and a sweep of ``faults`` into parameters
+    (ids ``ws2``, ``gloo``, ``kill-r1-at3``)."""
     mark = find_mark(metafunc.definition)
     if mark is None:
         return
@@ -117,9 +122,11 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
         spec = parse_mark(mark)
     except ValueError:
         return  # reported when the test runs, so the module's other tests still run
+    sweep = spec.faults if isinstance(spec.faults, Sweep) else ()
     for name, values, make_id in (
         (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
         (BACKEND_PARAM, spec.backend, str),
+        (FAULT_PARAM, sweep, lambda v: v.id),
     ):
         if isinstance(values, (list, tuple)) and values:
             # parametrize() only accepts names the test requests; this one it requests

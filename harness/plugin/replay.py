@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from harness.faults import Fault
 from harness.protocol.messages import OUTPUT_CAPTURE
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ def kind(outcome: Outcome) -> str:
 @dataclass(frozen=True)
 class Step:
     """One test as a world ran it (its node id, and the call its ranks were sent, with its
-    deadline, seed and collective check): what runs it again on other processes."""
+    deadline, seed, collective check and faults): what runs it again on other processes."""
 
     nodeid: str
     fn: Callable[..., Any]
@@ -47,6 +48,7 @@ class Step:
     timeout: float | None
     seed: int | None
     check_collectives: bool = True
+    faults: tuple[Fault, ...] = ()
 
     def call(self, world: World, output: str = OUTPUT_CAPTURE) -> Outcome:
         """Run the test on ``world`` (``output``: as ``World.call`` takes it)."""
@@ -58,6 +60,7 @@ class Step:
             seed=self.seed,
             name=f"test {self.nodeid}",
             check_collectives=self.check_collectives,
+            faults=self.faults,
         )
 
 

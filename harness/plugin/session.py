@@ -165,7 +165,13 @@ class DistSession:
         with interrupts.taken_over(item, test.timeout) as deadline:
             seed = self._seed(item)
             step = replay.Step(
-                item.nodeid, run_test, (ref, plan), deadline.seconds, seed, test.check_collectives
+                item.nodeid,
+                run_test,
+                (ref, plan),
+                deadline.seconds,
+                seed,
+                test.check_collectives,
+                test.faults,
             )
             shape = (test.world_size, backend, test.init)
             checked = self.judge(item, step, shape, attempt, test.isolate, option)

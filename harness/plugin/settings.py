@@ -21,7 +21,14 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.plugin.marker import BACKEND_PARAM, WORLD_SIZE_PARAM, find_mark, parse_mark
+from harness.faults import Fault, checked
+from harness.plugin.marker import (
+    BACKEND_PARAM,
+    FAULT_PARAM,
+    WORLD_SIZE_PARAM,
+    find_mark,
+    parse_mark,
+)
 
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_BISECT_RUNS = 8
@@ -118,6 +125,7 @@ class TestSettings:
         isolate: Whether it runs on fresh processes.
         init: Whether its ranks start in a default process group.
         check_collectives: Whether its collectives are compared when it passes.
+        faults: The faults injected at its ranks' collectives (one of a sweep's per case).
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -128,6 +136,7 @@ class TestSettings:
     isolate: bool
     init: bool
     check_collectives: bool
+    faults: tuple[Fault, ...] = ()
 
 
 def for_test(session: Settings, item: pytest.Item) -> TestSettings:
@@ -145,10 +154,12 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         backend = params.get(BACKEND_PARAM, spec.backend)
         if isinstance(backend, str) and backend.lower() == "auto":
             backend = session.backend
+        world_size = validate.positive_int(
+            params.get(WORLD_SIZE_PARAM, spec.world_size), "world_size"
+        )
+        faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
         return TestSettings(
-            world_size=validate.positive_int(
-                params.get(WORLD_SIZE_PARAM, spec.world_size), "world_size"
-            ),
+            world_size=world_size,
             backend=validate.backend(backend),
             timeout=(
                 session.timeout
@@ -161,6 +172,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
                 validate.flag(spec.check_collectives, "check_collectives")
                 and session.check_collectives
             ),
+            faults=checked(faults, world_size),
         )
     except (TypeError, ValueError) as exc:
         problem = f"invalid @pytest.mark.{mark.name}: {exc}"
