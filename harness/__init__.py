@@ -32,10 +32,10 @@ from harness.errors import (
     RankLeak,
     WorldTimeout,
 )
-from harness.faults import FaultFired
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
+    from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
 
 
@@ -48,6 +48,8 @@ def __getattr__(name: str) -> Any:
         # The forkserver imports torch while we do: the first world comes up sooner.
         forkserver.warm_up()
         return getattr(importlib.import_module("harness.controller.world"), name)
+    if name == "FaultFired":
+        return importlib.import_module("harness.faults").FaultFired
     if name == "fixture":
         return importlib.import_module("harness.plugin.rank_fixtures").fixture
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
