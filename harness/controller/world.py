@@ -27,14 +27,7 @@ from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.faults import Fault, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import (
-    OUTPUT_CAPTURE,
-    OUTPUT_INHERIT,
-    OUTPUTS,
-    Call,
-    Done,
-    Regroup,
-)
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Done, Regroup
 from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0

@@ -111,7 +111,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
-    from harness.protocol.messages import CaseCall
+    from harness.protocol.pytest_calls import CaseCall
     from harness.rank.mptc_body import FreshAfter
     from harness.rank.mptc_body import run_case as rank_body
 
@@ -163,7 +163,7 @@ class _Ended:
     each rank's exit code and what it sent through its pipe."""
 
     def __init__(self, outcome: Outcome, elapsed: float, world_size: int, pids: list[int]):
-        from harness.protocol.messages import CaseExit
+        from harness.protocol.pytest_calls import CaseExit
 
         self.outcome = outcome
         self.elapsed = elapsed

@@ -12,7 +12,7 @@ rank-side consumer gets a twin over its base directory.
 
 :func:`split` decides before pytest sets anything up, and takes the rank-side fixtures out of
 the item's ``fixturenames``; :func:`plan` then builds the ranks'
-:class:`~harness.protocol.messages.FixturePlan` (run in :mod:`harness.rank.fixtures`).
+:class:`~harness.protocol.pytest_calls.FixturePlan` (run in :mod:`harness.rank.fixtures`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import pytest
 from harness import compat
 from harness.controller.pickling import picklable
 from harness.plugin import refs
-from harness.protocol.messages import (
+from harness.protocol.pytest_calls import (
     ARG_FIXTURE,
     ARG_REQUEST,
     ARG_VALUE,

@@ -15,7 +15,7 @@ import pytest
 
 from harness import compat
 from harness.controller.pickling import pickle_problem, short_repr
-from harness.protocol.messages import FunctionRef, TestRef
+from harness.protocol.pytest_calls import FunctionRef, TestRef
 
 
 def reference(item: pytest.Function, function: str, *, state: bool = False) -> TestRef:

@@ -25,7 +25,8 @@ from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import interrupts, order, rank_fixtures, refs, replay, report, settings
 from harness.plugin.marker import launcher_world
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, FixturePlan
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
+from harness.protocol.pytest_calls import FixturePlan
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:

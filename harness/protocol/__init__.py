@@ -2,6 +2,8 @@
 
 * :mod:`~harness.protocol.messages`    the named messages that cross a rank's pipe, and what a
   rank is told when it starts
+* :mod:`~harness.protocol.pytest_calls`  what a pytest test's call carries: which test, its
+  rank-side fixtures, a ``--dist-mptc`` case
 * :mod:`~harness.protocol.rank_files`  the files a rank writes in its world's directory (captured
   output, stack dumps, crash dumps): their paths, and how each is written and read
 * :mod:`~harness.protocol.failures`    how a failure on a rank is described (built from an

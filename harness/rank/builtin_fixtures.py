@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from harness import compat
-from harness.protocol.messages import PLUGIN_FIXTURES
+from harness.protocol.pytest_calls import PLUGIN_FIXTURES
 from harness.rank.identity import rank_value
 
 

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, NoReturn
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from harness.protocol.messages import FixturePlan, RankSetup, TestRef
+    from harness.protocol.messages import RankSetup
+    from harness.protocol.pytest_calls import FixturePlan, TestRef
 
 
 def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from harness import compat
 from harness.protocol.failures import PHASE_ATTR
-from harness.protocol.messages import (
+from harness.protocol.pytest_calls import (
     ARG_FIXTURE,
     ARG_VALUE,
     Arg,

@@ -34,7 +34,7 @@ import torch
 
 from harness import compat
 from harness.protocol.failures import EXIT_CODE_ATTR
-from harness.protocol.messages import CaseCall, CaseExit
+from harness.protocol.pytest_calls import CaseCall, CaseExit
 from harness.rank import reset
 from harness.rank.pytest_body import import_test_module
 

@@ -1,8 +1,8 @@
 """Where a pytest test body runs: this module's ``run_test`` executes INSIDE each rank.
 
 The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
-(:class:`~harness.protocol.messages.TestRef`), never the function object, and a
-:class:`~harness.protocol.messages.FixturePlan`. Here the module is imported the way pytest
+(:class:`~harness.protocol.pytest_calls.TestRef`), never the function object, and a
+:class:`~harness.protocol.pytest_calls.FixturePlan`. Here the module is imported the way pytest
 imported it in the controller, the class (if any) is instantiated, the rank-side fixtures
 are set up (:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when
 the body (or a fixture's setup) raised, only after the controller heard of it
@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from harness import compat
-from harness.protocol.messages import FixturePlan, FunctionRef, TestRef
+from harness.protocol.pytest_calls import FixturePlan, FunctionRef, TestRef
 from harness.rank import fixtures
 
 

@@ -295,7 +295,7 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         pytest.param(
             "world_size=2, workers=3",
             "*got unknown argument(s) workers; valid: world_size, backend, timeout, isolate, "
-            "init, check_collectives",
+            "init, check_collectives, faults",
             id="unknown-argument",
         ),
         pytest.param("world_size=2, init='no'", "init must be True or False, not 'no'", id="init"),
