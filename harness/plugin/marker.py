@@ -10,6 +10,7 @@ resolve to are :mod:`harness.plugin.settings`'s.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -94,19 +95,20 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
     """
     if len(mark.args) > 1:
         raise ValueError(
-            f"@pytest.mark.{mark.name} takes world_size as its only positional argument, "
-            f"got {mark.args!r}"
+            f"world_size is the only positional argument, got {len(mark.args)}: {mark.args!r}"
         )
     kwargs = dict(mark.kwargs)
     if mark.args:
         if "world_size" in kwargs:
-            raise ValueError(f"@pytest.mark.{mark.name} got world_size twice")
+            raise ValueError("world_size given twice (positionally and by name)")
         kwargs["world_size"] = mark.args[0]
     valid = [field.name for field in dataclasses.fields(MarkSpec)]
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
+        guesses = [difflib.get_close_matches(name, valid, n=1) for name in unknown]
+        hint = "".join(f" (did you mean {close[0]!r}?)" for close in guesses if close)
         raise ValueError(
-            f"@pytest.mark.{mark.name} got unknown argument(s) {', '.join(unknown)}; "
+            f"unknown argument(s) {', '.join(map(repr, unknown))}{hint}; "
             f"valid: {', '.join(valid)}"
         )
     return MarkSpec(**kwargs)

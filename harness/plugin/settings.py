@@ -154,9 +154,10 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         backend = params.get(BACKEND_PARAM, spec.backend)
         if isinstance(backend, str) and backend.lower() == "auto":
             backend = session.backend
-        world_size = validate.positive_int(
-            params.get(WORLD_SIZE_PARAM, spec.world_size), "world_size"
-        )
+        size = params.get(WORLD_SIZE_PARAM, spec.world_size)
+        if isinstance(size, (list, tuple)) and not size:
+            raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
+        world_size = validate.positive_int(size, "world_size")
         faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
         return TestSettings(
             world_size=world_size,

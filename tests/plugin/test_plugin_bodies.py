@@ -294,14 +294,24 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         ),
         pytest.param(
             "world_size=2, workers=3",
-            "*got unknown argument(s) workers; valid: world_size, backend, timeout, isolate, "
+            "unknown argument(s) 'workers'; valid: world_size, backend, timeout, isolate, "
             "init, check_collectives, faults",
             id="unknown-argument",
+        ),
+        pytest.param(
+            "wrold_size=2",
+            "unknown argument(s) 'wrold_size' (did you mean 'world_size'?); valid: *",
+            id="typo",
+        ),
+        pytest.param(
+            "world_size=[]",
+            "world_size must be an int >= 1 or a non-empty list of them, not []",
+            id="ws-empty-list",
         ),
         pytest.param("world_size=2, init='no'", "init must be True or False, not 'no'", id="init"),
         pytest.param(
             "2, 3",
-            "*takes world_size as its only positional argument, got (2, 3)",
+            "world_size is the only positional argument, got 2: (2, 3)",
             id="two-positionals",
         ),
     ],
