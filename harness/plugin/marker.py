@@ -108,8 +108,7 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
         guesses = [difflib.get_close_matches(name, valid, n=1) for name in unknown]
         hint = "".join(f" (did you mean {close[0]!r}?)" for close in guesses if close)
         raise ValueError(
-            f"unknown argument(s) {', '.join(map(repr, unknown))}{hint}; "
-            f"valid: {', '.join(valid)}"
+            f"unknown argument(s) {', '.join(map(repr, unknown))}{hint}; valid: {', '.join(valid)}"
         )
     return MarkSpec(**kwargs)
 
