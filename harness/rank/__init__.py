@@ -8,6 +8,7 @@
 * :mod:`~harness.rank.trace`        which collectives a call issues, per process group
 * :mod:`~harness.rank.describe`     how a recorded call reads (its op); the flight recorder
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
+* :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
@@ -19,11 +20,11 @@
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
 
 What it may import: the standard library, ``torch``, ``fhelium.distributed``, the protocol
-(:mod:`harness.protocol`) and ``harness.compat``; pytest only when the rank runs a pytest
-test. Never the controller (``harness.controller``), the plugin or the command line: a rank
-never spawns ranks through the controller's machinery. An import-linter contract in
-``pyproject.toml`` enforces this. The modules are preloaded into the forkserver, so none may
-touch CUDA at import time.
+(:mod:`harness.protocol`), ``harness.compat`` and ``harness.faults``; pytest only when the
+rank runs a pytest test. Never the controller (``harness.controller``), the plugin or the
+command line: a rank never spawns ranks through the controller's machinery. An
+import-linter contract in ``pyproject.toml`` enforces this. The modules are preloaded into
+the forkserver, so none may touch CUDA at import time.
 """
 
 import os
