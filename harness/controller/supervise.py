@@ -73,13 +73,13 @@ def gather(
     grace_end: float | None = None
     fired = {} if fired is None else fired
     while pending:
-        # A rank its fault ended is waited for no longer (a hung one never answers).
-        ended = [rank for rank in pending if rank in fired and fired[rank].ends]
-        if any(f.ends for f in fired.values()):
+        if fired and any(f.ends for f in fired.values()):
             _end_returned(ranks, replies)
-        replies.update((rank, Faulted(fired[rank])) for rank in ended if rank not in replies)
-        if len(ended) == len(pending):
-            return replies, False
+            # A rank its fault ended is waited for no longer (a hung one never answers).
+            ended = [rank for rank in pending if rank in fired and fired[rank].ends]
+            replies.update((r, Faulted(fired[r])) for r in ended if r not in replies)
+            if len(ended) == len(pending):
+                return replies, False
         limits = [t for t in (deadline, grace_end) if t is not None]
         now = time.monotonic()
         if limits and now >= min(limits):
