@@ -13,6 +13,7 @@ private test API goes through :mod:`harness.compat`.
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import time
@@ -124,7 +125,14 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         # it, and nothing else: the rank runs the test with exactly this one.
         environ=dict(os.environ),
     )
-    step = replay.Step(item.nodeid, rank_body, (call,), compat.mptc_timeout(case), None)
+    step = replay.Step(
+        item.nodeid,
+        rank_body,
+        (call,),
+        compat.mptc_timeout(case),
+        None,
+        prepare=functools.partial(_empty_store, call.file_name),
+    )
 
     def attempt(world: World, fresh: bool) -> tuple[str, _Ended]:
         started = time.time()
@@ -137,7 +145,8 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
     shape = (world_size, "gloo", False)
-    checked = session.judge(item, step, shape, attempt, session.settings.isolate, "--dist-mptc")
+    isolate = session.settings.isolate or _reads_once(call.environ)
+    checked = session.judge(item, step, shape, attempt, isolate, "--dist-mptc")
     if checked.failure is not None:
         raise checked.failure
     ended = checked.result
@@ -156,6 +165,28 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             RuntimeWarning,
             stacklevel=2,
         )
+
+
+# Environment variables torch reads once per process, at the first use of what they
+# configure, whose state then lives as long as the process: torch's flight recorder (a
+# process-wide buffer of every process group's collectives, sized by TORCH_FR_BUFFER_SIZE
+# or its NCCL-era name, with no call that empties it). A test that sets one expects that
+# state new, as its native processes have it: it runs on fresh ranks.
+_READ_ONCE_PREFIXES = ("TORCH_FR_", "TORCH_NCCL_TRACE_")
+
+
+def _reads_once(environ: dict[str, str]) -> bool:
+    """Whether the test's environment sets a variable of :data:`_READ_ONCE_PREFIXES`."""
+    return any(name.startswith(_READ_ONCE_PREFIXES) for name in environ)
+
+
+def _empty_store(path: str) -> None:
+    """Empty the test's ``FileStore`` file, as the case's ``setUp`` left it: a run of the
+    test before (on reused ranks, or replayed) wrote its ranks' addresses there, which new
+    ranks would otherwise try to reach."""
+    if os.path.exists(path):
+        with open(path, "wb"):
+            pass
 
 
 class _Ended:

@@ -78,7 +78,9 @@ def check(
     except Exception as exc:  # the fresh world did not start
         return Checked(result, f"not confirmed on fresh processes ({exc}); ")
     if fresh == verdict:
-        return Checked(result, "confirmed on fresh processes; ")
+        # The fresh run's account: what a run of the test alone shows (a reused rank may
+        # fail the same test another way, e.g. crash where fresh ones raise).
+        return Checked(found, "confirmed on fresh processes; ")
     finding = None
     if settings.bisect_runs:
         finding = bisect(

@@ -40,7 +40,11 @@ def kind(outcome: Outcome) -> str:
 @dataclass(frozen=True)
 class Step:
     """One test as a world ran it (its node id, and the call its ranks were sent, with its
-    deadline, seed, collective check and faults): what runs it again on other processes."""
+    deadline, seed, collective check and faults): what runs it again on other processes.
+
+    ``prepare``, where given, runs in the controller before each call: it puts back what the
+    test's own setup left for its ranks and an earlier run changed (a store file).
+    """
 
     nodeid: str
     fn: Callable[..., Any]
@@ -49,9 +53,12 @@ class Step:
     seed: int | None
     check_collectives: bool = True
     faults: tuple[Fault, ...] = ()
+    prepare: Callable[[], None] | None = None
 
     def call(self, world: World, output: str = OUTPUT_CAPTURE) -> Outcome:
         """Run the test on ``world`` (``output``: as ``World.call`` takes it)."""
+        if self.prepare is not None:
+            self.prepare()
         return world.call(
             self.fn,
             self.args,

@@ -172,6 +172,39 @@ def test_wrong(rank):
     assert _runs(runs, "test_wrong") == 2
 
 
+def test_a_failure_fresh_processes_confirm_differently_is_reported_as_they_failed(
+    pytester: pytest.Pytester,
+) -> None:
+    # On the reused ranks the test fails at its registration (test_registers ran there
+    # first); on fresh ranks it gets past it and fails at its assertion. The report is the
+    # fresh run's: what the test alone, or a native run, shows.
+    _project(
+        pytester,
+        SUITE
+        + """
+
+@pytest.mark.distributed(world_size=2)
+def test_registers_then_fails(rank):
+    registry.register("relu")
+    assert rank == 1, "fails on fresh processes too"
+""",
+    )
+    result = pytester.runpytest(
+        "-p",
+        "no:randomly",
+        "test_order.py::test_registers",
+        "test_order.py::test_registers_then_fails",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    failure = _failure(result, "test_registers_then_fails")
+    assert failure.startswith(
+        "RankError: rank 0 raised AssertionError: fails on fresh processes too"
+    ), failure
+    assert "already registered" not in failure, failure
+    assert "confirmed on fresh processes; run (2 ranks, gloo)" in failure, failure
+    assert "OrderDependenceWarning" not in result.stdout.str()
+
+
 def test_a_failure_on_processes_that_were_fresh_anyway_runs_once(
     pytester: pytest.Pytester,
 ) -> None:

@@ -243,3 +243,95 @@ def test_rpc_tests_in_a_row_each_start_rpc_as_in_a_fresh_process(
     # one its ranks run.
     ran = [pids[f"{name}-0"] for name in ("rpc1", "rpc2", "running", "rpc4", "plain5")]
     assert len(set(ran)) == len(ran), ran
+
+
+FLIGHT_RECORDER = """
+
+class TestRecorder(Base):
+    def test_1_collectives(self):
+        dist.init_process_group(
+            "gloo", init_method=f"file://{self.file_name}", rank=self.rank, world_size=2
+        )
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+        dist.destroy_process_group()
+
+
+class TestRecorderRead(Base):
+    # As torch's own flight recorder tests do: the variable is set for the test's processes.
+    def setUp(self):
+        os.environ["TORCH_FR_BUFFER_SIZE"] = "10"
+        super().setUp()
+
+    def tearDown(self):
+        del os.environ["TORCH_FR_BUFFER_SIZE"]
+        super().tearDown()
+
+    def test_reads_the_recorder(self):
+        store = dist.FileStore(self.file_name, 2)
+        pg = dist.ProcessGroupGloo(store, self.rank, 2)
+        for _ in range(2):
+            pg.allreduce(torch.full((3, 4), float(self.rank))).wait()
+        trace = json.loads(
+            torch._C._distributed_c10d._dump_fr_trace_json(includeCollectives=True)
+        )
+        # A native process's recorder holds this test's collectives and group alone.
+        assert len(trace["pg_config"]) == 1, trace["pg_config"]
+        assert len(trace["entries"]) == 2, trace["entries"]
+"""
+
+
+def test_a_test_that_reads_the_flight_recorder_gets_fresh_ranks(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # torch's flight recorder keeps every collective a process made, in one process-wide
+    # buffer sized at its first use: a reused rank's holds the earlier test's entries.
+    pids_dir = str(tmp_path_factory.mktemp("pids"))
+    result = _run(pytester, pids_dir, FLIGHT_RECORDER)
+    result.assert_outcomes(passed=2)
+
+
+STALE_STORE = """
+import registry
+
+
+class TestStore(Base):
+    def test_1_registers(self):
+        registry.register("relu")
+
+    def test_2_uses_the_store_then_registers(self):
+        # setUp leaves the store file empty: a rank finds nothing of an earlier run of this
+        # test there (Gloo's ranks would read each other's old addresses from it).
+        store = dist.FileStore(self.file_name, 2)
+        assert not store.check([f"ran{self.rank}"]), "the store file holds an earlier run's keys"
+        store.set(f"ran{self.rank}", "1")
+        registry.register("relu")
+"""
+
+REGISTRY = """
+_registered = set()
+
+
+def register(name):
+    if name in _registered:
+        raise ValueError(f"{name!r} is already registered")
+    _registered.add(name)
+"""
+
+
+def test_the_run_on_fresh_ranks_finds_the_store_file_as_setup_left_it(
+    pytester: pytest.Pytester, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # test_2 fails on the reused ranks (test_1 registered "relu" there) after it wrote to the
+    # store; the confirming run on fresh ranks must pass, as a native run does.
+    pids_dir = str(tmp_path_factory.mktemp("pids"))
+    pytester.makepyfile(registry=REGISTRY)
+    pytester.makepyfile(test_suite=HEADER.format(pids_dir=pids_dir) + STALE_STORE)
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*OrderDependenceWarning: TestStore::test_2_uses_the_store_then_registers failed after "
+            "TestStore::test_1_registers on a reused world and passes on fresh processes*"
+        ]
+    )
