@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import runpy
@@ -10,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +16,10 @@ import check_rankfns
 import pytest
 import torch
 from check_rankfns import check_collectives
+from cli_testutil import table
 
 import harness
-from harness import cli, faults
+from harness import cli
 from harness.cli import exit_code, merge_rows, summary
 from harness.controller import supervise
 from harness.rank import check_rows
@@ -58,20 +57,6 @@ BASE_NAMES = [
     "gather_object",
     "scatter_object_list",
 ]
-
-TABLE_ROW = re.compile(
-    r"^(?P<name>\S.*?)\s+\| (?P<status>ok|unsupported: .+|n/a: .+|FAIL: .+?)\s+\|\s+"
-    r"(?P<latency>\d+\.\d{3} ms|-)$"
-)
-
-
-def _table(stdout: str) -> dict[str, tuple[str, str]]:
-    rows = {}
-    for line in stdout.splitlines():
-        match = TABLE_ROW.match(line)
-        if match:
-            rows[match["name"].strip()] = (match["status"], match["latency"])
-    return rows
 
 
 def test_row_names_cover_every_kind() -> None:
@@ -112,7 +97,7 @@ def test_cli_check_passes(world_size: int) -> None:
     assert "device " in header
     assert "start method " in header
     assert re.match(r"^collective\s+\| result\s+\|\s+latency$", lines[1])
-    rows = _table(result.stdout)
+    rows = table(result.stdout)
     assert list(rows) == check_rows.row_names()
     for name in BASE_NAMES:
         status, latency = rows[name]
@@ -251,13 +236,13 @@ def test_unimplemented_collective_is_unsupported_not_failed() -> None:
 
 
 def test_table_is_fixed_width() -> None:
-    table = cli.format_table(
+    lines = cli.format_table(
         [Row("all_reduce", "ok", 0.1234), Row("send/recv", "n/a: needs >= 2 ranks", None)]
     ).splitlines()
-    assert table[0].startswith("collective | result")
-    assert table[2] == "all_reduce | ok                    | 0.123 ms"
-    assert table[3] == "send/recv  | n/a: needs >= 2 ranks |        -"
-    assert len({line.index("|") for line in table if "|" in line}) == 1
+    assert lines[0].startswith("collective | result")
+    assert lines[2] == "all_reduce | ok                    | 0.123 ms"
+    assert lines[3] == "send/recv  | n/a: needs >= 2 ranks |        -"
+    assert len({line.index("|") for line in lines if "|" in line}) == 1
 
 
 def test_main_guard_keeps_children_from_rerunning_the_check() -> None:
@@ -313,7 +298,7 @@ def test_cli_check_without_numpy_marks_object_collectives_na(tmp_path: Path) -> 
         result.stderr
     ), output
     assert "pip install numpy" in result.stderr
-    rows = _table(result.stdout)
+    rows = table(result.stdout)
     assert list(rows) == check_rows.row_names(), output
     for name, (status, latency) in rows.items():
         if name in OBJECT_ROWS:
@@ -379,118 +364,3 @@ def test_needs_numpy_names_the_object_rows() -> None:
     assert [n for n in check_rows.row_names() if check_rows.needs_numpy(n)] == OBJECT_ROWS
     with pytest.raises(ValueError, match=r"unknown collective row 'nope'; valid: all_reduce, "):
         check_rows.needs_numpy("nope")
-
-
-# -------------------------------------------- a fault in one row, placed with harness.faults
-
-
-class _RowFaultWorld(harness.World):
-    """The check's World, except that the call of a row named in ``row_faults`` (the call's
-    ``name`` argument) runs with that row's faults: one row breaks, on one rank, as the
-    public fault API breaks it."""
-
-    def __init__(
-        self, *args: Any, row_faults: Mapping[str, Sequence[faults.Fault]], **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.row_faults = row_faults
-
-    def call(
-        self,
-        fn: Callable[..., Any],
-        args: Iterable[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
-    ) -> Any:
-        name = (kwargs or {}).get("name")
-        if name in self.row_faults:
-            options["faults"] = self.row_faults[name]
-        return super().call(fn, args, kwargs, **options)
-
-
-def _fault_run(
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    row_faults: Mapping[str, Sequence[faults.Fault]],
-    *options: str,
-) -> tuple[int, dict[str, tuple[str, str]], str, str]:
-    """``harness check`` in this process, on a world that injects ``row_faults``."""
-    monkeypatch.setattr(cli, "World", functools.partial(_RowFaultWorld, row_faults=row_faults))
-    code = cli.main(["check", "--world-size", "2", "--backend", "gloo", "--repeats", "1", *options])
-    captured = capsys.readouterr()
-    return code, _table(captured.out), captured.out, captured.err
-
-
-def _others_ok(rows: dict[str, tuple[str, str]], failed: str, output: str) -> None:
-    names = check_rows.row_names()
-    assert list(rows) == names, output
-    for name in names:
-        if name != failed:
-            assert rows[name][0] == "ok", (name, output)
-
-
-def test_cli_row_raising_on_one_rank_fails_that_row_and_goes_on(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Rank 1 raises in its second broadcast (the timed repetition) instead of running it,
-    # as torch does without numpy on the receiving ranks: rank 0 is already waiting in that
-    # broadcast. Before each row became its own call, that wait lasted until the check's
-    # timeout; now rank 0's broadcast fails (its peer is gone) and the next rows run.
-    injected = faults.error(1, 2, RuntimeError("injected failure in broadcast"))
-    code, rows, out, err = _fault_run(monkeypatch, capsys, {"broadcast": [injected]})
-    status, latency = rows["broadcast"]
-    # The faulted rank's own error is no failure: the row names rank 0's.
-    assert re.fullmatch(r"FAIL: rank 0: \w+: .+", status), out + err
-    assert latency == "-"
-    _others_ok(rows, "broadcast", out + err)
-    assert out.splitlines()[-1] == "1 problem: broadcast"
-    # The whole error is on stderr: the survivor's, then the fault that caused it.
-    assert "harness check: broadcast: rank 0 raised " in err
-    assert (
-        "; rank 1 raised RuntimeError('injected failure in broadcast') at collective #2 "
-        "(broadcast) on the default group (injected)"
-    ) in err
-    assert code == 1
-
-
-def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # The injected hang never ends; only the per-row timeout set here ends the row. A
-    # healthy row takes milliseconds, so the bound leaves plenty of room under load.
-    code, rows, out, err = _fault_run(
-        monkeypatch, capsys, {"all_reduce (async)": [faults.hang(1, 1)]}, "--timeout", "10"
-    )
-    assert rows["all_reduce (async)"] == (
-        "FAIL: timeout: not done within 10 s (every rank's stack is on stderr)",
-        "-",
-    ), out + err
-    _others_ok(rows, "all_reduce (async)", out + err)
-    assert out.splitlines()[-1] == "1 problem: all_reduce (async)"
-    # The verdict names the fault; rank 0's stack at the deadline is in the row it waits in.
-    assert (
-        "harness check: all_reduce (async): the run did not finish within 10 s: rank 0 still "
-        "running "
-    ) in err
-    assert " s after rank 1 hung before collective #1 (all_reduce) on the default group" in err
-    rank_0 = err.split("---------- rank 0 ----------", 1)[1]
-    assert "check_rows.py" in rank_0.split("----------", 1)[0]
-    assert code == 1
-
-
-def test_cli_row_with_a_wrong_result_on_one_rank_fails(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # Real collectives; rank 0's input of the gather's warm-up gets 1 added before it runs,
-    # so only rank 1, where the pieces are gathered, receives a wrong result.
-    code, rows, out, err = _fault_run(
-        monkeypatch, capsys, {"gather": [faults.corrupt(0, 1, check_rankfns.add_one)]}
-    )
-    status, latency = rows["gather"]
-    assert status == "FAIL: rank 1: result[0]: expected [1, 2, 3, 4, ...], got [2, 3, 4, 5, ...]", (
-        out + err
-    )
-    assert latency != "-"  # it ran to the end on every rank
-    _others_ok(rows, "gather", out + err)
-    assert out.splitlines()[-1] == "1 problem: gather"
-    assert code == 1
