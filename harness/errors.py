@@ -94,11 +94,14 @@ class RankError(DistributedError):
 
 
 class WorldTimeout(DistributedError):
-    """The run did not finish within its timeout; the ranks were killed afterwards.
+    """The run did not finish within its timeout, or ended before it because the ranks'
+    collectives proved it never could; the ranks were killed afterwards.
 
     Attributes:
-        stacks: Every rank's Python stack (all threads) at the deadline, formatted like a
+        stacks: Every rank's Python stack (all threads) when the wait ended, formatted like a
             traceback with source lines.
+        timeout: The bound in seconds that passed; None when the run ended before any bound
+            (its collectives can never complete, as ``verdicts`` say).
     """
 
     def __init__(
@@ -106,9 +109,11 @@ class WorldTimeout(DistributedError):
         message: str,
         failures: dict[int, RankFailure] | None = None,
         stacks: dict[int, str] | None = None,
+        timeout: float | None = None,
     ) -> None:
         super().__init__(message, failures)
         self.stacks: dict[int, str] = dict(stacks or {})
+        self.timeout = timeout
 
 
 class RankCrash(DistributedError):

@@ -27,6 +27,10 @@ LEAK_CHOICES = ("warn", "error", "off")
 ``dist_leaks``): warn naming the call and the ranks, fail the call (and stop the ranks), or
 not look."""
 
+DEFAULT_TIMEOUT_S = 120.0
+"""The bound in seconds on one run where none is given: ``World(...)``, ``harness.run`` and a
+distributed test (``--dist-timeout``, ini ``dist_timeout``) alike."""
+
 _T = TypeVar("_T")
 
 

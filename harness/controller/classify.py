@@ -41,6 +41,7 @@ def classify(
     faults: Sequence[Fault] = (),
     fired: Mapping[int, Fired] | None = None,
     stopped: float = 0.0,
+    certain: bool = False,
 ) -> Outcome:
     """Decide what a call (or the start of a world) amounts to.
 
@@ -62,6 +63,8 @@ def classify(
         fired: What each rank said as its fault acted: a failure's summary names them.
         stopped: ``time.monotonic()`` when the wait ended (a timeout says how long after
             the first fault the ranks were still running).
+        certain: The wait ended before the deadline because the ranks' traces proved the
+            call can never finish: the ``WorldTimeout`` says so instead of naming a bound.
 
     Returns:
         For a call: the values (``suspect`` when the fingerprints differ); the skip when
@@ -94,7 +97,9 @@ def classify(
         return outcome
     if len(skipped) == world_size:
         return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
-    outcome = _failed(replies, world_size, timeout, stacks, skipped, fired or {}, stopped)
+    outcome = _failed(
+        replies, world_size, timeout, stacks, skipped, fired or {}, stopped, certain=certain
+    )
     if outcome.error is not None:
         _add_collectives(outcome.error, replies, traces or {}, world_size)
     return outcome
@@ -213,6 +218,8 @@ def _failed(
     skipped: dict[int, Skipped],
     fired: Mapping[int, Fired],
     stopped: float,
+    *,
+    certain: bool,
 ) -> Outcome:
     silent = [rank for rank in range(world_size) if rank not in replies]
     # What the faults did, for the summary: the reader needs it to judge the survivors.
@@ -246,6 +253,15 @@ def _failed(
         )
         failures = {rank: RankFailure.skipped(rank, skip.reason) for rank, skip in in_order}
         return Outcome(error=RankError(summary, failures))
+    every_stack = {rank: stacks.get(rank, "") for rank in range(world_size)}
+    if certain:
+        what = "blocked in a collective that can never complete"
+        failures = {rank: RankFailure.still_running(rank, what, stacks[rank]) for rank in silent}
+        summary = (
+            f"the run can never finish: {ranks_phrase(silent)} wait in collectives that "
+            "cannot complete (their stacks follow; the ranks were then killed)"
+        )
+        return Outcome(error=WorldTimeout(summary, failures, every_stack))
     bound = f" within {timeout:g} s" if timeout is not None else ""
     what = f"still running after {timeout:g} s" if timeout is not None else "still running"
     failures = {
@@ -260,7 +276,8 @@ def _failed(
             f"the run did not finish{bound}: {ranks_phrase(silent)} still running{after} "
             "(their stacks at the deadline follow; the ranks were then killed)",
             failures,
-            {rank: stacks.get(rank, "") for rank in range(world_size)},
+            every_stack,
+            timeout,
         )
     )
 

@@ -8,6 +8,7 @@ import time
 
 from harness import compat
 from harness.controller import spawn, supervise
+from harness.controller.certain import HangWatch
 from harness.controller.classify import classify, desync, leak_error
 from harness.controller.outcome import Outcome, Reply
 from harness.controller.spawn import RankProcess
@@ -85,7 +86,10 @@ def exchange(
                     pass  # died while idle; its sentinel reports it
         deadline = time.monotonic() + timeout if timeout is not None else None
         fired: dict[int, Fired] = {}
-        replies, timed_out = supervise.gather(ranks, deadline, fired)
+        watch = None
+        if call is not None:
+            watch = HangWatch(ranks, mismatch=call.check_collectives)
+        replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         stopped = time.monotonic()
         # A failed call: what the ranks that did not answer, or returned, were doing: their
         # collectives (asked first, answered at once by their watchdog), then their stacks. A
@@ -98,7 +102,7 @@ def exchange(
             replies,
             world_size,
             timeout=timeout,
-            stacks=supervise.stacks_now(ranks) if timed_out else {},
+            stacks=supervise.stacks_now(ranks) if stopped_by else {},
             starting=None if call else what,
             init=init,
             traces=traces,
@@ -106,6 +110,7 @@ def exchange(
             faults=call.faults if call is not None else (),
             fired=fired,
             stopped=stopped,
+            certain=stopped_by == supervise.CERTAIN,
         )
         if outcome.suspect:
             # The ranks' fingerprints differ: their traces say how (kept since the call).

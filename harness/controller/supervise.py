@@ -4,7 +4,8 @@
 exception and a death are all seen the moment they happen. Once a rank fails, the others
 get a short grace to report (a peer blocked in a collective with a rank that exited fails
 at once); the caller tears down those still silent, never waiting for a process-group
-timeout.
+timeout. With a :class:`~harness.controller.certain.HangWatch`, the wait also ends once the
+ranks' traces prove the call can never finish.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from dataclasses import replace
 
 from harness.controller import stacks
+from harness.controller.certain import HangWatch
 from harness.controller.outcome import Died, Faulted, Reply
 from harness.controller.spawn import RankProcess
 from harness.protocol.messages import (
@@ -40,25 +42,37 @@ within this time after another rank's failure counts as that failure's cause."""
 SKIP_GRACE_S = 2.0
 """After the first skip, how long the other ranks get to finish (a skip is usually unanimous)."""
 
+DEADLINE = "deadline"
+"""Why :func:`gather` stopped waiting: the deadline passed."""
+CERTAIN = "certain"
+"""Why :func:`gather` stopped waiting: the ranks' traces prove the call can never finish."""
+
 
 def gather(
-    ranks: list[RankProcess], deadline: float | None, fired: dict[int, Fired] | None = None
-) -> tuple[dict[int, Reply], bool]:
+    ranks: list[RankProcess],
+    deadline: float | None,
+    fired: dict[int, Fired] | None = None,
+    watch: HangWatch | None = None,
+) -> tuple[dict[int, Reply], str]:
     """Wait for one reply (or death) per rank.
 
     Args:
         ranks: The ranks to wait for.
         deadline: ``time.monotonic()`` value to stop at; None waits without bound.
         fired: Filled with the ``Fired`` each rank sent (its fault acted), by rank.
+        watch: Ends the wait early when the ranks' traces prove the call can never
+            finish; not consulted once a fault acted or a rank failed (those have their
+            own verdicts).
 
     Returns:
-        The replies by rank (those still silent after the grace missing), and whether the
-        deadline passed. A rank whose test body failed says so before its fixtures'
-        teardown (``Failing``): that is its ``Failed`` from then on, replaced by the
-        ``Failed`` that ends its call if it comes in time, dated when the body failed. A
-        rank whose injected fault ended it (killed, exited, hung: ``Fired.ends``) or whose
-        fault's error escaped the call is ``Faulted``: no failure, so no grace period; once
-        only such ranks are left, the wait is over.
+        The replies by rank (those still silent after the grace missing), and why the wait
+        stopped before every rank answered: ``DEADLINE``, ``CERTAIN``, or '' (every rank
+        answered, or a failure's grace ran out). A rank whose test body failed says so
+        before its fixtures' teardown (``Failing``): that is its ``Failed`` from then on,
+        replaced by the ``Failed`` that ends its call if it comes in time, dated when the
+        body failed. A rank whose injected fault ended it (killed, exited, hung:
+        ``Fired.ends``) or whose fault's error escaped the call is ``Faulted``: no failure,
+        so no grace period; once only such ranks are left, the wait is over.
     """
     replies: dict[int, Reply] = {}
     pending = {proc.rank: proc for proc in ranks}
@@ -79,11 +93,19 @@ def gather(
             ended = [rank for rank in pending if rank in fired and fired[rank].ends]
             replies.update((r, Faulted(fired[r])) for r in ended if r not in replies)
             if len(ended) == len(pending):
-                return replies, False
+                return replies, ""
+        watching = watch is not None and not fired and grace_end is None
         limits = [t for t in (deadline, grace_end) if t is not None]
         now = time.monotonic()
         if limits and now >= min(limits):
-            return replies, grace_end is None or (deadline is not None and now >= deadline)
+            if grace_end is None or (deadline is not None and now >= deadline):
+                return replies, DEADLINE
+            return replies, ""
+        if watching:
+            assert watch is not None
+            if now >= watch.next_at and watch.step(replies):
+                return replies, CERTAIN
+            limits.append(watch.next_at)
         wait_ms = math.ceil((min(limits) - now) * 1000) if limits else None
         for fd, _ in poller.poll(wait_ms):
             proc = watched[fd]
@@ -126,7 +148,7 @@ def gather(
                 grace = SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S
                 end = time.monotonic() + grace
                 grace_end = end if grace_end is None else min(grace_end, end)
-    return replies, False
+    return replies, ""
 
 
 def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:

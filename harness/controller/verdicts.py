@@ -87,6 +87,56 @@ def find(
     return verdicts
 
 
+def certain(
+    traces: Mapping[int, RankTrace | None],
+    states: Mapping[int, str],
+    world_size: int,
+    *,
+    mismatch: bool = True,
+) -> bool:
+    """Whether the traces prove that a call still running can never finish: on some group,
+
+    * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
+      another member is inside: it never issues that one;
+    * or, with ``mismatch``, every member is inside collective #N and their ops (op, reduce
+      op, root, shapes, dtypes) differ.
+
+    Args:
+        traces, states, world_size: As :func:`find`; a rank without a trace proves nothing.
+        mismatch: Whether the second kind counts (it is certain to fail the call only where
+            the desync check is on: Gloo completes some mismatches).
+    """
+    known = {rank: trace for rank, trace in traces.items() if trace is not None}
+    members: dict[str, tuple[int, ...] | None] = {}
+    for trace in known.values():
+        for group, history in trace.groups.items():
+            members.setdefault(group, history.ranks)
+    for group, ranks in members.items():
+        group_ranks = list(ranks if ranks is not None else range(world_size))
+        inside = {}
+        for rank in group_ranks:
+            last = known[rank].last(group) if rank in known else None
+            if states.get(rank) == RUNNING and last is not None and last.state == IN_FLIGHT:
+                inside[rank] = last
+        if not inside:
+            continue
+        deepest = max(last.seq for last in inside.values())
+        ended = [r for r in group_ranks if r in known and states.get(r) in (DONE, DIED)]
+        if any(known[rank].count(group) < deepest for rank in ended):
+            return True
+        if not mismatch or len(inside) < len(group_ranks):
+            continue
+        if any(known[rank].groups[group].raised for rank in group_ranks):
+            continue  # a collective raised: the test may handle such errors on purpose
+        if (
+            len({last.seq for last in inside.values()})
+            == 1
+            < len({last.op.key for last in inside.values()})
+        ):
+            return True
+    return False
+
+
 def _before_raised(
     histories: Mapping[int, GroupHistory | None],
 ) -> dict[int, GroupHistory | None]:

@@ -25,6 +25,7 @@ from harness.controller.exchange import call_message, exchange
 from harness.controller.outcome import Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
+from harness.errors import WorldTimeout
 from harness.faults import Fault, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Done, Regroup
@@ -94,7 +95,8 @@ class World:
         backend: ``"auto"`` (NCCL when CUDA is available, Gloo otherwise), ``"gloo"`` or
             ``"nccl"``. The ``backend`` attribute is the resolved one, never ``"auto"``:
             with ``init=False``, the backend a call should pass to ``init_process_group``.
-        timeout: Default bound in seconds for each ``run``; None means no bound.
+        timeout: Default bound in seconds for each ``run`` (120 s,
+            :data:`~harness.validate.DEFAULT_TIMEOUT_S`); None means no bound.
         init: Whether the ranks start in a default process group (True) or without one,
             each call making its own (False).
         leaks: What to do when a call returns but leaves in a rank what no reset undoes
@@ -116,7 +118,7 @@ class World:
         world_size: int,
         *,
         backend: str = "auto",
-        timeout: float | None = None,
+        timeout: float | None = validate.DEFAULT_TIMEOUT_S,
         init: bool = True,
         leaks: str = "warn",
     ):
@@ -195,7 +197,9 @@ class World:
 
         Raises:
             RankError: Code raised on one or more ranks (root cause first).
-            WorldTimeout: The run did not finish in time; carries every rank's stack.
+            WorldTimeout: The run did not finish in time (its message says how to change
+                the bound), or its collectives can never complete; carries every rank's
+                stack.
             RankCrash: A rank process died during the run.
             CollectiveMismatch: Every rank returned, but their collectives differ; with
                 ``check_collectives=False`` the values are returned instead.
@@ -208,9 +212,17 @@ class World:
             TypeError, ValueError: ``check_collectives`` is not a bool, or ``faults`` is not
                 a list of faults that fit this world.
         """
-        return self.call(
+        outcome = self.call(
             fn, args, kwargs, timeout=timeout, check_collectives=check_collectives, faults=faults
-        ).result()
+        )
+        error = outcome.error
+        if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:
+            error.hint = (
+                f"The bound is the run's timeout ({error.timeout:g} s): pass timeout=<seconds> "
+                "to World.run, World(...) or harness.run to change it; timeout=None on "
+                "World(...) or harness.run waits without bound."
+            )
+        return outcome.result()
 
     def call(
         self,
@@ -358,7 +370,7 @@ def run(
     args: Iterable[Any] = (),
     kwargs: Mapping[str, Any] | None = None,
     backend: str = "auto",
-    timeout: float | None = None,
+    timeout: float | None = validate.DEFAULT_TIMEOUT_S,
     init: bool = True,
     check_collectives: bool = True,
     faults: Sequence[Fault] = (),
@@ -376,7 +388,8 @@ def run(
     Args:
         fn, args, kwargs, check_collectives, faults: As :meth:`World.run`.
         world_size, backend, init: As :class:`World`.
-        timeout: Bound in seconds on the run (start-up has its own 60 s bound); None: none.
+        timeout: Bound in seconds on the run (start-up has its own 60 s bound): 120 s
+            (:data:`~harness.validate.DEFAULT_TIMEOUT_S`) unless given; None: none.
 
     Returns:
         The return values, index = rank.
@@ -386,14 +399,9 @@ def run(
             DistributedError: As ``World.run``.
         TypeError, ValueError, RuntimeError: As ``World``.
     """
-    with World(world_size, backend=backend, init=init) as world:
+    with World(world_size, backend=backend, timeout=timeout, init=init) as world:
         return world.run(
-            fn,
-            args=args,
-            kwargs=kwargs,
-            timeout=timeout,
-            check_collectives=check_collectives,
-            faults=faults,
+            fn, args=args, kwargs=kwargs, check_collectives=check_collectives, faults=faults
         )
 
 

@@ -30,7 +30,7 @@ from harness.plugin.marker import (
     parse_mark,
 )
 
-DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_TIMEOUT_S = validate.DEFAULT_TIMEOUT_S
 DEFAULT_BISECT_RUNS = 8
 CONFIRM_CHOICES = ("fresh", "off")
 ORDER_CHOICES = ("warn", "fail")

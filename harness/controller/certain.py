@@ -1,0 +1,99 @@
+"""Hangs that can never end, found while a call runs: the ranks' traces, asked for every
+:data:`PROBE_EVERY_S` once a call has run that long, judged by :func:`verdicts.certain`.
+
+A call that returns sooner costs nothing. The request is answered by each rank's watchdog
+thread (as at a deadline), and read back without blocking: the supervisor keeps reading
+replies meanwhile. Only what the traces prove ends a call early (a rank inside a collective,
+a rank that returned), never how long anything took: a rank still running Python code, however
+slowly, leaves the call to its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+
+from harness.controller import verdicts
+from harness.controller.outcome import Reply
+from harness.controller.spawn import RankProcess
+from harness.protocol.messages import TRACE_REQUEST, Done
+from harness.protocol.traces import RankTrace
+
+PROBE_EVERY_S = 0.5
+"""How long a call runs before the ranks are first asked for their traces, and how long
+after each round the next one starts: a hang that can never end is reported about this
+long after the ranks block."""
+
+_READ_EVERY_S = 0.01
+"""While a round is out, how often the answers are looked for."""
+
+
+class HangWatch:
+    """Asks the ranks that are silent or returned for their traces, round after round, and
+    says when one round proves the call can never finish.
+
+    Args:
+        ranks: The call's ranks.
+        mismatch: Whether every member inside collective #N of a group with another op,
+            root, shape or dtype counts as certain (only with the desync check on: a
+            mismatch Gloo completes then fails the call all the same).
+    """
+
+    def __init__(self, ranks: list[RankProcess], *, mismatch: bool) -> None:
+        self._ranks = ranks
+        self._mismatch = mismatch
+        self._asked: dict[int, RankProcess] = {}
+        self._traces: dict[int, RankTrace] = {}
+        self.next_at = time.monotonic() + PROBE_EVERY_S
+        """``time.monotonic()`` value at which :meth:`step` has work to do."""
+
+    def step(self, replies: dict[int, Reply]) -> bool:
+        """Start a round, or read the answers of the one that is out; whether they prove the
+        call can never finish (call it once ``next_at`` has passed)."""
+        if not self._asked:
+            self._ask(replies)
+            self.next_at = time.monotonic() + (_READ_EVERY_S if self._asked else PROBE_EVERY_S)
+            return False
+        for rank, proc in list(self._asked.items()):
+            if rank in self._traces:
+                continue
+            trace = proc.files.trace()
+            if trace is not None:
+                self._traces[rank] = trace
+            elif not proc.alive():
+                self._asked.clear()  # a death: the supervisor sees it and decides
+        if self._asked and len(self._traces) < len(self._asked):
+            self.next_at = time.monotonic() + _READ_EVERY_S
+            return False
+        asked, traces = self._asked, self._traces
+        self._asked, self._traces = {}, {}
+        self.next_at = time.monotonic() + PROBE_EVERY_S
+        if not asked:
+            return False
+        states = {
+            rank: verdicts.DONE if isinstance(replies.get(rank), Done) else verdicts.RUNNING
+            for rank in asked
+        }
+        # A rank that failed or died meanwhile answered too late to be judged here.
+        if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
+            return False
+        found: dict[int, RankTrace | None] = dict(traces)
+        return verdicts.certain(found, states, len(self._ranks), mismatch=self._mismatch)
+
+    def _ask(self, replies: dict[int, Reply]) -> None:
+        """Ask every rank that is silent or returned (each one alive) for its trace."""
+        for proc in self._ranks:
+            reply = replies.get(proc.rank)
+            if (reply is not None and not isinstance(reply, Done)) or proc.lifeline is None:
+                continue
+            if not proc.alive():
+                continue
+            proc.files.forget_trace()
+            try:
+                proc.lifeline.send_bytes(TRACE_REQUEST)
+            except OSError:
+                continue
+            self._asked[proc.rank] = proc
+        if len(self._asked) < len(self._ranks):
+            # A rank that failed is the supervisor's to report; one we could not ask leaves
+            # the round without proof.
+            self._asked.clear()

@@ -1,0 +1,79 @@
+"""Functions the deadline, certain-hang and exit-location tests run inside ranks.
+
+Lines the tests expect in a report carry a ``# <tag>`` comment; :func:`line_of` finds them,
+so that editing this file does not break the tests.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def line_of(tag: str) -> str:
+    """``hangs_rankfns.py:N``: where the line tagged ``# <tag>`` is."""
+    with open(__file__) as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.rstrip().endswith(f"# {tag}"):
+                return f"hangs_rankfns.py:{number}"
+    raise LookupError(tag)
+
+
+def rank1_skips_the_barrier() -> None:
+    """Rank 0 waits in a barrier rank 1 never reaches: rank 1 sleeps (still running Python)."""
+    if dist.get_rank() == 1:
+        time.sleep(3600)  # skips
+    dist.barrier()
+
+
+def all_reduce_against_broadcast() -> None:
+    """Every rank in collective #2, another op on each: Gloo hangs."""
+    tensor = torch.ones(4)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        dist.all_reduce(tensor)  # op-rank0
+    else:
+        dist.broadcast(tensor, src=0)  # op-rank1
+    dist.barrier()
+
+
+def roots_differ_in_a_subgroup() -> None:
+    """Ranks 0 and 1 broadcast from another root each in their subgroup; rank 2 returns."""
+    sub = dist.new_group([0, 1])
+    if dist.get_rank() in (0, 1):
+        dist.broadcast(torch.ones(4), src=dist.get_rank(), group=sub)  # root
+
+
+def rank2_returns_early() -> None:
+    """Rank 2 returns after collective #1; ranks 0 and 1 wait in #2 for it."""
+    tensor = torch.ones(4)
+    dist.all_reduce(tensor)
+    if dist.get_rank() == 2:
+        return
+    dist.all_gather([torch.empty(4) for _ in range(3)], tensor)  # gather
+
+
+def rank1_waits_for_a_file(path: str) -> None:
+    """Rank 1 is slow in Python code until ``path`` exists; then every rank meets."""
+    if dist.get_rank() == 1:
+        while not os.path.exists(path):
+            time.sleep(0.05)
+    dist.barrier()
+
+
+def rank1_os_exit() -> None:
+    """Rank 1 leaves with ``os._exit(3)`` while rank 0 waits in a barrier."""
+    if dist.get_rank() == 1:
+        os._exit(3)  # os-exit
+    dist.barrier()
+
+
+def rank1_sys_exit() -> None:
+    """Rank 1 leaves with ``sys.exit(4)`` while rank 0 waits in a barrier."""
+    if dist.get_rank() == 1:
+        sys.exit(4)  # sys-exit
+    dist.barrier()

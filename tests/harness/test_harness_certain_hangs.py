@@ -1,0 +1,207 @@
+"""Hangs the ranks' collectives prove can never end fail early, with the deadline's report.
+
+Each real run has a 600 s bound: that such a test passes at all shows the call ended early
+(no time is measured). A rank merely slow in Python code is never failed early: the test
+lets it go on only after the supervisor has judged it, blocked peer and all.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from array import array
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import hangs_rankfns as fns
+import pytest
+
+import harness
+from harness.controller import verdicts
+from harness.protocol.traces import (
+    COMPLETED,
+    DEFAULT_GROUP,
+    IN_FLIGHT,
+    Collective,
+    GroupHistory,
+    Op,
+    RankTrace,
+)
+
+LONG_S = 600.0
+"""A bound no test here should come near: these calls end once their hang is certain."""
+
+
+@pytest.fixture(scope="module")
+def world3() -> Iterator[harness.World]:
+    with harness.World(3, backend="gloo", timeout=LONG_S) as world:
+        yield world
+
+
+def _early(world: harness.World, fn: Any, **kwargs: Any) -> harness.WorldTimeout:
+    with pytest.raises(harness.WorldTimeout) as info:
+        world.run(fn, **kwargs)
+    error = info.value
+    assert error.summary.startswith("the run can never finish: "), error.summary
+    assert error.timeout is None
+    assert not error.hint  # no bound to change: waiting longer would not help
+    return error
+
+
+def test_every_member_in_a_collective_with_another_op_fails_early() -> None:
+    with harness.World(2, backend="gloo", timeout=LONG_S) as world:
+        error = _early(world, fns.all_reduce_against_broadcast)
+    assert error.summary == (
+        "the run can never finish: ranks 0, 1 wait in collectives that cannot complete "
+        "(their stacks follow; the ranks were then killed)"
+    )
+    assert error.verdicts == [
+        "collective #2 on the default group differs: "
+        f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('op-rank0')}; "
+        f"rank 1 broadcast(src=0, float32[4]) at {fns.line_of('op-rank1')}"
+    ]
+    # As at a deadline: each rank's stack where it blocks, then the collectives.
+    text = str(error)
+    assert text.splitlines()[1] == error.verdicts[0]
+    for rank, tag in ((0, "op-rank0"), (1, "op-rank1")):
+        line = fns.line_of(tag).split(":")[1]
+        assert (
+            f'hangs_rankfns.py", line {line}, in all_reduce_against_broadcast'
+            in (error.stacks[rank])
+        )
+    assert "---------- rank 1 ----------" in text
+    assert "#2 broadcast(src=0, float32[4]) at" in text
+    assert "[in flight]" in text
+
+
+def test_members_of_a_subgroup_with_other_roots_fail_early(world3: harness.World) -> None:
+    error = _early(world3, fns.roots_differ_in_a_subgroup)
+    where = fns.line_of("root")
+    assert error.verdicts == [
+        "collective #1 on the group of ranks 0, 1 differs: "
+        f"rank 0 broadcast(src=0, float32[4]) at {where}; "
+        f"rank 1 broadcast(src=1, float32[4]) at {where}"
+    ]
+    assert set(error.failures) == {0, 1}  # rank 2 returned: not part of the hang
+
+
+def test_a_rank_that_returned_while_peers_wait_fails_early(world3: harness.World) -> None:
+    error = _early(world3, fns.rank2_returns_early)
+    assert error.verdicts == [
+        "rank 2 finished the call after #1; ranks 0, 1 wait in #2 (all_gather)"
+    ]
+    assert f"#2 all_gather(float32[4]) at {fns.line_of('gather')}  [in flight]" in str(error)
+    # The world recovers for the next call.
+    assert world3.run(fns.rank1_waits_for_a_file, args=(os.devnull,)) == [None] * 3
+
+
+def test_a_mismatch_without_the_desync_check_waits_for_the_deadline() -> None:
+    # Gloo completes some mismatches (SUM against MAX): without the desync check such a
+    # call may pass, so a mismatch alone proves nothing and the deadline decides.
+    with (
+        harness.World(2, backend="gloo", timeout=3) as world,
+        pytest.raises(harness.WorldTimeout) as info,
+    ):
+        world.run(fns.all_reduce_against_broadcast, check_collectives=False)
+    assert info.value.summary.startswith("the run did not finish within 3 s")
+    assert info.value.verdicts[0].startswith("collective #2 on the default group differs")
+
+
+def test_a_rank_slow_in_python_code_is_not_failed_early(
+    world3: harness.World, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rank 1 loops in Python until a file exists, while ranks 0 and 2 wait in a barrier.
+    # The file is made only once the supervisor has judged that state, twice: the call must
+    # then pass.
+    judged: list[bool] = []
+    blocked: list[None] = []  # the rounds that saw ranks 0 and 2 waiting, rank 1 running
+    seen = threading.Event()
+    real = verdicts.certain
+
+    def certain(traces: Any, states: Any, world_size: int, **kwargs: Any) -> bool:
+        found = real(traces, states, world_size, **kwargs)
+        judged.append(found)
+        waiting = [traces.get(rank) for rank in (0, 2)]
+        if states.get(1) == verdicts.RUNNING and all(
+            t is not None and t.in_flight is not None for t in waiting
+        ):
+            blocked.append(None)
+            if len(blocked) >= 2:
+                seen.set()
+        return found
+
+    monkeypatch.setattr(verdicts, "certain", certain)
+    path = str(tmp_path / "go")
+    result: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: result.append(world3.run(fns.rank1_waits_for_a_file, args=(path,)))
+    )
+    runner.start()
+    try:
+        assert seen.wait(LONG_S)
+    finally:
+        open(path, "w").close()
+        runner.join(LONG_S)
+    assert result == [[None, None, None]]
+    assert judged
+    assert not any(judged)
+
+
+# ---------------------------------------------------------------- verdicts.certain on data
+
+_AR = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce SUM float32[4]", "SUM")
+_BC = Op("broadcast", "broadcast(src=0, float32[4])", "broadcast src=0 float32[4]", root="src=0")
+
+
+def _trace(ops: list[Op], state: str = IN_FLIGHT, raised: int = 0) -> RankTrace:
+    """A rank's trace on the default group: ``ops`` in order, the last one in ``state``."""
+    distinct = list(dict.fromkeys(ops))
+    ids = array("I", [distinct.index(op) for op in ops]).tobytes()
+    history = GroupHistory(
+        DEFAULT_GROUP, None, len(ops), tuple(distinct), ids, (("/x/t.py", 3),), bytes(4 * len(ops))
+    )
+    history = replace(history, raised=raised)
+    recent = tuple(
+        Collective(DEFAULT_GROUP, seq, op, "/x/t.py", 3, COMPLETED if seq < len(ops) else state)
+        for seq, op in enumerate(ops, start=1)
+    )
+    return RankTrace(recent, {DEFAULT_GROUP: history})
+
+
+RUN, DONE = verdicts.RUNNING, verdicts.DONE
+
+
+@pytest.mark.parametrize(
+    ("traces", "states", "mismatch", "expected"),
+    [
+        pytest.param([[_AR, _AR], [_AR, _BC]], [RUN, RUN], True, True, id="ops-differ"),
+        pytest.param([[_AR, _AR], [_AR, _BC]], [RUN, RUN], False, False, id="no-desync-check"),
+        pytest.param([[_AR, _AR], [_AR, _AR]], [RUN, RUN], True, False, id="same-op"),
+        pytest.param([[_AR, _AR], [_BC]], [RUN, RUN], True, False, id="other-numbers"),
+        pytest.param([[_AR, _AR], [_AR]], [RUN, DONE], True, True, id="peer-returned"),
+        pytest.param([[_AR, _AR], [_AR, _AR]], [RUN, DONE], True, False, id="returned-after"),
+        pytest.param([[_AR, _AR], [_AR]], [RUN, RUN], True, False, id="peer-still-running"),
+    ],
+)
+def test_certain_on_plain_data(
+    traces: list[list[Op]], states: list[str], mismatch: bool, expected: bool
+) -> None:
+    found = {
+        rank: _trace(ops, IN_FLIGHT if state == RUN else COMPLETED)
+        for rank, (ops, state) in enumerate(zip(traces, states, strict=True))
+    }
+    by_rank = dict(enumerate(states))
+    assert verdicts.certain(found, by_rank, 2, mismatch=mismatch) is expected
+
+
+def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
+    inside = {0: _trace([_AR]), 1: _trace([_BC])}
+    running = {0: RUN, 1: RUN}
+    assert verdicts.certain(inside, running, 2)
+    # A rank whose trace is unknown proves nothing; nor does a third member not inside.
+    assert not verdicts.certain({0: inside[0], 1: None}, running, 2)
+    assert not verdicts.certain({**inside, 2: _trace([], COMPLETED)}, {**running, 2: RUN}, 3)
+    # A collective that raised on the group: the test may handle such errors.
+    raised = {0: _trace([_AR], raised=1), 1: inside[1]}
+    assert not verdicts.certain(raised, running, 2)
