@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from harness.controller import verdicts
 from harness.controller.outcome import Died, Faulted, Outcome, Reply
@@ -287,7 +288,13 @@ def _failure_of(rank: int, reply: Reply) -> RankFailure:
     if isinstance(reply, Failed):
         return reply.failure
     assert isinstance(reply, Died)
-    return RankFailure.crash(rank, reply.exitcode, reply.dump)
+    failure = RankFailure.crash(rank, reply.exitcode, reply.dump)
+    if reply.exit_call is None:
+        return failure
+    # It left through os._exit: the stack there stands for the traceback it does not have.
+    where, stack = reply.exit_call
+    message = f"{failure.message} through os._exit at {where}"
+    return replace(failure, message=message, traceback=f"{stack}RankCrash: {message}\n")
 
 
 def _add_collectives(

@@ -19,11 +19,14 @@ class Died:
         exitcode: As :mod:`multiprocessing` reports it (negative: killed by that signal).
         at: When it died, on the monotonic clock, as well as the supervisor could tell.
         dump: Its readable crash dump ('' when Python wrote none).
+        exit_call: Where it called ``os._exit`` (``"test_x.py:12"``) and its stack there,
+            when it left that way.
     """
 
     exitcode: int | None
     at: float
     dump: str = ""
+    exit_call: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)

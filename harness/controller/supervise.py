@@ -237,4 +237,6 @@ def _receive(proc: RankProcess) -> Reply:
     # death; otherwise (os._exit, an external SIGKILL) it is dated DEATH_SEEN_LATE_S early.
     age = proc.files.crash_dump_age()
     at = seen - DEATH_SEEN_LATE_S if age is None else min(seen, seen - age)
-    return Died(proc.process.exitcode, at, readable(proc, proc.files.crash_dump()))
+    code = proc.process.exitcode
+    left = proc.files.exit_call() if code is not None and code >= 0 else None
+    return Died(code, at, readable(proc, proc.files.crash_dump()), left)

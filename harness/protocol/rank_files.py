@@ -11,6 +11,7 @@ read by the controller, both through this module.
     <workdir>/rank<N>.crash         rank N's stacks, dumped by Python on a fatal signal
     <workdir>/rank<N>.trace         rank N's collective trace, written on request (a pickled
                                     RankTrace; see harness.protocol.traces)
+    <workdir>/rank<N>.exit          where rank N called os._exit: file:line, then its stack
     <workdir>/.coverage.rank<N>.*   rank N's coverage data, merged by the controller
 
 Files are used rather than pipes because they survive the process: the controller reads a
@@ -91,6 +92,18 @@ class RankFiles:
             pickle.dump(trace, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(path + ".tmp", path)
 
+    def write_exit(self, where: str, stack: str) -> None:
+        """Record where the rank is leaving through ``os._exit`` (``"test_x.py:12"``) and the
+        stack there, whole (the process ends right after).
+
+        Raises:
+            OSError: The directory is gone.
+        """
+        path = self.path("exit")
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.write(f"{where}\n{stack}")
+        os.replace(path + ".tmp", path)
+
     def capture(self) -> OutputCapture:
         """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files (see
         :class:`OutputCapture`; make one per process and reuse it)."""
@@ -121,6 +134,11 @@ class RankFiles:
         except (OSError, EOFError, pickle.UnpicklingError):
             return None
         return trace if isinstance(trace, RankTrace) else None
+
+    def exit_call(self) -> tuple[str, str] | None:
+        """Where the rank called ``os._exit`` and its stack there; None when it did not."""
+        where, _, stack = _read(self.path("exit")).partition("\n")
+        return (where, stack) if where else None
 
     def crash_dump(self) -> str:
         """What Python wrote on a fatal signal ('' when nothing)."""

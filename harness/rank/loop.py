@@ -45,7 +45,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
-from harness.rank import CODE_DIR, coverage, fixtures, inject, leaks, output, reset, trace
+from harness.rank import CODE_DIR, coverage, exits, fixtures, inject, leaks, output, reset, trace
 
 _PR_SET_PDEATHSIG = 1
 
@@ -94,6 +94,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         os._exit(1)  # our directory is gone: the controller gave up on this world
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
+    exits.install(files)  # an os._exit in the code a call runs says where it was called
     cov = _cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
@@ -347,4 +348,4 @@ def _exit(cov: Any, code: int) -> NoReturn:
     flush_std_streams()
     coverage.save(cov)
     leaks.kill_children()
-    os._exit(code)
+    exits.real_exit(code)

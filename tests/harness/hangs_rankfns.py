@@ -77,3 +77,17 @@ def rank1_sys_exit() -> None:
     if dist.get_rank() == 1:
         sys.exit(4)  # sys-exit
     dist.barrier()
+
+
+def rank1_forks_a_child_that_exits() -> None:
+    """Rank 1's forked child leaves with ``os._exit(5)`` (as multiprocessing's fork children
+    do); then rank 1 itself ends as the harness ends a rank, recording nothing."""
+    from harness.rank import exits
+
+    if dist.get_rank() == 1:
+        child = os.fork()
+        if child == 0:
+            os._exit(5)  # child-exit
+        os.waitpid(child, 0)
+        exits.real_exit(6)
+    dist.barrier()
