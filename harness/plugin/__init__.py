@@ -16,7 +16,8 @@ The rest of the plugin:
   order dependence it shows, repro lines
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
-* :mod:`~harness.plugin.report`    where a failure is turned into a pytest report
+* :mod:`~harness.plugin.report`    how a test reads in pytest's reports: a failure, the
+  ranks' output and logs, each phase's duration, where a skip or a warning points
 * :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
 
 A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`. The plugin is

@@ -1,15 +1,22 @@
-"""Where a distributed failure is turned into a pytest report.
+"""How a distributed test reads in pytest's reports.
 
-Not a traceback through the harness's code: the report's first line says which rank failed
-and how; then come the verdicts on the ranks' collectives where they disagree, each failing
-rank's traceback (root cause first) and a ``collectives`` section, as
+A failure is not a traceback through the harness's code: the report's first line says which
+rank failed and how; then come the verdicts on the ranks' collectives where they disagree,
+each failing rank's traceback (root cause first) and a ``collectives`` section, as
 ``DistributedError.report`` lays them out, and last the command that reproduces the failure
-(:func:`harness.plugin.order.repro`). The ranks' captured output becomes report sections.
+(:func:`harness.plugin.order.repro`). The ranks' captured output and log records become
+report sections. The whole test runs on the ranks in pytest's setup phase; the durations
+the ranks measured for its call and teardown are moved to those phases' reports
+(:func:`keep_times`), a skip is reported at the line that raised it (:func:`keep_skip_site`)
+and the harness's warnings about a test at the test (:func:`warnings_at`).
 """
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +25,17 @@ import pytest
 
 from harness.errors import DistributedError
 from harness.plugin import order
+from harness.protocol.failures import PHASES
+from harness.protocol.pytest_calls import LOG_MARK
+
+# The seconds of the ranks' call and teardown that the setup phase's duration holds.
+_MOVED = pytest.StashKey[tuple[float, float]]()
+# The ranks' log records of the test's call and teardown, for those phases' reports.
+_LOGS = pytest.StashKey[dict[str, str]]()
+# Where the ranks raised the test's skip.
+_SKIP_SITE = pytest.StashKey[tuple[str, int]]()
+# The harness's own files: a warning located there is about the test.
+_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 @dataclass(frozen=True)
@@ -84,12 +102,69 @@ class DistributedFailureRepr:
 
 
 def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) -> None:
-    """Attach each rank's captured output to the report as pytest shows captured output."""
+    """Attach each rank's captured output to the report as pytest shows captured output,
+    and its log records (:mod:`harness.rank.logs`) as ``Captured log`` sections, each line
+    prefixed with the rank."""
+    logs: dict[str, list[str]] = {}
     for rank, (out, err) in sorted(outputs.items()):
+        if LOG_MARK in err:
+            kept = []
+            for line in err.split("\n"):
+                if line.startswith(LOG_MARK):
+                    phase, _, text = line[len(LOG_MARK) :].partition(" ")
+                    logs.setdefault(phase, []).append(f"[rank {rank}] {text}")
+                else:
+                    kept.append(line)
+            err = "\n".join(kept)
         if out:
             item.add_report_section("call", f"rank {rank} stdout", out)
         if err:
             item.add_report_section("call", f"rank {rank} stderr", err)
+    if "setup" in logs:
+        item.add_report_section("setup", "log", "\n".join(logs.pop("setup")))
+    # The others once their phase is reported: a section added now would be in the reports
+    # of every phase, and pytest shows the teardown's again after the call's failure.
+    if logs:
+        item.stash[_LOGS] = {phase: "\n".join(lines) for phase, lines in logs.items()}
+
+
+def keep_times(item: pytest.Item, times: tuple[float, float, float] | None) -> None:
+    """Note how long the ranks took in the test's setup, call and teardown (the longest
+    rank per phase; None: unknown), for the reports of pytest's phases."""
+    if times is None:
+        _forget(item, _MOVED)
+    else:
+        item.stash[_MOVED] = (times[1], times[2])
+
+
+def keep_skip_site(item: pytest.Item, site: tuple[str, int] | None) -> None:
+    """Note where the ranks raised the test's skip (None: unknown; it is shown at the test)."""
+    if site is None:
+        _forget(item, _SKIP_SITE)
+    else:
+        item.stash[_SKIP_SITE] = site
+
+
+def _forget(item: pytest.Item, key: pytest.StashKey[Any]) -> None:
+    if key in item.stash:
+        del item.stash[key]
+
+
+@contextmanager
+def warnings_at(item: pytest.Item) -> Iterator[None]:
+    """The warnings of the block, issued again, those the harness located in its own code
+    (``World.call``'s about what a test left behind, or about a rebuilt world) at the test,
+    as pytest shows a warning the test caused; each keeps its category."""
+    with warnings.catch_warnings(record=True) as caught:
+        yield
+    if not caught:
+        return
+    path, lineno, _ = item.location
+    for found in caught:
+        filename, line = found.filename, found.lineno
+        if filename.startswith(_HARNESS_DIR):
+            filename, line = str(item.config.rootpath / path), (lineno or 0) + 1
+        warnings.warn_explicit(found.message, found.category, filename, line)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,12 +172,58 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> pytest.TestReport | None:
     # A plain implementation, not a wrapper: for every other test (and phase) this costs one
-    # attribute check, and pytest builds the report itself.
+    # attribute check and a stash lookup, and pytest builds the report itself.
+    moved = item.stash.get(_MOVED, None)
+    if moved is not None:
+        _move_times(item, call, moved)
+    logs = item.stash.get(_LOGS, None)
+    if logs is not None:
+        _add_logs(item, call.when, logs)
     excinfo = call.excinfo
-    if excinfo is None or not isinstance(excinfo.value, DistributedError):
+    if excinfo is None:
+        return None
+    if isinstance(excinfo.value, pytest.skip.Exception) and _SKIP_SITE in item.stash:
+        path, line = item.stash[_SKIP_SITE]
+        del item.stash[_SKIP_SITE]
+        report = pytest.TestReport.from_item_and_call(item, call)
+        if report.skipped and isinstance(report.longrepr, tuple):
+            report.longrepr = (path, line, report.longrepr[2])
+        return report
+    if not isinstance(excinfo.value, DistributedError):
         return None
     report = pytest.TestReport.from_item_and_call(item, call)
     if report.failed:
         longrepr: Any = DistributedFailureRepr(excinfo.value, item)
         report.longrepr = longrepr
     return report
+
+
+def _add_logs(item: pytest.Item, when: str, logs: dict[str, str]) -> None:
+    """The ranks' log sections of phase ``when``; at teardown, all that are left (there was
+    no call phase after a failed setup)."""
+    for phase in PHASES:
+        if phase in logs and (phase == when or when == "teardown"):
+            item.add_report_section(phase, "log", logs.pop(phase))
+    if not logs:
+        del item.stash[_LOGS]
+
+
+def _move_times(item: pytest.Item, call: pytest.CallInfo[None], moved: tuple[float, float]) -> None:
+    """Give the ranks' call and teardown time, held by the setup phase (in which the ranks
+    ran the whole test), to the call and teardown phases; their sum stays as pytest measured."""
+    into_call, into_teardown = moved
+    if call.when == "setup":
+        taken = min(into_call + into_teardown, call.duration)
+        call.duration -= taken
+        call.stop -= taken
+        # Never more than the setup phase held (clocks of two processes, rounding).
+        into_call = min(into_call, taken)
+        item.stash[_MOVED] = (into_call, taken - into_call)
+    elif call.when == "call":
+        call.start -= into_call + into_teardown
+        call.stop -= into_teardown
+        call.duration += into_call
+    elif call.when == "teardown":
+        del item.stash[_MOVED]
+        call.start -= into_teardown
+        call.duration += into_teardown

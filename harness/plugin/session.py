@@ -12,7 +12,9 @@ or teardown error, as it would be in-process. Under an external launcher the tes
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
+import logging
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, TypeVar
@@ -26,7 +28,7 @@ from harness.errors import DistributedError
 from harness.plugin import interrupts, order, rank_fixtures, refs, replay, report, settings
 from harness.plugin.marker import launcher_world
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
-from harness.protocol.pytest_calls import FixturePlan
+from harness.protocol.pytest_calls import FixturePlan, LogSettings
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
@@ -47,6 +49,7 @@ class DistSession:
         # Under -s the ranks share the terminal: each line says which rank wrote it.
         captured = config.getoption("capture", "fd") != "no"
         self.output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
+        self._logs = _log_settings(config)
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
         if launched is not None:
@@ -145,7 +148,7 @@ class DistSession:
             if self._unavailable[key]:
                 compat.skip_at_test(str(self._unavailable[key]))
             ref = refs.reference(item, item.originalname, state=True)
-            plan = rank_fixtures.plan(item)
+            plan = dataclasses.replace(rank_fixtures.plan(item), logs=self._logs)
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
             # test, rather than erroring its setup: nothing ran on the ranks.
@@ -154,12 +157,15 @@ class DistSession:
         scoped = any(f.scope != "function" for f in plan.fixtures)
 
         def attempt(world: World, fresh: bool) -> tuple[str, Outcome]:
-            outcome = step.call(world, self.output)
-            if outcome.error is None and not fresh:
-                self._keep_scopes(item, plan, world, test.timeout)
-            elif outcome.error is None and scoped:  # the world ends: so do those fixtures
-                ending = world.call(end_scopes, (None,), timeout=step.timeout, output=self.output)
-                outcome = ending if ending.error is not None else outcome
+            with report.warnings_at(item):
+                outcome = step.call(world, self.output)
+                if outcome.error is None and not fresh:
+                    self._keep_scopes(item, plan, world, test.timeout)
+                elif outcome.error is None and scoped:  # the world ends: so do those fixtures
+                    ending = world.call(
+                        end_scopes, (None,), timeout=step.timeout, output=self.output
+                    )
+                    outcome = ending if ending.error is not None else outcome
             return replay.kind(outcome), outcome
 
         option = f"--dist-backend={backend}"
@@ -178,12 +184,15 @@ class DistSession:
             checked = self.judge(item, step, shape, attempt, test.isolate, option)
         outcome = checked.result
         report.add_output_sections(item, outcome.outputs)
+        report.keep_times(item, _rank_times(outcome))
         if checked.failure is not None:
             item.stash[_CALL] = checked.failure
         skip, error = outcome.skip, outcome.error
         if skip is not None:
-            # Any skip (pytest.skip or unittest.SkipTest) is pytest's, located at the test:
-            # pytest would place a unittest.SkipTest at its own _pytest/unittest.py.
+            # Any skip (pytest.skip or unittest.SkipTest) is pytest's, located where the
+            # ranks raised it (else at the test): pytest would place a unittest.SkipTest
+            # at its own _pytest/unittest.py.
+            report.keep_skip_site(item, skip.site)
             if skip.phase == "setup":
                 compat.skip_at_test(skip.reason)
             item.stash[_CALL] = skip.reason
@@ -236,9 +245,10 @@ class DistSession:
             for world in self._scopes.pop(scope_key, set()):
                 if world.closed or world.broken:
                     continue  # its processes, and the fixtures in them, are gone already
-                outcome = world.call(
-                    end_scopes, ([scope_key],), timeout=deadline.seconds, output=OUTPUT_CAPTURE
-                )
+                with report.warnings_at(item):
+                    outcome = world.call(
+                        end_scopes, ([scope_key],), timeout=deadline.seconds, output=OUTPUT_CAPTURE
+                    )
                 report.add_output_sections(item, outcome.outputs)
                 if outcome.error is not None:
                     errors.append(outcome.error)
@@ -252,6 +262,35 @@ class DistSession:
         test draws the same numbers alone, first, or after any others."""
         randomly = order.randomly_seed(self.config)
         return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())
+
+
+def _log_settings(config: pytest.Config) -> LogSettings | None:
+    """pytest's ``log_level``, ``log_format`` and ``log_date_format`` (option, else ini), for
+    the ranks; None where pytest's logging plugin is off (``-p no:logging``)."""
+    try:
+        level, fmt, datefmt = (
+            config.getoption(name) or config.getini(name)
+            for name in ("log_level", "log_format", "log_date_format")
+        )
+    except ValueError:
+        return None
+    try:  # a level's name or number, as pytest reads it (it rejected any other at start)
+        number = int(getattr(logging, str(level).upper(), level)) if level else None
+    except ValueError:
+        number = None
+    return LogSettings(number, fmt, datefmt or None)
+
+
+def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
+    """How long the ranks spent in the test's setup, call and teardown: the longest rank's
+    time per phase, of the ranks that said (:func:`harness.rank.pytest_body.run_test`)."""
+    said = [value for value in outcome.values or () if isinstance(value, tuple)]
+    if outcome.error is not None:
+        said += [f.times for f in outcome.error.failures.values() if f.times is not None]
+    if not said:
+        return None
+    setup, call, teardown = (max(times[phase] for times in said) for phase in range(3))
+    return (setup, call, teardown)
 
 
 def _fail(item: pytest.Function | None, error: BaseException) -> NoReturn:

@@ -10,6 +10,7 @@ error and the pytest report are built from it.
 from __future__ import annotations
 
 import itertools
+import os
 import signal
 import traceback
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,10 @@ PHASE_ATTR = "__harness_phase__"
 
 PHASES = ("setup", "call", "teardown")
 
+TIMES_ATTR = "__harness_times__"
+"""Set on an exception that ended a pytest test on a rank: how long the rank spent in the
+test's setup, call and teardown (``RankFailure.times``)."""
+
 EXIT_CODE_ATTR = "__harness_exit_code__"
 """Set on an exception that stands for a process exit: the exit code a native run's process
 would have ended with (a ``MultiProcessTestCase`` test run on a reused rank, whose class judges
@@ -55,6 +60,8 @@ class RankFailure:
         phase: For a pytest test, ``"setup"`` or ``"teardown"`` when a fixture that runs in
             the ranks raised (see ``PHASE_ATTR``); ``"call"`` otherwise.
         exitcode: The exit code the exception stands for (see ``EXIT_CODE_ATTR``), or None.
+        times: For a pytest test, the seconds this rank spent in its setup, call and
+            teardown (see ``TIMES_ATTR``), or None.
     """
 
     rank: int
@@ -63,6 +70,7 @@ class RankFailure:
     traceback: str
     phase: str = "call"
     exitcode: int | None = None
+    times: tuple[float, float, float] | None = None
 
     @classmethod
     def from_exception(
@@ -103,7 +111,9 @@ class RankFailure:
         phase = phase if phase in PHASES else "call"
         exitcode = getattr(exc, EXIT_CODE_ATTR, None)
         exitcode = exitcode if isinstance(exitcode, int) else None
-        return cls(rank, type(exc).__qualname__, message, text, phase, exitcode)
+        times = getattr(exc, TIMES_ATTR, None)
+        times = times if isinstance(times, tuple) else None
+        return cls(rank, type(exc).__qualname__, message, text, phase, exitcode, times)
 
     @classmethod
     def crash(cls, rank: int, exitcode: int | None, dump: str) -> RankFailure:
@@ -117,9 +127,11 @@ class RankFailure:
         return cls(rank, "WorldTimeout", what, stacks)
 
     @classmethod
-    def skipped(cls, rank: int, reason: str) -> RankFailure:
-        """A rank that skipped while others did not."""
-        return cls(rank, "Skipped", reason, f"Skipped: {reason}\n")
+    def skipped(cls, rank: int, reason: str, site: tuple[str, int] | None = None) -> RankFailure:
+        """A rank that skipped while others did not (``site``: the file and line of the
+        skip, as ``Skipped.site``)."""
+        where = f"{site[0]}:{site[1]}: " if site is not None else ""
+        return cls(rank, "Skipped", reason, f"{where}Skipped: {reason}\n")
 
     def render(self) -> str:
         """The traceback, or ``exc_type: message`` when there is none."""
@@ -169,6 +181,13 @@ def sections(
         )
         for index, failure in enumerate(failures.values())
     ]
+
+
+def skip_line(rank: int, reason: str, site: tuple[str, int] | None) -> str:
+    """A rank's skip in a summary line: ``"rank 1 (test_x.py:12): reason"``, or ``"rank 1:
+    reason"`` where the skip's place (``Skipped.site``) is unknown."""
+    where = f" ({os.path.basename(site[0])}:{site[1]})" if site is not None else ""
+    return f"rank {rank}{where}: {reason}"
 
 
 def describe_exitcode(code: int | None) -> str:

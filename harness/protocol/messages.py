@@ -234,6 +234,9 @@ class Skipped:
         kind: ``"pytest"`` or ``"unittest"``.
         at, trace: As in ``Failed``.
         phase: ``"setup"`` when a rank-side fixture skipped (see ``PHASE_ATTR``), else ``"call"``.
+        site: Where the skip was raised: the file and line of the innermost frame of the
+            user's code (the ``pytest.skip()`` call), as pytest reports a skip; None where
+            no such frame was found.
     """
 
     reason: str
@@ -241,6 +244,7 @@ class Skipped:
     at: float
     phase: str = "call"
     trace: RankTrace | None = None
+    site: tuple[str, int] | None = None
 
 
 RankMessage = Ready | Done | Failing | Failed | Fired | Skipped

@@ -131,6 +131,28 @@ class RequestInfo:
     ini: dict[str, Any]
 
 
+LOG_MARK = "\x1fharness-log\x1f"
+"""Starts each line of a log record that a rank writes to its stderr during a pytest test,
+followed by the test's phase and a space (:mod:`harness.rank.logs`): the controller moves
+such lines from the rank's stderr into pytest's ``Captured log`` sections. (Not ``\x1e``:
+``str.splitlines`` ends a line there.)"""
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """How a rank captures a pytest test's log records, as pytest's options say.
+
+    Attributes:
+        level: ``log_level`` as a number; None where unset (the loggers' own levels apply).
+        format: ``log_format``.
+        date_format: ``log_date_format``.
+    """
+
+    level: int | None
+    format: str
+    date_format: str | None = None
+
+
 @dataclass(frozen=True)
 class FixturePlan:
     """What a rank needs to call a test.
@@ -142,6 +164,8 @@ class FixturePlan:
         request: For the ``request`` view, when the test or a rank-side fixture asks for it.
         basetemp: The controller's ``tmp_path_factory.getbasetemp()``, when a rank-side
             ``tmp_path_factory`` is used.
+        logs: How the ranks capture the test's log records; None: they do not (pytest's
+            logging plugin is off).
     """
 
     args: tuple[tuple[str, Arg], ...]
@@ -149,6 +173,7 @@ class FixturePlan:
     values: dict[str, Any] = field(default_factory=dict)
     request: RequestInfo | None = None
     basetemp: str | None = None
+    logs: LogSettings | None = None
 
 
 # -- a MultiProcessTestCase test (--dist-mptc) ------------------------------------------------

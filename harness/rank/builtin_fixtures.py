@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from harness import compat
 from harness.protocol.pytest_calls import PLUGIN_FIXTURES
+from harness.rank import logs
 from harness.rank.identity import rank_value
 
 
@@ -110,13 +111,11 @@ def _flush() -> None:
 
 class _LogHandler(logging.Handler):
     def __init__(self) -> None:
-        super().__init__()
+        # As pytest's: at its log_level, and its log_format for caplog.text.
+        super().__init__(logs.level() or logging.NOTSET)
         self.records: list[logging.LogRecord] = []
         self.stream = io.StringIO()
-        # pytest's default log format, which caplog.text uses.
-        self.setFormatter(
-            logging.Formatter("%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s")
-        )
+        self.setFormatter(logs.formatter())
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)

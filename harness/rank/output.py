@@ -3,7 +3,8 @@
 * ``capture``: file descriptors 1 and 2 go to the rank's capture files
   (:meth:`harness.protocol.rank_files.RankFiles.capture`), read by the controller afterwards;
 * ``prefix``: they go through pipes whose lines reach the rank's own stdout and stderr whole,
-  each prefixed with ``[rank N] `` (pytest's ``-s``: several ranks share one terminal);
+  each prefixed with ``[rank N] `` (pytest's ``-s``: several ranks share one terminal), a
+  log record's line without its mark (:mod:`harness.rank.logs`);
 * ``inherit``: untouched.
 """
 
@@ -13,7 +14,10 @@ import os
 import threading
 
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
+from harness.protocol.pytest_calls import LOG_MARK
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, write_all
+
+_LOG_MARK = LOG_MARK.encode()
 
 DRAIN_TIMEOUT_S = 2.0
 """How long the end of a call waits for the last prefixed lines. A subprocess the call left
@@ -60,6 +64,8 @@ class PrefixedOutput:
             while chunk := os.read(read_end, 65536):
                 *lines, pending = (pending + chunk).split(b"\n")
                 for line in lines:
+                    if line.startswith(_LOG_MARK):  # a log record's line: its text alone
+                        line = line[len(_LOG_MARK) :].partition(b" ")[2]
                     # One write per line: a line from another rank never lands inside it.
                     write_all(out, self._prefix + line + b"\n")
             if pending:

@@ -19,20 +19,43 @@ import importlib
 import importlib.abc
 import importlib.util
 import inspect
+import itertools
 import os
 import sys
+import time
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from harness import compat
+from harness.protocol.failures import TIMES_ATTR
 from harness.protocol.pytest_calls import FixturePlan, FunctionRef, TestRef
-from harness.rank import fixtures
+from harness.rank import fixtures, logs
 
 
-def run_test(ref: TestRef, plan: FixturePlan) -> None:
-    """Set up the test's rank-side fixtures, call the referenced test, tear them down;
-    raises what the test raised, or what a fixture raised marked with its phase."""
+def run_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
+    """Set up the test's rank-side fixtures, call the referenced test, tear them down, its
+    log records captured (:mod:`harness.rank.logs`); raises what the test raised, or what a
+    fixture raised marked with its phase.
+
+    Returns:
+        The seconds spent in the test's setup, call and teardown, as pytest reports its
+        phases' durations; they are set on what it raises too (``TIMES_ATTR``).
+    """
+    marks = [time.perf_counter()]  # when setup, call and teardown started
+    with logs.captured(plan.logs):
+        try:
+            _run(ref, plan, marks)
+        except BaseException as exc:
+            try:
+                setattr(exc, TIMES_ATTR, _times(marks))
+            except (AttributeError, TypeError):
+                pass  # an exception type with __slots__: its phases are not told apart
+            raise
+    return _times(marks)
+
+
+def _run(ref: TestRef, plan: FixturePlan, marks: list[float]) -> None:
     module = import_test_module(ref)
     owner: Any = module
     cls = None
@@ -45,6 +68,7 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
             owner.__dict__.update(ref.instance_state)
     function = getattr(owner, ref.function)
     if not plan.args and not plan.fixtures:
+        _enter("call", marks)
         function()  # nothing to set up or tear down
         return
     test = {
@@ -59,15 +83,31 @@ def run_test(ref: TestRef, plan: FixturePlan) -> None:
 
     setup = fixtures.Setup(plan, test, _load_fixture, failing=loop.report_failing)
     kwargs = setup.arguments()
+    _enter("call", marks)
     try:
         function(**kwargs)
     except BaseException as exc:
         # The controller hears of the failure before the teardown, which may take long or
         # be cut short: this rank's failure is the root cause when it came first.
         loop.report_failing(exc)
+        _enter("teardown", marks)
         setup.teardown(quiet=True)
         raise
+    _enter("teardown", marks)
     setup.teardown()
+
+
+def _enter(phase: str, marks: list[float]) -> None:
+    marks.append(time.perf_counter())
+    logs.phase(phase)
+
+
+def _times(marks: list[float]) -> tuple[float, float, float]:
+    """The seconds from each mark to the next (the last: until now), 0 for a phase not reached."""
+    points = [*marks, time.perf_counter()]
+    spans = [end - start for start, end in itertools.pairwise(points)]
+    setup, call, teardown = [*spans, 0.0, 0.0][:3]
+    return (setup, call, teardown)
 
 
 def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:

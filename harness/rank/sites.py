@@ -1,6 +1,7 @@
 """Where in the user's code a rank is, as a reader of a failure names it: the call site of a
-collective, the position of a blocked thread. Runs INSIDE each rank; it may import the
-stdlib, torch and ``harness.compat`` (frames are CPython's private API).
+collective, the position of a blocked thread, the line that raised a skip. Runs INSIDE each
+rank; it may import the stdlib, torch and ``harness.compat`` (frames are CPython's private
+API).
 
 A reader wants the first frame outside the libraries between their code and the collective:
 torch's implementation, the harness and :mod:`multiprocessing` (:func:`is_call_site`); for a
@@ -31,6 +32,7 @@ _NEVER_DIRS = (
 _PATHS = sysconfig.get_paths()
 _STDLIB_DIRS = tuple({_PATHS[name] + os.sep for name in ("stdlib", "platstdlib")})
 _PACKAGE_DIRS = tuple({_PATHS[name] + os.sep for name in ("purelib", "platlib")})
+_PYTEST = ("pytest", "_pytest")
 
 
 def is_call_site(path: str) -> bool:
@@ -66,6 +68,21 @@ def call_site(frame: FrameType | None) -> tuple[str, int]:
             outermost = frame
         frame = frame.f_back
     return ("?", 0) if outermost is None else (outermost.f_code.co_filename, outermost.f_lineno)
+
+
+def raised_at(exc: BaseException) -> tuple[str, int] | None:
+    """Where the user's code raised ``exc``, ``(file, line)``: the innermost frame of its
+    traceback that :func:`is_call_site`, outside the standard library and pytest (whose
+    ``pytest.skip()`` raises the exception its caller means); None where there is none."""
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        module = str(tb.tb_frame.f_globals.get("__name__", ""))
+        if not library(code.co_filename) and module.partition(".")[0] not in _PYTEST:
+            found = (code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
 
 
 def position(thread: int) -> str:

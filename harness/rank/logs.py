@@ -1,0 +1,89 @@
+"""The log records of a pytest test in a rank, for pytest's ``Captured log`` sections: runs
+INSIDE a rank (see :mod:`harness.rank` for what it may import).
+
+While a test runs (:func:`captured`), a handler on the root logger takes the records that
+pytest's own would take in-process (its ``log_level``; else the loggers' levels, WARNING by
+default), formats them with its ``log_format`` and writes each line at once to the rank's
+stderr as it was when the test started, marked with ``LOG_MARK`` and the test's phase
+(:func:`phase`). The controller moves those lines into the test's ``Captured log setup``,
+``call`` and ``teardown`` sections, each prefixed with its rank; under ``-s`` the prefixing
+pump strips the mark (:mod:`harness.rank.output`). Written as they come, they survive a rank
+that crashes or hangs; written to a descriptor of their own, they bypass a test's ``capfd``
+and ``capsys``, as pytest's handler does. ``caplog`` takes the level and format from here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from harness.protocol.pytest_calls import LOG_MARK, LogSettings
+from harness.protocol.rank_files import write_all
+
+# pytest's default log_format, for a caplog outside a test's capture.
+DEFAULT_FORMAT = "%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s"
+
+# The settings of the test in progress (None between tests), and its phase.
+_settings: LogSettings | None = None
+_phase = "setup"
+
+
+class _Handler(logging.Handler):
+    """Writes each record's lines, marked, to a file descriptor."""
+
+    def __init__(self, settings: LogSettings, fd: int) -> None:
+        super().__init__(settings.level or logging.NOTSET)
+        self.setFormatter(formatter())
+        self._fd = fd
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = self.format(record)
+            marked = "".join(f"{LOG_MARK}{_phase} {line}\n" for line in text.split("\n"))
+            write_all(self._fd, marked.encode("utf-8", "replace"))
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def captured(settings: LogSettings | None) -> Iterator[None]:
+    """Capture the block's log records as the module's docstring says (nothing for None)."""
+    global _settings, _phase
+    if settings is None:
+        yield
+        return
+    root = logging.getLogger()
+    level = root.level
+    _settings, _phase = settings, "setup"
+    fd = os.dup(2)
+    handler = _Handler(settings, fd)
+    if settings.level is not None:  # as pytest: records of that level reach the handlers
+        root.setLevel(min(level, settings.level))
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+        os.close(fd)
+        _settings = None
+
+
+def phase(name: str) -> None:
+    """The test in progress enters its phase ``name`` (``"call"``, ``"teardown"``)."""
+    global _phase
+    _phase = name
+
+
+def level() -> int | None:
+    """``log_level`` of the test in progress, None where unset (or between tests)."""
+    return _settings.level if _settings is not None else None
+
+
+def formatter() -> logging.Formatter:
+    """A formatter of the test in progress's ``log_format`` (pytest's default between tests)."""
+    if _settings is None:
+        return logging.Formatter(DEFAULT_FORMAT)
+    return logging.Formatter(_settings.format, _settings.date_format)
