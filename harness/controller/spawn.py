@@ -139,15 +139,18 @@ def start_ranks(
             ranks.append(
                 RankProcess(rank, process.pid, process, ours, life_write, RankFiles(workdir, rank))
             )
-    except BaseException:
-        stop_ranks(ranks, grace_s=STOP_GRACE_NO_COVERAGE_S)
+    except BaseException as exc:
+        # Ctrl-C: the user wants out now, not the ranks' coverage.
+        interrupted = isinstance(exc, KeyboardInterrupt)
+        stop_ranks(ranks, grace_s=0.0 if interrupted else STOP_GRACE_NO_COVERAGE_S)
         raise
     return ranks
 
 
 def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
-    """Stop ranks: close lifelines, give them ``grace_s`` to exit, SIGKILL the rest, reap all
-    (again on the same ranks: nothing more)."""
+    """Stop ranks: close lifelines, give them ``grace_s`` to exit (0: none, as after Ctrl-C),
+    SIGKILL the rest and their process groups, reap all (again on the same ranks: nothing
+    more)."""
     for proc in ranks:
         if proc.lifeline is not None:
             proc.lifeline.close()

@@ -10,12 +10,14 @@ harness's supervision loop (``selectors.py poll``), nothing of the ranks.
   is then armed again for what is left, so a hanging teardown is still caught; the same
   holds where a wider-scoped rank fixture ends, in whichever test's teardown.
 * **Ctrl-C.** ``World.call`` attaches the ranks' stacks to the ``KeyboardInterrupt``
-  (:func:`harness.errors.interrupt_stacks`); they are printed before pytest's summary.
+  (:func:`harness.errors.interrupt_stacks`); they are printed before pytest's summary, and
+  the session then ends without the work that would only delay the exit (:func:`_exit_soon`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import sys
 import time
@@ -63,6 +65,7 @@ class Hooks:
         found = interrupt_stacks(interrupt)
         if found is None:
             return
+        _exit_soon(self._config, excinfo)
         summary, stacks = found
         collectives = interrupt_collectives(interrupt)
         forget_interrupt_note(interrupt)
@@ -145,6 +148,20 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
             hook.pytest_timeout_set_timer(item=item, settings=again)
             # That call noted the shortened limit: keep pytest-timeout's own, and its end.
             item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
+
+
+def _exit_soon(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Spare the ending session what costs seconds once the ranks are stopped.
+
+    pytest formats the interrupt's whole traceback, reading every file on the way, to print
+    its last line unless ``--full-trace``: that entry alone gives the same line. The
+    interpreter's final garbage collections walk every object torch has made, and pytest
+    collects too when it unconfigures: what exists now is frozen, out of their reach (this
+    process only ends from here; a cycle left then is freed with the process).
+    """
+    if not config.option.fulltrace:
+        excinfo.traceback = excinfo.traceback[-1:]
+    gc.freeze()
 
 
 def _text(stack: str) -> str:
