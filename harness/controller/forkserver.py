@@ -77,9 +77,16 @@ def warm_up() -> bool:
 
 
 def _preload() -> list[str]:
-    # Everything a rank imports before it can run a call; pytest only when we run under it
-    # (else each rank of an isolated test would import it).
-    modules = ["torch", "torch.distributed", "fhelium.distributed", "harness.rank.loop"]
+    # First the server's own set-up, then everything a rank imports before it can run a
+    # call; pytest only when we run under it (else each rank of an isolated test would
+    # import it).
+    modules = [
+        "harness.rank.server",
+        "torch",
+        "torch.distributed",
+        "fhelium.distributed",
+        "harness.rank.loop",
+    ]
     # Each call seeds numpy's generator where torch has imported numpy, and numpy loads
     # numpy.random only at first use: once here rather than in every rank's first call.
     # Where numpy is missing the server skips it (it ignores preload ImportErrors).

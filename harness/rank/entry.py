@@ -21,9 +21,11 @@ if TYPE_CHECKING:
 
 
 def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
-    """A rank process's target: :func:`harness.rank.loop.main`."""
-    from harness.rank import loop
+    """A rank process's target: named for ``ps`` (``harness rank 1/4 (gloo)``), then
+    :func:`harness.rank.loop.main`."""
+    from harness.rank import loop, title
 
+    title.set_title(f"harness rank {setup.rank}/{setup.world_size} ({setup.backend})")
     loop.main(setup, conn, lifeline)
 
 
