@@ -244,7 +244,11 @@ def plan(item: pytest.Function) -> FixturePlan:
         if name not in values:
             value = item.funcargs[name]
             by = f" (requested by {requester.argname!r})" if requester is not None else ""
-            refs.check_picklable(value, f"fixture {name!r}{by}")
+            fix = (
+                "declare it with @harness.fixture instead of @pytest.fixture, so that each "
+                "rank builds its own value, or make its value picklable"
+            )
+            refs.check_picklable(value, f"fixture {name!r}{by}", fix)
             values[name] = value
         return Arg(ARG_VALUE, name)
 

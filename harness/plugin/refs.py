@@ -49,7 +49,12 @@ def reference(item: pytest.Function, function: str, *, state: bool = False) -> T
     if state and cls is not None and item.instance is not None and vars(item.instance):
         instance_state = dict(vars(item.instance))
         for name, value in instance_state.items():
-            check_picklable(value, f"attribute {name!r} of the test class instance")
+            check_picklable(
+                value,
+                f"attribute {name!r} of the test class instance",
+                "build it in the test, or in a @harness.fixture (each rank builds its own), "
+                "or make it picklable",
+            )
     return TestRef(
         module=module.__name__,
         path=module.__file__,
@@ -72,13 +77,14 @@ def function_ref(function: Callable[..., Any]) -> FunctionRef | None:
     return FunctionRef(module.__name__, path, qualname, compat.asserts_rewritten(module))
 
 
-def check_picklable(value: Any, what: str) -> None:
-    """Fail the test, naming ``what``, when ``value`` does not pickle."""
+def check_picklable(value: Any, what: str, fix: str) -> None:
+    """Fail the test, naming ``what`` and saying how to ``fix`` it, when ``value`` does not
+    pickle."""
     problem = pickle_problem(value)
     if problem is None:
         return
     pytest.fail(
         f"{what} cannot be sent to the ranks: its value {short_repr(value)} does not pickle "
-        f"({problem})",
+        f"({problem}); {fix}",
         pytrace=False,
     )

@@ -266,9 +266,13 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         [
             "*_ test_needs_lock _*",
             "fixture 'lock' cannot be sent to the ranks: its value <unlocked _thread.lock*"
-            "does not pickle (TypeError: *)",
+            "does not pickle (TypeError: *); declare it with @harness.fixture instead of "
+            "@pytest.fixture, so that each rank builds its own value, or make its value "
+            "picklable",
             "*_ TestState.test_unpicklable_attribute _*",
-            "attribute 'handle' of the test class instance cannot be sent to the ranks*",
+            "attribute 'handle' of the test class instance cannot be sent to the ranks*; "
+            "build it in the test, or in a @harness.fixture (each rank builds its own), or "
+            "make it picklable",
         ]
     )
     text = result.stdout.str()
