@@ -33,14 +33,12 @@ class HangWatch:
 
     Args:
         ranks: The call's ranks.
-        mismatch: Whether every member inside collective #N of a group with another op,
-            root, shape or dtype counts as certain (only with the desync check on: a
-            mismatch Gloo completes then fails the call all the same).
+        desync_check: Whether the call's desync check is on (see :func:`verdicts.certain`).
     """
 
-    def __init__(self, ranks: list[RankProcess], *, mismatch: bool) -> None:
+    def __init__(self, ranks: list[RankProcess], *, desync_check: bool) -> None:
         self._ranks = ranks
-        self._mismatch = mismatch
+        self._desync_check = desync_check
         self._asked: dict[int, RankProcess] = {}
         self._traces: dict[int, RankTrace] = {}
         self.next_at = time.monotonic() + PROBE_EVERY_S
@@ -77,7 +75,7 @@ class HangWatch:
         if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
             return False
         found: dict[int, RankTrace | None] = dict(traces)
-        return verdicts.certain(found, states, len(self._ranks), mismatch=self._mismatch)
+        return verdicts.certain(found, states, len(self._ranks), desync_check=self._desync_check)
 
     def _ask(self, replies: dict[int, Reply]) -> None:
         """Ask every rank that is silent or returned (each one alive) for its trace."""

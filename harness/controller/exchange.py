@@ -88,7 +88,7 @@ def exchange(
         fired: dict[int, Fired] = {}
         watch = None
         if call is not None:
-            watch = HangWatch(ranks, mismatch=call.check_collectives)
+            watch = HangWatch(ranks, desync_check=call.check_collectives)
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         stopped = time.monotonic()
         # A failed call: what the ranks that did not answer, or returned, were doing: their

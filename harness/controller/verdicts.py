@@ -40,6 +40,18 @@ DIED = "died"
 
 _ENDED = {DONE: "finished the call", FAILED: "failed", DIED: "died"}
 
+_EVERY_MEMBER_JOINS = frozenset(
+    {
+        *("all_reduce", "all_reduce_coalesced", "barrier", "all_gather_object"),
+        *("all_gather", "all_gather_into_tensor", "all_gather_single", "all_gather_coalesced"),
+        *("reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single"),
+        *("all_to_all", "all_to_all_single"),
+    }
+)
+"""Collectives no member finishes before every member joined: each receives from all (a
+broadcast's root, or a gather's sender, may finish alone; ``monitored_barrier`` ends by its
+own timeout, naming the missing rank)."""
+
 
 def find(
     traces: Mapping[int, RankTrace | None],
@@ -92,19 +104,22 @@ def certain(
     states: Mapping[int, str],
     world_size: int,
     *,
-    mismatch: bool = True,
+    desync_check: bool = True,
 ) -> bool:
     """Whether the traces prove that a call still running can never finish: on some group,
 
     * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
       another member is inside: it never issues that one;
-    * or, with ``mismatch``, every member is inside collective #N and their ops (op, reduce
-      op, root, shapes, dtypes) differ.
+    * or every member is inside collective #N and their ops (op, reduce op, root, shapes,
+      dtypes) differ.
 
     Args:
         traces, states, world_size: As :func:`find`; a rank without a trace proves nothing.
-        mismatch: Whether the second kind counts (it is certain to fail the call only where
-            the desync check is on: Gloo completes some mismatches).
+        desync_check: Whether the call's desync check is on. Gloo completes some
+            mismatches (SUM against MAX), and a rooted collective may finish on one side
+            alone: without the check such a call may pass, so only the first kind counts,
+            for a collective every member must join (``_EVERY_MEMBER_JOINS``); with it,
+            the call fails either way.
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     members: dict[str, tuple[int, ...] | None] = {}
@@ -120,11 +135,13 @@ def certain(
                 inside[rank] = last
         if not inside:
             continue
-        deepest = max(last.seq for last in inside.values())
         ended = [r for r in group_ranks if r in known and states.get(r) in (DONE, DIED)]
-        if any(known[rank].count(group) < deepest for rank in ended):
-            return True
-        if not mismatch or len(inside) < len(group_ranks):
+        fewest = min((known[rank].count(group) for rank in ended), default=None)
+        for last in inside.values():
+            joined = desync_check or last.op.name in _EVERY_MEMBER_JOINS
+            if fewest is not None and fewest < last.seq and joined:
+                return True
+        if not desync_check or len(inside) < len(group_ranks):
             continue
         if any(known[rank].groups[group].raised for rank in group_ranks):
             continue  # a collective raised: the test may handle such errors on purpose

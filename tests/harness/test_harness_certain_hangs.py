@@ -19,6 +19,7 @@ import pytest
 
 import harness
 from harness.controller import verdicts
+from harness.controller.classify import classify
 from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
@@ -94,6 +95,14 @@ def test_a_rank_that_returned_while_peers_wait_fails_early(world3: harness.World
     assert f"#2 all_gather(float32[4]) at {fns.line_of('gather')}  [in flight]" in str(error)
     # The world recovers for the next call.
     assert world3.run(fns.rank1_waits_for_a_file, args=(os.devnull,)) == [None] * 3
+
+
+def test_a_returned_rank_is_certain_without_the_desync_check_too(world3: harness.World) -> None:
+    # Every member must join an all_gather: it cannot finish without rank 2, check or not.
+    error = _early(world3, fns.rank2_returns_early, check_collectives=False)
+    assert error.verdicts == [
+        "rank 2 finished the call after #1; ranks 0, 1 wait in #2 (all_gather)"
+    ]
 
 
 def test_a_mismatch_without_the_desync_check_waits_for_the_deadline() -> None:
@@ -173,26 +182,29 @@ RUN, DONE = verdicts.RUNNING, verdicts.DONE
 
 
 @pytest.mark.parametrize(
-    ("traces", "states", "mismatch", "expected"),
+    ("traces", "states", "desync_check", "expected"),
     [
         pytest.param([[_AR, _AR], [_AR, _BC]], [RUN, RUN], True, True, id="ops-differ"),
         pytest.param([[_AR, _AR], [_AR, _BC]], [RUN, RUN], False, False, id="no-desync-check"),
         pytest.param([[_AR, _AR], [_AR, _AR]], [RUN, RUN], True, False, id="same-op"),
         pytest.param([[_AR, _AR], [_BC]], [RUN, RUN], True, False, id="other-numbers"),
         pytest.param([[_AR, _AR], [_AR]], [RUN, DONE], True, True, id="peer-returned"),
+        pytest.param([[_AR, _AR], [_AR]], [RUN, DONE], False, True, id="returned-no-check"),
+        pytest.param([[_AR, _BC], [_AR]], [RUN, DONE], False, False, id="rooted-no-check"),
+        pytest.param([[_AR, _BC], [_AR]], [RUN, DONE], True, True, id="rooted-checked"),
         pytest.param([[_AR, _AR], [_AR, _AR]], [RUN, DONE], True, False, id="returned-after"),
         pytest.param([[_AR, _AR], [_AR]], [RUN, RUN], True, False, id="peer-still-running"),
     ],
 )
 def test_certain_on_plain_data(
-    traces: list[list[Op]], states: list[str], mismatch: bool, expected: bool
+    traces: list[list[Op]], states: list[str], desync_check: bool, expected: bool
 ) -> None:
     found = {
         rank: _trace(ops, IN_FLIGHT if state == RUN else COMPLETED)
         for rank, (ops, state) in enumerate(zip(traces, states, strict=True))
     }
     by_rank = dict(enumerate(states))
-    assert verdicts.certain(found, by_rank, 2, mismatch=mismatch) is expected
+    assert verdicts.certain(found, by_rank, 2, desync_check=desync_check) is expected
 
 
 def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
@@ -205,3 +217,23 @@ def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
     # A collective that raised on the group: the test may handle such errors.
     raised = {0: _trace([_AR], raised=1), 1: inside[1]}
     assert not verdicts.certain(raised, running, 2)
+
+
+def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summary() -> None:
+    stacks = {0: "stack zero\n", 1: "stack one\n"}
+    outcome = classify({}, 2, timeout=600.0, stacks=stacks, certain=True)
+    error = outcome.error
+    assert isinstance(error, harness.WorldTimeout)
+    assert error.summary == (
+        "the run can never finish: ranks 0, 1 wait in collectives that cannot complete "
+        "(their stacks follow; the ranks were then killed)"
+    )
+    assert error.timeout is None
+    assert error.stacks == stacks
+    assert [f.message for f in error.failures.values()] == [
+        "blocked in a collective that can never complete"
+    ] * 2
+    # At the deadline, the bound that passed is kept for its hint.
+    late = classify({}, 2, timeout=600.0, stacks=stacks).error
+    assert isinstance(late, harness.WorldTimeout)
+    assert late.timeout == 600.0
