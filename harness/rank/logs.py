@@ -54,19 +54,24 @@ def captured(settings: LogSettings | None) -> Iterator[None]:
     if settings is None:
         yield
         return
+    try:
+        fd = os.dup(2)
+    except OSError:  # no stderr: nowhere to write them, as without a handler
+        yield
+        return
     root = logging.getLogger()
     level = root.level
     _settings, _phase = settings, "setup"
-    fd = os.dup(2)
     handler = _Handler(settings, fd)
-    if settings.level is not None:  # as pytest: records of that level reach the handlers
-        root.setLevel(min(level, settings.level))
+    if settings.level is not None and settings.level < level:
+        root.setLevel(settings.level)  # as pytest: records of that level reach the handlers
     root.addHandler(handler)
     try:
         yield
     finally:
         root.removeHandler(handler)
-        root.setLevel(level)
+        if root.level != level:  # setLevel clears every logger's cache: only when needed
+            root.setLevel(level)
         os.close(fd)
         _settings = None
 
