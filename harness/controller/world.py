@@ -95,8 +95,8 @@ class World:
         backend: ``"auto"`` (NCCL when CUDA is available, Gloo otherwise), ``"gloo"`` or
             ``"nccl"``. The ``backend`` attribute is the resolved one, never ``"auto"``:
             with ``init=False``, the backend a call should pass to ``init_process_group``.
-        timeout: Default bound in seconds for each ``run`` (120 s,
-            :data:`~harness.validate.DEFAULT_TIMEOUT_S`); None means no bound.
+        timeout: Default bound in seconds for each ``run`` (120 s by default, as for a
+            distributed test); None means no bound.
         init: Whether the ranks start in a default process group (True) or without one,
             each call making its own (False).
         leaks: What to do when a call returns but leaves in a rank what no reset undoes
@@ -389,7 +389,7 @@ def run(
         fn, args, kwargs, check_collectives, faults: As :meth:`World.run`.
         world_size, backend, init: As :class:`World`.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound): 120 s
-            (:data:`~harness.validate.DEFAULT_TIMEOUT_S`) unless given; None: none.
+            unless given, as for a distributed test; None: none.
 
     Returns:
         The return values, index = rank.
