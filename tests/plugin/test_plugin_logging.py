@@ -129,3 +129,14 @@ def test_under_s_rank_records_reach_the_terminal_prefixed(pytester: pytest.Pytes
     output = result.stdout.str() + result.stderr.str()
     assert "[rank 1] WARNING  lib:test_logging.py:16 warned by 1" in output.splitlines()
     assert "harness-log" not in output
+
+
+def test_without_pytest_logging_rank_records_stay_in_the_rank_stderr(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_logging=LOGGING)
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:logging")
+    result.assert_outcomes(failed=1)
+    found = sections(reports(result)["test_logs"])
+    assert not any("Captured log" in title for title in found)
+    assert "warned by 1" in found["Captured rank 1 stderr call"]
