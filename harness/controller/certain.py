@@ -40,9 +40,15 @@ class HangWatch:
         self._ranks = ranks
         self._desync_check = desync_check
         self._asked: dict[int, RankProcess] = {}
+        # Each asked rank's state when asked: one that returned later is judged as running,
+        # its trace being of that time (a trace older than the return proves nothing).
+        self._states: dict[int, str] = {}
         self._traces: dict[int, RankTrace] = {}
         self.next_at = time.monotonic() + PROBE_EVERY_S
         """``time.monotonic()`` value at which :meth:`step` has work to do."""
+        self.active = True
+        """False once a round was given up (a rank failed or died meanwhile): an answer to
+        it could come late and pass for a later round's, so the call is not judged again."""
 
     def step(self, replies: dict[int, Reply]) -> bool:
         """Start a round, or read the answers of the one that is out; whether they prove the
@@ -58,24 +64,30 @@ class HangWatch:
             if trace is not None:
                 self._traces[rank] = trace
             elif not proc.alive():
-                self._asked.clear()  # a death: the supervisor sees it and decides
-        if self._asked and len(self._traces) < len(self._asked):
+                self.active = False  # a death: the supervisor sees it and decides
+                return False
+        if len(self._traces) < len(self._asked):
             self.next_at = time.monotonic() + _READ_EVERY_S
             return False
-        asked, traces = self._asked, self._traces
-        self._asked, self._traces = {}, {}
+        asked, traces, states = self._asked, self._traces, self._states
+        self._asked, self._traces, self._states = {}, {}, {}
         self.next_at = time.monotonic() + PROBE_EVERY_S
-        if not asked:
-            return False
-        states = {
-            rank: verdicts.DONE if isinstance(replies.get(rank), Done) else verdicts.RUNNING
-            for rank in asked
-        }
-        # A rank that failed or died meanwhile answered too late to be judged here.
+        # A rank that failed or died meanwhile: the supervisor's to report.
         if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
             return False
         found: dict[int, RankTrace | None] = dict(traces)
         return verdicts.certain(found, states, len(self._ranks), desync_check=self._desync_check)
+
+    def settle(self, timeout_s: float = 2.0) -> None:
+        """Wait, at most ``timeout_s``, for the answers to a round still out when the call
+        ended: the next call's first round must not read one of them as its own."""
+        end = time.monotonic() + timeout_s
+        waiting = [p for rank, p in self._asked.items() if rank not in self._traces]
+        while waiting and time.monotonic() < end:
+            waiting = [p for p in waiting if p.alive() and p.files.trace() is None]
+            if waiting:
+                time.sleep(_READ_EVERY_S)
+        self._asked, self._traces, self._states = {}, {}, {}
 
     def _ask(self, replies: dict[int, Reply]) -> None:
         """Ask every rank that is silent or returned (each one alive) for its trace."""
@@ -91,7 +103,10 @@ class HangWatch:
             except OSError:
                 continue
             self._asked[proc.rank] = proc
+            self._states[proc.rank] = verdicts.DONE if reply is not None else verdicts.RUNNING
         if len(self._asked) < len(self._ranks):
             # A rank that failed is the supervisor's to report; one we could not ask leaves
-            # the round without proof.
+            # the round without proof, and the requests sent make the next ones ambiguous.
+            self.active = not self._asked
             self._asked.clear()
+            self._states.clear()

@@ -90,6 +90,8 @@ def exchange(
         if call is not None:
             watch = HangWatch(ranks, desync_check=call.check_collectives)
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
+        if watch is not None:
+            watch.settle()
         stopped = time.monotonic()
         # A failed call: what the ranks that did not answer, or returned, were doing: their
         # collectives (asked first, answered at once by their watchdog), then their stacks. A

@@ -94,7 +94,7 @@ def gather(
             replies.update((r, Faulted(fired[r])) for r in ended if r not in replies)
             if len(ended) == len(pending):
                 return replies, ""
-        watching = watch is not None and not fired and grace_end is None
+        watching = watch is not None and watch.active and not fired and grace_end is None
         limits = [t for t in (deadline, grace_end) if t is not None]
         now = time.monotonic()
         if limits and now >= min(limits):
