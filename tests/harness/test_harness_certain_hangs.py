@@ -19,7 +19,9 @@ import pytest
 
 import harness
 from harness.controller import verdicts
+from harness.controller.certain import HangWatch
 from harness.controller.classify import classify
+from harness.protocol.messages import Done
 from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
@@ -237,3 +239,68 @@ def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summ
     late = classify({}, 2, timeout=600.0, stacks=stacks).error
     assert isinstance(late, harness.WorldTimeout)
     assert late.timeout == 600.0
+
+
+# ---------------------------------------------------------------- HangWatch rounds
+
+
+class _Files:
+    def __init__(self) -> None:
+        self.answer: RankTrace | None = None
+        self.written: RankTrace | None = None
+
+    def forget_trace(self) -> None:
+        self.written = None
+
+    def trace(self) -> RankTrace | None:
+        return self.written
+
+
+class _Lifeline:
+    def __init__(self, files: _Files) -> None:
+        self.files = files
+
+    def send_bytes(self, data: bytes) -> None:
+        self.files.written = self.files.answer  # the watchdog answers at once
+
+
+class _Rank:
+    """What HangWatch uses of a RankProcess: its files, lifeline and liveness."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.files = _Files()
+        self.lifeline = _Lifeline(self.files)
+
+    def alive(self) -> bool:
+        return True
+
+
+def _round(watch: HangWatch, replies: dict[int, Any]) -> bool:
+    assert not watch.step(replies)  # asks
+    return watch.step(replies)  # reads and judges
+
+
+def test_a_rank_that_returned_after_it_was_asked_is_judged_by_its_trace_of_then() -> None:
+    ranks = [_Rank(0), _Rank(1)]
+    watch = HangWatch(ranks, desync_check=True)  # type: ignore[arg-type]
+    ranks[0].files.answer = _trace([_AR, _AR])  # inside #2
+    ranks[1].files.answer = _trace([_AR], COMPLETED)  # busy in Python after #1
+    assert not watch.step({})  # asked while both ran
+    done = {1: Done(b"")}
+    # Rank 1 returned meanwhile, but its trace is from before: no proof yet.
+    assert not watch.step(done)
+    # The next round asks rank 1 as returned: its trace is final, #2 never comes.
+    assert _round(watch, done)
+
+
+def test_a_slow_rank_and_a_settled_round() -> None:
+    ranks = [_Rank(0), _Rank(1)]
+    watch = HangWatch(ranks, desync_check=True)  # type: ignore[arg-type]
+    ranks[0].files.answer = _trace([_AR, _AR])
+    ranks[1].files.answer = _trace([_AR], COMPLETED)  # still running Python: never certain
+    for _ in range(3):
+        assert not _round(watch, {})
+    assert watch.active
+    watch.settle(timeout_s=0.0)
+    assert not watch.step({})  # a fresh round starts after settling
