@@ -11,7 +11,7 @@ harness's supervision loop (``selectors.py poll``), nothing of the ranks.
   holds where a wider-scoped rank fixture ends, in whichever test's teardown.
 * **Ctrl-C.** ``World.call`` attaches the ranks' stacks to the ``KeyboardInterrupt``
   (:func:`harness.errors.interrupt_stacks`); they are printed before pytest's summary, and
-  the session then ends without the work that would only delay the exit (:func:`_exit_soon`).
+  the session then ends without work that would only delay its exit.
 """
 
 from __future__ import annotations
@@ -59,13 +59,18 @@ class Hooks:
 
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter keeps it for its summary
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        if not self._config.option.fulltrace:
+            _summary_entry_only(excinfo)
         # Print the ranks' stacks the interrupt carries from World.call, and drop the note
         # it carries for an interpreter's traceback (pytest would fold it into one line).
         interrupt = excinfo.value
         found = interrupt_stacks(interrupt)
         if found is None:
             return
-        _exit_soon(self._config, excinfo)
+        # The final garbage collections of the interpreter, and pytest's at unconfigure,
+        # would walk every object torch has made: what exists now is out of their reach
+        # (the process ends from here; a cycle left then is freed with the process).
+        gc.freeze()
         summary, stacks = found
         collectives = interrupt_collectives(interrupt)
         forget_interrupt_note(interrupt)
@@ -150,18 +155,16 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
             item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
 
 
-def _exit_soon(config: pytest.Config, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-    """Spare the ending session what costs seconds once the ranks are stopped.
+def _summary_entry_only(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+    """Keep the interrupt's traceback entry that pytest's summary line names, alone.
 
-    pytest formats the interrupt's whole traceback, reading every file on the way, to print
-    its last line unless ``--full-trace``: that entry alone gives the same line. The
-    interpreter's final garbage collections walk every object torch has made, and pytest
-    collects too when it unconfigures: what exists now is frozen, out of their reach (this
-    process only ends from here; a cycle left then is freed with the process).
+    Without ``--full-trace`` pytest prints one line of the traceback, yet formats all of it
+    first, reading and parsing every file on the way, while the terminal waits (and, under
+    pytest-xdist, the workers wait for the controller to end them).
     """
-    if not config.option.fulltrace:
-        excinfo.traceback = excinfo.traceback[-1:]
-    gc.freeze()
+    shown = excinfo.traceback.filter(excinfo)  # the summary names the last entry shown
+    if shown:
+        excinfo.traceback = shown[-1:]
 
 
 def _text(stack: str) -> str:
