@@ -1,7 +1,8 @@
 """Which collective went wrong: the ranks' traces compared, one verdict line per finding.
 
 Pure logic on plain data, for every failed call and, as the desync check, every call that
-returned on all ranks. Per process group, only its members are compared:
+returned on all ranks; while a call runs, :func:`certain` says whether the traces already
+prove it can never finish. Per process group, only its members are compared:
 
 * the first collective whose op, reduce op, root, shapes or dtypes differ between members
   (``collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
