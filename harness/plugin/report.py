@@ -129,8 +129,8 @@ def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) 
 
 
 def keep_times(item: pytest.Item, times: tuple[float, float, float] | None) -> None:
-    """Note how long the ranks took in the test's setup, call and teardown (the longest
-    rank per phase; None: unknown), for the reports of pytest's phases."""
+    """Note how long the ranks took in the test's setup, call and teardown (one rank's
+    times; None: unknown), for the reports of pytest's phases."""
     if times is None:
         _forget(item, _MOVED)
     else:

@@ -282,15 +282,13 @@ def _log_settings(config: pytest.Config) -> LogSettings | None:
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
-    """How long the ranks spent in the test's setup, call and teardown: the longest rank's
-    time per phase, of the ranks that said (:func:`harness.rank.pytest_body.run_test`)."""
+    """How long the ranks spent in the test's setup, call and teardown: the phases of the
+    slowest rank that said (:func:`harness.rank.pytest_body.run_test`). One rank's, not
+    each phase's longest: those of several ranks could add up to more than the test took."""
     said = [value for value in outcome.values or () if isinstance(value, tuple)]
     if outcome.error is not None:
         said += [f.times for f in outcome.error.failures.values() if f.times is not None]
-    if not said:
-        return None
-    setup, call, teardown = (max(times[phase] for times in said) for phase in range(3))
-    return (setup, call, teardown)
+    return max(said, key=sum, default=None)
 
 
 def _fail(item: pytest.Function | None, error: BaseException) -> NoReturn:
