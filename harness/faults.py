@@ -161,6 +161,12 @@ class Fault:
         return f"{self.kind}({', '.join(details)})"
 
     @property
+    def enters(self) -> bool:
+        """Whether the rank enters the collective (not when it exits, hangs or is killed
+        before it)."""
+        return self.kind not in ("exit", "hang") and (self.kind, self.when) != ("kill", "before")
+
+    @property
     def group_name(self) -> str:
         """How a report names the group: ``the default group`` or ``group (0, 1)``."""
         return "the default group" if self.group is None else f"group {self.group}"

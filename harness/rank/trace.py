@@ -188,6 +188,9 @@ class Recorder:
         if record is None:
             return fn(*args, **kwargs)
         placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
+        if placed is not None and not placed[1].enters:
+            # The trace then shows what the rank did: it stopped after the one before.
+            self._forget(record)
         thread = threading.get_ident()
         self.busy.add(thread)
         try:
@@ -196,7 +199,17 @@ class Recorder:
             else:
                 assert self.plan is not None
                 inputs = inject.bound(fn, args, kwargs)
-                result = self.plan.act(placed, spec.name, lambda: fn(*args, **kwargs), inputs)
+
+                def run() -> Any:
+                    # The record says how it ended before a fault fires after it (the
+                    # trace sent when it fires shows it).
+                    done = fn(*args, **kwargs)
+                    record.state = _ended(done)
+                    return done
+
+                if placed[1].kind == "error":
+                    record.state = RAISED
+                result = self.plan.act(placed, spec.name, run, inputs)
         except BaseException:
             record.state = RAISED
             self.raised = True
@@ -207,8 +220,7 @@ class Recorder:
             raise
         finally:
             self.busy.discard(thread)
-        # recv returns the sender's rank; a Work or a list of them: issued, not finished.
-        record.state = COMPLETED if result is None or isinstance(result, int) else ISSUED
+        record.state = _ended(result)
         return result
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any) -> _Record | None:
@@ -244,6 +256,17 @@ class Recorder:
         self._recent.append(record)
         return record
 
+    def _forget(self, record: _Record) -> None:
+        """Take back the latest record, of a collective the rank will not enter."""
+        if self._recent and self._recent[-1] is record:
+            self._recent.pop()
+        group = record.group
+        if record.seq:
+            if group.count <= SEQUENCE_CAP:
+                group.op_ids.pop()
+                group.place_ids.pop()
+            group.count -= 1
+
     def _group(self, handle: Any) -> Any:
         """The record of a group first seen in this call (``_NOT_MEMBER``: not this rank's)."""
         if handle is None or handle is dist.group.WORLD:
@@ -258,6 +281,12 @@ class Recorder:
             return _Group(f"?/{id(handle):x}", (), handle)
         name = getattr(handle, "group_name", "")
         return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
+
+
+def _ended(result: Any) -> str:
+    """The state of a collective that returned ``result``: recv returns the sender's rank; a
+    Work or a list of them is issued, not finished."""
+    return COMPLETED if result is None or isinstance(result, int) else ISSUED
 
 
 # The recorder of the call in progress (None between calls: wrappers then call through),

@@ -74,6 +74,28 @@ def test_a_survivor_that_does_not_cope_fails_the_run_naming_the_fault(
         "(injected)"
     )
     assert list(raised.value.failures) == [0]  # the killed rank is not a failure
+    # The killed rank's trace shows what it did: it stopped after #1, never entered #2.
+    assert raised.value.verdicts == ["rank 1 died after #1; rank 0 was in #2 (all_reduce)"]
+    lost = raised.value.collectives[1]
+    assert lost is not None
+    assert lost.count("") == 1
+
+
+@pytest.mark.parametrize(
+    ("fault", "state"),
+    [(faults.kill(1, 2, when="after"), "completed"), (faults.error(1, 2, OSError), "raised")],
+    ids=["kill-after", "error"],
+)
+def test_the_faulted_rank_trace_says_how_its_collective_ended(
+    world: harness.World, fault: faults.Fault, state: str
+) -> None:
+    with pytest.raises(harness.RankError) as raised:
+        world.run(fns.steps, faults=[fault])
+    lost = raised.value.collectives[1]
+    assert lost is not None
+    last = lost.last("")
+    assert last is not None
+    assert (last.seq, last.state) == (2, state)
 
 
 def test_survivors_of_a_kill_during_a_collective_get_an_error(world: harness.World) -> None:
