@@ -4,6 +4,7 @@
 * :mod:`~harness.controller.world`       ``World`` and ``run``: a world's life and its calls
 * :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
 * :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
+* :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
 * :mod:`~harness.controller.outcome`     the outcome of a call, and what was seen of a rank

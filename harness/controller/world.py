@@ -63,10 +63,12 @@ def _close_open_worlds() -> None:
 forkserver.before_stop.append(_close_open_worlds)
 
 
-def _stop(state: _State) -> None:
-    """Stop the ranks of the current generation and fold their coverage into ours."""
+def _stop(state: _State, *, interrupted: bool = False) -> None:
+    """Stop the ranks of the current generation and fold their coverage into ours (after
+    Ctrl-C, at once: the user wants out, not the ranks' coverage)."""
     if state.ranks:
         grace = spawn.STOP_GRACE_S if coverage.settings() else spawn.STOP_GRACE_NO_COVERAGE_S
+        grace = 0.0 if interrupted else grace
         spawn.stop_ranks(state.ranks, grace_s=grace)
     if state.workdir is not None:
         coverage.merge(state.workdir)
@@ -345,15 +347,19 @@ class World:
         """:func:`~harness.controller.exchange.exchange` with the live ranks, stopped when
         it fails or is interrupted."""
         failed = True
+        interrupted = False
         try:
             outcome, replies = exchange(
                 self._state.ranks, message, timeout, what, init=self.init, leaks=self.leaks
             )
             failed = outcome.error is not None or not outcome.reusable
+        except KeyboardInterrupt:
+            interrupted = True
+            raise
         finally:
             if failed:
                 self._broken = True
-                _stop(self._state)
+                _stop(self._state, interrupted=interrupted)
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:

@@ -2,7 +2,10 @@
 
 * :mod:`~harness.rank.entry`        what the controller names (a rank's target, a test
   body's runner), importing the rest only once it runs in the rank
+* :mod:`~harness.rank.server`       the forkserver's first preload: its name, torch's warnings
+* :mod:`~harness.rank.title`        process titles (``harness rank 1/4 (gloo)``)
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
+* :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
 * :mod:`~harness.rank.trace`        which collectives a call issues, per process group
@@ -10,6 +13,7 @@
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
+* :mod:`~harness.rank.logs`         a call's log records, for pytest's "Captured log" sections
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank

@@ -49,7 +49,7 @@ def pytest_sessionstart(session):
     pid = compat.forkserver_pid()
     with open(f"/proc/{pid}/cmdline", "rb") as handle:
         command = handle.read().replace(b"\\0", b" ").decode()
-    new = "multiprocessing.forkserver" in command
+    new = "multiprocessing.forkserver" in command or command.startswith("harness forkserver")
     held = os.path.abspath("held.txt")
     links = []
     for fd in os.listdir(f"/proc/{pid}/fd"):
