@@ -12,6 +12,7 @@ __all__ = [
     "FLIGHT_RECORDER_VARIABLES",
     "backend_registry",
     "flight_recorder_entries",
+    "group_timeout",
     "live_process_groups",
     "process_group_count",
     "restore_backend_registry",
@@ -171,6 +172,30 @@ def _probe_rpc_state() -> object:
     return rpc_init_count()
 
 
+def group_timeout(group: Any) -> float | None:
+    """A process group's timeout in seconds, after which its collectives raise; None where
+    torch does not say. torch has no public reader: the value ``init_process_group`` and
+    ``new_group`` take as ``timeout`` is kept in the backend's private options
+    (``ProcessGroup._get_backend(device).options._timeout``)."""
+    import torch
+
+    for device in ("cpu", "cuda"):
+        try:
+            return float(group._get_backend(torch.device(device)).options._timeout.total_seconds())
+        except Exception:  # no backend for that device here, or another torch
+            continue
+    return None
+
+
+def _probe_group_timeout() -> object:
+    import torch.distributed as dist
+
+    if not hasattr(dist.ProcessGroup, "_get_backend"):
+        raise AttributeError("ProcessGroup._get_backend is gone")
+    options: Any = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    return options._timeout.total_seconds()
+
+
 def _probe_flight_recorder() -> object:
     import pickle
 
@@ -194,4 +219,5 @@ PROBES: dict[str, Callable[[], object]] = {
     ),
     "torch.distributed.rpc._init_counter, _is_current_rpc_agent_set": _probe_rpc_state,
     "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
+    "ProcessGroup._get_backend(device).options._timeout": _probe_group_timeout,
 }

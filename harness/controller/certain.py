@@ -34,11 +34,15 @@ class HangWatch:
     Args:
         ranks: The call's ranks.
         desync_check: Whether the call's desync check is on (see :func:`verdicts.certain`).
+        deadline: The call's timeout in seconds (None: none).
     """
 
-    def __init__(self, ranks: list[RankProcess], *, desync_check: bool) -> None:
+    def __init__(
+        self, ranks: list[RankProcess], *, desync_check: bool, deadline: float | None = None
+    ) -> None:
         self._ranks = ranks
         self._desync_check = desync_check
+        self._deadline = deadline
         self._asked: dict[int, RankProcess] = {}
         # Each asked rank's state when asked: one that returned later is judged as running,
         # its trace being of that time (a trace older than the return proves nothing).
@@ -76,7 +80,13 @@ class HangWatch:
         if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
             return False
         found: dict[int, RankTrace | None] = dict(traces)
-        return verdicts.certain(found, states, len(self._ranks), desync_check=self._desync_check)
+        return verdicts.certain(
+            found,
+            states,
+            len(self._ranks),
+            desync_check=self._desync_check,
+            deadline=self._deadline,
+        )
 
     def settle(self, timeout_s: float = 2.0) -> None:
         """Wait, at most ``timeout_s``, for the answers to a round still out when the call

@@ -88,7 +88,7 @@ def exchange(
         fired: dict[int, Fired] = {}
         watch = None
         if call is not None:
-            watch = HangWatch(ranks, desync_check=call.check_collectives)
+            watch = HangWatch(ranks, desync_check=call.check_collectives, deadline=timeout)
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         if watch is not None:
             watch.settle()

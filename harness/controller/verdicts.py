@@ -24,6 +24,7 @@ from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
     RAISED,
+    Collective,
     Fingerprint,
     GroupHistory,
     RankTrace,
@@ -106,13 +107,19 @@ def certain(
     world_size: int,
     *,
     desync_check: bool = True,
+    deadline: float | None = None,
 ) -> bool:
     """Whether the traces prove that a call still running can never finish: on some group,
 
     * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
       another member is inside: it never issues that one;
     * or every member is inside collective #N and their ops (op, reduce op, root, shapes,
-      dtypes) differ.
+      dtypes) differ;
+
+    unless the waiting collectives end by themselves first: a ``monitored_barrier`` (it
+    raises at its own timeout, naming the missing ranks) or any collective of a group whose
+    own timeout is shorter than the call's ``deadline`` (it raises then, and the test may
+    expect that error).
 
     Args:
         traces, states, world_size: As :func:`find`; a rank without a trace proves nothing.
@@ -121,6 +128,7 @@ def certain(
             alone: without the check such a call may pass, so only the first kind counts,
             for a collective every member must join (``_EVERY_MEMBER_JOINS``); with it,
             the call fails either way.
+        deadline: The call's timeout in seconds (None: none).
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     members: dict[str, tuple[int, ...] | None] = {}
@@ -134,7 +142,7 @@ def certain(
             last = known[rank].last(group) if rank in known else None
             if states.get(rank) == RUNNING and last is not None and last.state == IN_FLIGHT:
                 inside[rank] = last
-        if not inside:
+        if not inside or _ends_itself(group, inside, known, deadline):
             continue
         ended = [r for r in group_ranks if r in known and states.get(r) in (DONE, DIED)]
         fewest = min((known[rank].count(group) for rank in ended), default=None)
@@ -153,6 +161,20 @@ def certain(
         ):
             return True
     return False
+
+
+def _ends_itself(
+    group: str,
+    inside: Mapping[int, Collective],
+    known: Mapping[int, RankTrace],
+    deadline: float | None,
+) -> bool:
+    """Whether the collectives ranks are ``inside`` on ``group`` raise by themselves before
+    the deadline (see :func:`certain`)."""
+    if any(last.op.name == "monitored_barrier" for last in inside.values()):
+        return True
+    bounds = [t for r in inside if (t := known[r].groups[group].timeout) is not None]
+    return bool(bounds) and (deadline is None or min(bounds) < deadline)
 
 
 def _before_raised(

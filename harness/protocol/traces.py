@@ -109,6 +109,8 @@ class GroupHistory:
             (a point-to-point op that raised counts as the next collective's number); 0
             when none did. The desync check compares the group's collectives before it
             only: the test may have caused and handled the error on purpose.
+        timeout: The group's own timeout in seconds, after which its collectives raise
+            (None where torch does not say).
     """
 
     group: str
@@ -119,6 +121,7 @@ class GroupHistory:
     places: tuple[tuple[str, int], ...]
     place_ids: bytes
     raised: int = 0
+    timeout: float | None = None
 
     def keys(self) -> list[str]:
         """The compared ``Op.key`` of each collective kept, in order."""

@@ -80,6 +80,7 @@ class _Group:
 
     def __init__(self, id: str, ranks: tuple[int, ...] | None, handle: Any) -> None:
         self.id, self.ranks, self.handle = id, ranks, handle
+        self.timeout = compat.group_timeout(dist.group.WORLD if handle is None else handle)
         self.count = 0
         self.raised = 0  # the number of the first collective that raised (0: none)
         self.table: dict[Any, int] = {}  # a collective's raw description -> its index in ops
@@ -95,7 +96,9 @@ class _Group:
         # id copied has its entry.
         count, op_ids, place_ids = self.count, self.op_ids.tobytes(), self.place_ids.tobytes()
         ops, places = tuple(self.ops), tuple(self.places)
-        return GroupHistory(self.id, self.ranks, count, ops, op_ids, places, place_ids, self.raised)
+        return GroupHistory(
+            self.id, self.ranks, count, ops, op_ids, places, place_ids, self.raised, self.timeout
+        )
 
     def fingerprint(self) -> tuple[str, tuple[int, ...] | None, int, int]:
         """The group's entry of :data:`~harness.protocol.traces.Fingerprint`: a checksum of

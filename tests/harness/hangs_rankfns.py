@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -91,3 +92,19 @@ def rank1_forks_a_child_that_exits() -> None:
         os.waitpid(child, 0)
         exits.real_exit(6)
     dist.barrier()
+
+
+def returned_rank_and_a_group_timeout() -> str | None:
+    """Rank 1 returns while rank 0 waits in an all_reduce of a group with a 2 s timeout: the
+    all_reduce raises then, and rank 0 handles it (rank 2 is not in the group)."""
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=2))
+    rank = dist.get_rank()
+    if rank == 1:
+        return "returned"
+    if rank == 2:
+        return None
+    try:
+        dist.all_reduce(torch.ones(2), group=group)
+    except RuntimeError:
+        return "timed out"
+    return "completed"

@@ -165,14 +165,17 @@ _AR = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce SUM float32[4]
 _BC = Op("broadcast", "broadcast(src=0, float32[4])", "broadcast src=0 float32[4]", root="src=0")
 
 
-def _trace(ops: list[Op], state: str = IN_FLIGHT, raised: int = 0) -> RankTrace:
-    """A rank's trace on the default group: ``ops`` in order, the last one in ``state``."""
+def _trace(
+    ops: list[Op], state: str = IN_FLIGHT, raised: int = 0, timeout: float | None = None
+) -> RankTrace:
+    """A rank's trace on the default group: ``ops`` in order, the last one in ``state``
+    (``timeout``: the group's own)."""
     distinct = list(dict.fromkeys(ops))
     ids = array("I", [distinct.index(op) for op in ops]).tobytes()
     history = GroupHistory(
         DEFAULT_GROUP, None, len(ops), tuple(distinct), ids, (("/x/t.py", 3),), bytes(4 * len(ops))
     )
-    history = replace(history, raised=raised)
+    history = replace(history, raised=raised, timeout=timeout)
     recent = tuple(
         Collective(DEFAULT_GROUP, seq, op, "/x/t.py", 3, COMPLETED if seq < len(ops) else state)
         for seq, op in enumerate(ops, start=1)
@@ -219,6 +222,32 @@ def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
     # A collective that raised on the group: the test may handle such errors.
     raised = {0: _trace([_AR], raised=1), 1: inside[1]}
     assert not verdicts.certain(raised, running, 2)
+
+
+_MB = Op("monitored_barrier", "monitored_barrier()", "monitored_barrier")
+
+
+def test_certain_not_where_the_waiting_collective_raises_before_the_deadline() -> None:
+    # Rank 1 returned after #1; rank 0 waits in #2. A monitored_barrier raises at its own
+    # timeout, as does any collective of a group whose timeout comes first: the test may
+    # expect that error (a rank that skips a barrier on purpose).
+    states = {0: RUN, 1: DONE}
+    returned = _trace([_AR], COMPLETED)
+    assert verdicts.certain({0: _trace([_AR, _AR]), 1: returned}, states, 2, deadline=120)
+    assert not verdicts.certain({0: _trace([_AR, _MB]), 1: returned}, states, 2, deadline=120)
+    short = {0: _trace([_AR, _AR], timeout=5.0), 1: _trace([_AR], COMPLETED, timeout=5.0)}
+    assert not verdicts.certain(short, states, 2, deadline=120)
+    assert not verdicts.certain(short, states, 2, deadline=None)  # it raises, in time
+    long = {0: _trace([_AR, _AR], timeout=1800.0), 1: _trace([_AR], COMPLETED, timeout=1800.0)}
+    assert verdicts.certain(long, states, 2, deadline=120)
+
+
+def test_a_returned_rank_and_a_group_timeout_the_test_handles_pass(
+    world3: harness.World,
+) -> None:
+    # Rank 1 returns while rank 0 waits in an all_reduce of a group whose own timeout is
+    # 2 s: it raises then, and rank 0 handles it. Nothing is certain to hang.
+    assert world3.run(fns.returned_rank_and_a_group_timeout) == ["timed out", "returned", None]
 
 
 def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summary() -> None:
