@@ -24,6 +24,7 @@ from harness.protocol.failures import (
     MAIN_GUARD_HINT,
     RankFailure,
     ranks_phrase,
+    skip_line,
 )
 from harness.protocol.messages import Done, Failed, Fired, Ready, Skipped
 from harness.protocol.traces import RankTrace
@@ -245,14 +246,16 @@ def _failed(
         returned = {r: m.value for r, m in replies.items() if isinstance(m, Done)}
         return Outcome(error=error, returned=returned)
     if skipped:
-        reasons = "; ".join(f"rank {r}: {m.reason}" for r, m in sorted(skipped.items()))
+        reasons = "; ".join(skip_line(r, m.reason, m.site) for r, m in sorted(skipped.items()))
         others = [rank for rank in range(world_size) if rank not in skipped]
         in_order = sorted(skipped.items(), key=lambda item: item[1].at)
         summary = (
             f"{ranks_phrase(list(skipped))} skipped but {ranks_phrase(others)} did not; a "
             f"distributed run must skip on every rank or on none ({reasons})"
         )
-        failures = {rank: RankFailure.skipped(rank, skip.reason) for rank, skip in in_order}
+        failures = {
+            rank: RankFailure.skipped(rank, skip.reason, skip.site) for rank, skip in in_order
+        }
         return Outcome(error=RankError(summary, failures))
     every_stack = {rank: stacks.get(rank, "") for rank in range(world_size)}
     if certain:

@@ -29,11 +29,11 @@ def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoRet
     loop.main(setup, conn, lifeline)
 
 
-def run_test(ref: TestRef, plan: FixturePlan) -> None:
+def run_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
     """Run a pytest test on this rank: :func:`harness.rank.pytest_body.run_test`."""
     from harness.rank import pytest_body
 
-    pytest_body.run_test(ref, plan)
+    return pytest_body.run_test(ref, plan)
 
 
 def end_scopes(scope_keys: list[str] | None) -> None:

@@ -45,7 +45,18 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
-from harness.rank import CODE_DIR, coverage, exits, fixtures, inject, leaks, output, reset, trace
+from harness.rank import (
+    CODE_DIR,
+    coverage,
+    exits,
+    fixtures,
+    inject,
+    leaks,
+    output,
+    reset,
+    sites,
+    trace,
+)
 
 _PR_SET_PDEATHSIG = 1
 
@@ -164,17 +175,19 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
         reset.update_environ(call.rendezvous)
     redirection = output.redirect(call.output, files, setup.rank)
     if redirection is None:
-        return _run(call, setup.rank, None)
+        return _run(call, setup.rank, None, setup.workdir)
     redirection.start()
     try:
-        return _run(call, setup.rank, redirection)
+        return _run(call, setup.rank, redirection, setup.workdir)
     finally:
         redirection.stop()
 
 
-def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankMessage:
+def _run(
+    call: Call, rank: int, redirection: output.Redirection | None, workdir: str
+) -> RankMessage:
     """Unpickle and run the call's function, with the leak watch and the recording of its
-    collectives; the answer."""
+    collectives; the answer (``workdir``: the directory of the rank's own files)."""
     try:
         fn, args, kwargs = pickle.loads(call.payload)
     except BaseException as exc:
@@ -182,7 +195,7 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         return Failed(_failure(exc, rank, context), time.monotonic())
     global _running, _failing
     # After the output redirection started: its pumps and descriptors are the harness's.
-    watch = leaks.Watch(enabled=call.check_leaks)
+    watch = leaks.Watch(enabled=call.check_leaks, own=workdir)
     recorder = trace.Recorder(_plan(call, rank))
     _running = (rank, recorder)  # _failing is None: reset after every call
     try:
@@ -196,7 +209,8 @@ def _run(call: Call, rank: int, redirection: output.Redirection | None) -> RankM
         skip, issued = _skip_kind(exc), recorder.trace()
         if skip:
             reason = str(getattr(exc, "msg", None) or exc)
-            return Skipped(reason, skip, at, getattr(exc, PHASE_ATTR, "call"), issued)
+            phase = getattr(exc, PHASE_ATTR, "call")
+            return Skipped(reason, skip, at, phase, issued, sites.raised_at(exc))
         fault = recorder.plan is not None and recorder.plan.caused(exc)
         return Failed(_failure(exc, rank), at, issued, fault=fault)
     finally:

@@ -15,6 +15,7 @@ import pytest
 from harness_testutil import BACKEND, SAFETY_TIMEOUT_S, wait_gone
 
 import harness
+from harness.rank import leaks
 
 
 @pytest.fixture(scope="module")
@@ -137,3 +138,17 @@ def test_an_invalid_leaks_setting_is_refused_naming_it(value: object) -> None:
     with pytest.raises(ValueError) as info:
         harness.World(2, backend=BACKEND, leaks=value)  # type: ignore[arg-type]
     assert str(info.value) == f"unknown leaks {value!r}; valid: 'warn', 'error', 'off'"
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="descriptors are read from /proc")
+def test_the_rank_own_files_are_no_leak(tmp_path: Path) -> None:
+    # A rank's watchdog writes its trace into the rank's own directory whenever the
+    # controller asks, also while a call runs: a descriptor open there at the end of the
+    # call is the harness's. One elsewhere is the call's.
+    own = tmp_path / "world"
+    own.mkdir()
+    watch = leaks.Watch(own=str(own))
+    with open(own / "rank0.trace.tmp", "wb"), open(tmp_path / "data.bin", "wb"):
+        found = watch.findings()
+    assert len(found) == 1, found
+    assert found[0].endswith(f"({tmp_path / 'data.bin'}) is still open"), found

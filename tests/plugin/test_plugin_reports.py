@@ -137,7 +137,9 @@ def test_output_reads_well(pytester: pytest.Pytester, option: str) -> None:
     assert_no_internal_frames(result.stdout.str())
 
 
-def test_skip_on_every_rank_is_a_skip_pointing_at_the_test(pytester: pytest.Pytester) -> None:
+def test_skip_on_every_rank_is_a_skip_pointing_at_the_line_that_raised_it(
+    pytester: pytest.Pytester,
+) -> None:
     pytester.makepyfile(
         test_skips="""
         import unittest
@@ -160,8 +162,8 @@ def test_skip_on_every_rank_is_a_skip_pointing_at_the_test(pytester: pytest.Pyte
     result.assert_outcomes(passed=1, skipped=2)
     result.stdout.fnmatch_lines(
         [
-            "SKIPPED [[]1[]] test_skips.py:4: not on this machine",
-            "SKIPPED [[]1[]] test_skips.py:8: unittest says no",
+            "SKIPPED [[]1[]] test_skips.py:6: not on this machine",
+            "SKIPPED [[]1[]] test_skips.py:10: unittest says no",
         ]
     )
     for name in ("test_pytest_skip", "test_unittest_skip"):
