@@ -167,17 +167,12 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         )
 
 
-# Environment variables torch reads once per process, at the first use of what they
-# configure, whose state then lives as long as the process: torch's flight recorder (a
-# process-wide buffer of every process group's collectives, sized by TORCH_FR_BUFFER_SIZE
-# or its NCCL-era name, with no call that empties it). A test that sets one expects that
-# state new, as its native processes have it: it runs on fresh ranks.
-_READ_ONCE_PREFIXES = ("TORCH_FR_", "TORCH_NCCL_TRACE_")
-
-
 def _reads_once(environ: dict[str, str]) -> bool:
-    """Whether the test's environment sets a variable of :data:`_READ_ONCE_PREFIXES`."""
-    return any(name.startswith(_READ_ONCE_PREFIXES) for name in environ)
+    """Whether the test's environment turns torch's flight recorder on: a process-wide
+    buffer of every process group's collectives, sized at its first use, that no call
+    empties. A test that sets it expects the buffer new, as its native processes have it:
+    it runs on fresh ranks."""
+    return any(name in environ for name in compat.FLIGHT_RECORDER_VARIABLES)
 
 
 def _empty_store(path: str) -> None:
