@@ -11,15 +11,12 @@ import os
 
 import torch
 import torch.distributed as dist
+from harness_testutil import tagged_line
 
 
 def line_of(tag: str) -> str:
     """``error_paths_rankfns.py:N``: where the line tagged ``# <tag>`` is."""
-    with open(__file__) as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.rstrip().endswith(f"# {tag}"):
-                return f"error_paths_rankfns.py:{number}"
-    raise LookupError(tag)
+    return tagged_line(__file__, tag)
 
 
 def caught_bad_root() -> list[float]:

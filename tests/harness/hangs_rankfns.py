@@ -13,15 +13,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from harness_testutil import tagged_line
 
 
 def line_of(tag: str) -> str:
     """``hangs_rankfns.py:N``: where the line tagged ``# <tag>`` is."""
-    with open(__file__) as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.rstrip().endswith(f"# {tag}"):
-                return f"hangs_rankfns.py:{number}"
-    raise LookupError(tag)
+    return tagged_line(__file__, tag)
 
 
 def rank1_skips_the_barrier() -> None:

@@ -23,6 +23,16 @@ SAFETY_TIMEOUT_S = 60.0
 """Default bound on each run of a fixture world, so a broken harness fails instead of hanging."""
 
 
+def tagged_line(path: str, tag: str) -> str:
+    """``name.py:N``: where the line of the file ``path`` tagged ``# <tag>`` is (so that
+    editing a rank-function module does not break the tests that expect its lines)."""
+    with open(path) as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.rstrip().endswith(f"# {tag}"):
+                return f"{os.path.basename(path)}:{number}"
+    raise LookupError(tag)
+
+
 def measured() -> bool:
     """Whether this process runs under coverage."""
     try:

@@ -116,3 +116,16 @@ def assert_no_internal_frames(text: str) -> None:
     """Fail if ``text`` (a report or a run's output) shows a harness or pytest internal file."""
     for name in INTERNAL_FILES:
         assert name not in text, f"{name} appears in the report:\n{text}"
+
+
+# An inner project's module that depends on order as real suites do: a library keeps a
+# registry in a module global, and registering a name twice raises.
+REGISTRY = """
+_registered = set()
+
+
+def register(name):
+    if name in _registered:
+        raise ValueError(f"{name!r} is already registered")
+    _registered.add(name)
+"""

@@ -10,17 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from plugin_testutil import reports
-
-REGISTRY = """
-_registered = set()
-
-
-def register(name):
-    if name in _registered:
-        raise ValueError(f"{name!r} is already registered")
-    _registered.add(name)
-"""
+from plugin_testutil import REGISTRY, reports
 
 # Each run of a test appends one line per rank to runs/<test>: how often it ran.
 SUITE = """

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from plugin_testutil import read_pids
+from plugin_testutil import REGISTRY, read_pids
 
 # Every test here drives torch's MultiProcessTestCase through --dist-mptc with real Gloo
 # (and TensorPipe) between real processes.
@@ -306,16 +306,6 @@ class TestStore(Base):
         assert not store.check([f"ran{self.rank}"]), "the store file holds an earlier run's keys"
         store.set(f"ran{self.rank}", "1")
         registry.register("relu")
-"""
-
-REGISTRY = """
-_registered = set()
-
-
-def register(name):
-    if name in _registered:
-        raise ValueError(f"{name!r} is already registered")
-    _registered.add(name)
 """
 
 
