@@ -261,9 +261,10 @@ def _failed(
     if certain:
         what = "blocked in a collective that can never complete"
         failures = {rank: RankFailure.still_running(rank, what, stacks[rank]) for rank in silent}
+        waits = "waits in a collective that" if len(silent) == 1 else "wait in collectives that"
         summary = (
-            f"the run can never finish: {ranks_phrase(silent)} wait in collectives that "
-            "cannot complete (their stacks follow; the ranks were then killed)"
+            f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
+            "(their stacks follow; the ranks were then killed)"
         )
         return Outcome(error=WorldTimeout(summary, failures, every_stack))
     bound = f" within {timeout:g} s" if timeout is not None else ""

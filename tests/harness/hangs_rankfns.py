@@ -105,3 +105,9 @@ def returned_rank_and_a_group_timeout() -> str | None:
     except RuntimeError:
         return "timed out"
     return "completed"
+
+
+def rank1_returns_before_the_barrier() -> None:
+    """Rank 1 returns at once; rank 0 waits in a barrier alone."""
+    if dist.get_rank() == 0:
+        dist.barrier()  # alone

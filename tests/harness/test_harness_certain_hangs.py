@@ -99,6 +99,16 @@ def test_a_rank_that_returned_while_peers_wait_fails_early(world3: harness.World
     assert world3.run(fns.rank1_waits_for_a_file, args=(os.devnull,)) == [None] * 3
 
 
+def test_one_rank_left_waiting_is_named_in_the_singular() -> None:
+    with harness.World(2, backend="gloo", timeout=LONG_S) as world:
+        error = _early(world, fns.rank1_returns_before_the_barrier)
+    assert error.summary == (
+        "the run can never finish: rank 0 waits in a collective that cannot complete "
+        "(their stacks follow; the ranks were then killed)"
+    )
+    assert error.verdicts == ["rank 1 finished the call before #1; rank 0 waits in #1 (barrier)"]
+
+
 def test_a_returned_rank_is_certain_without_the_desync_check_too(world3: harness.World) -> None:
     # Every member must join an all_gather: it cannot finish without rank 2, check or not.
     error = _early(world3, fns.rank2_returns_early, check_collectives=False)
