@@ -15,7 +15,7 @@ import time
 from harness.controller import verdicts
 from harness.controller.outcome import Reply
 from harness.controller.spawn import RankProcess
-from harness.protocol.messages import TRACE_REQUEST, Done
+from harness.protocol.messages import Done
 from harness.protocol.traces import RankTrace
 
 PROBE_EVERY_S = 0.5
@@ -103,14 +103,7 @@ class HangWatch:
         """Ask every rank that is silent or returned (each one alive) for its trace."""
         for proc in self._ranks:
             reply = replies.get(proc.rank)
-            if (reply is not None and not isinstance(reply, Done)) or proc.lifeline is None:
-                continue
-            if not proc.alive():
-                continue
-            proc.files.forget_trace()
-            try:
-                proc.lifeline.send_bytes(TRACE_REQUEST)
-            except OSError:
+            if (reply is not None and not isinstance(reply, Done)) or not proc.ask_trace():
                 continue
             self._asked[proc.rank] = proc
             self._states[proc.rank] = verdicts.DONE if reply is not None else verdicts.RUNNING

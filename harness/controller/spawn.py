@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from harness.controller.forkserver import context
-from harness.protocol.messages import RankSetup
+from harness.protocol.messages import TRACE_REQUEST, RankSetup
 from harness.protocol.rank_files import RankFiles
 from harness.rank import CODE_DIR, entry
 
@@ -96,6 +96,19 @@ class RankProcess:
 
     def alive(self) -> bool:
         return not self.reaped and self.process.exitcode is None
+
+    def ask_trace(self) -> bool:
+        """Ask the rank's watchdog thread for its collective trace, which it writes to its
+        trace file (``files.trace()`` reads it; the old one is forgotten first); whether the
+        request went out (not to a rank that is gone or never had a lifeline)."""
+        if not self.alive() or self.lifeline is None:
+            return False
+        self.files.forget_trace()
+        try:
+            self.lifeline.send_bytes(TRACE_REQUEST)
+        except OSError:
+            return False
+        return True
 
 
 def start_ranks(

@@ -22,7 +22,6 @@ from harness.controller.outcome import Died, Faulted, Reply
 from harness.controller.spawn import RankProcess
 from harness.protocol.messages import (
     STACKS_SIGNAL,
-    TRACE_REQUEST,
     Done,
     Failed,
     Failing,
@@ -190,12 +189,7 @@ def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, Ra
     watchdog thread; None for a rank that is gone or did not answer within ``timeout_s``."""
     pending = {}
     for proc in ranks:
-        if proc.alive() and proc.lifeline is not None:
-            proc.files.forget_trace()
-            try:
-                proc.lifeline.send_bytes(TRACE_REQUEST)
-            except OSError:
-                continue
+        if proc.ask_trace():
             pending[proc.rank] = proc
     traces: dict[int, RankTrace | None] = {proc.rank: None for proc in ranks}
     deadline = time.monotonic() + timeout_s

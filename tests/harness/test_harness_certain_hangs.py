@@ -288,30 +288,23 @@ class _Files:
         self.answer: RankTrace | None = None
         self.written: RankTrace | None = None
 
-    def forget_trace(self) -> None:
-        self.written = None
-
     def trace(self) -> RankTrace | None:
         return self.written
 
 
-class _Lifeline:
-    def __init__(self, files: _Files) -> None:
-        self.files = files
-
-    def send_bytes(self, data: bytes) -> None:
-        self.files.written = self.files.answer  # the watchdog answers at once
-
-
 class _Rank:
-    """What HangWatch uses of a RankProcess: its files, lifeline and liveness."""
+    """What HangWatch uses of a RankProcess: its files, liveness, and a trace request that
+    the watchdog answers at once."""
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
         self.files = _Files()
-        self.lifeline = _Lifeline(self.files)
 
     def alive(self) -> bool:
+        return True
+
+    def ask_trace(self) -> bool:
+        self.files.written = self.files.answer
         return True
 
 
