@@ -273,7 +273,10 @@ class Recorder:
     def _group(self, handle: Any) -> Any:
         """The record of a group first seen in this call (``_NOT_MEMBER``: not this rank's)."""
         if handle is None or handle is dist.group.WORLD:
-            return self._groups.setdefault(None, _Group(DEFAULT_GROUP, None, None))
+            default = self._groups.get(None)
+            if default is None:  # once per call: a group reads its timeout from torch
+                default = self._groups[None] = _Group(DEFAULT_GROUP, None, None)
+            return default
         if handle is dist.GroupMember.NON_GROUP_MEMBER:
             return _NOT_MEMBER
         try:
