@@ -1,4 +1,5 @@
-"""pytest-timeout and Ctrl-C during a distributed test: every rank's stack, nothing left behind.
+"""pytest-timeout and Ctrl-C during a distributed test: every rank's stack, nothing left behind;
+after Ctrl-C pytest exits with its own one-line summary.
 
 A hanging rank blocks on ``threading.Event().wait()``, which never returns; nothing here
 asserts how long anything took. pytest-timeout's limits are a few seconds, the harness's own
@@ -9,6 +10,7 @@ was used.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -189,60 +191,76 @@ def test_an_unmarked_test_keeps_pytest_timeouts_own_behaviour(pytester: pytest.P
     assert "Failed: Timeout (>2.0s) from pytest-timeout." in text
 
 
-# The child pytest gets Python's own SIGINT handler even when this run was started with
-# SIGINT ignored (a background job of a non-interactive shell, where a child would inherit
-# the ignoring and Ctrl-C could not be tested).
+# ---------------------------------------------------------------- Ctrl-C
+#
+# pytest runs as a child in a session of its own and gets a real SIGINT once every rank is in
+# the body (each says so with a file); nothing here asserts how long anything took. The
+# child gets Python's own SIGINT handler even when this run was started with SIGINT ignored
+# (a background job of a non-interactive shell, where a child would inherit the ignoring and
+# Ctrl-C could not be tested).
 _PYTEST = (
     "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
     "import pytest; sys.exit(pytest.main(sys.argv[1:]))"
 )
 
+STOPPED = """
+import os
+import threading
 
-@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
-def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
-    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path, xdist: bool
-) -> None:
-    pytester.makepyfile(
-        test_interrupted=f"""
-        import os
-        import threading
-
-        import pytest
-        import torch.distributed as dist
+import pytest
+import torch.distributed as dist
 
 
-        @pytest.mark.distributed(world_size=2)
-        def test_hang(rank):
-            dist.barrier()
-            # Written aside and renamed: the test polls for these files.
-            part = os.path.join({pids_dir!r}, f".rank{{rank}}")
-            with open(part, "w") as handle:
-                handle.write(str(os.getpid()))
-            os.replace(part, os.path.join({pids_dir!r}, f"rank{{rank}}"))
-            threading.Event().wait()
-        """
-    )
-    args = ["-p", "no:cacheprovider", "-p", "no:randomly", *(["-n", "1"] if xdist else [])]
+@pytest.mark.distributed(world_size=2)
+def test_stopped(rank):
+    dist.barrier()
+    # Written aside and renamed: the test polls for these files.
+    part = os.path.join({pids_dir!r}, f".rank{{rank}}")
+    with open(part, "w") as handle:
+        handle.write(str(os.getpid()))
+    os.replace(part, os.path.join({pids_dir!r}, f"rank{{rank}}"))
+    {body}
+"""
+
+WAIT = "threading.Event().wait()"
+HOLD_THE_GIL = "sum(range(10**15))  # one C call: no other thread of the rank runs meanwhile"
+
+
+def _line(text: str) -> int:
+    """The line of the test file ``STOPPED`` makes (pytester strips it) that holds ``text``."""
+    return 1 + next(n for n, line in enumerate(STOPPED.strip().split("\n")) if text in line)
+
+
+def _interrupted(
+    pytester: pytest.Pytester,
+    pids_dir: str,
+    tmp_path: Path,
+    body: str,
+    *args: str,
+    whole_group: bool = True,
+) -> tuple[int, str]:
+    """Run pytest on a test whose ranks end in ``body``, interrupt it once they are there
+    (``whole_group``: as a terminal's Ctrl-C, every process of its group; else pytest's
+    alone), check that nothing is left; its exit code and output."""
+    pytester.makepyfile(test_stopped=STOPPED.format(pids_dir=pids_dir, body=body))
     log = tmp_path / "output.txt"
     with open(log, "w") as out:
         child = subprocess.Popen(
-            [sys.executable, "-c", _PYTEST, *args, "test_interrupted.py"],
+            [sys.executable, "-c", _PYTEST, "-p", "no:cacheprovider", "-p", "no:randomly", *args],
             cwd=pytester.path,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own session: what it leaves is found by session id
         )
     try:
-        # Interrupt once every rank is in the body (a safety bound only, never reached
-        # unless the harness is broken).
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 300  # a safety bound only
         while len(read_pids(pids_dir, "rank")) < 2:
             assert child.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.05)
-        ranks = read_pids(pids_dir, "rank")
-        if xdist:
-            os.killpg(child.pid, signal.SIGINT)  # as a terminal's Ctrl-C: the workers too
+        ranks = list(read_pids(pids_dir, "rank").values())
+        if whole_group:
+            os.killpg(child.pid, signal.SIGINT)
         else:
             os.kill(child.pid, signal.SIGINT)
         code = child.wait(timeout=300)
@@ -251,20 +269,67 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     output = log.read_text()
+    left = left_in_session(child.pid)
+    assert not left, f"processes left behind: {left}\n{output}"
+    assert not [pid for pid in ranks if alive(pid)], output
+    return code, output
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
+def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
+    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path, xdist: bool
+) -> None:
+    code, output = _interrupted(
+        pytester, pids_dir, tmp_path, WAIT, *(["-n", "1"] if xdist else []), whole_group=xdist
+    )
     assert code == pytest.ExitCode.INTERRUPTED, output
-    assert "test_interrupted.py::test_hang was interrupted (KeyboardInterrupt)" in output
+    assert "test_stopped.py::test_stopped was interrupted (KeyboardInterrupt)" in output
     collectives = output.split("-- collectives --", 1)[1].split("-- rank 0 --", 1)[0]
     assert "rank 1: (1 on the default group)" in collectives, output
-    assert "#1 barrier() at test_interrupted.py:10" in collectives, output
+    assert f"#1 barrier() at test_stopped.py:{_line('dist.barrier()')}" in collectives, output
     for rank in (0, 1):
         section = output.split(f"-- rank {rank} --", 1)[1]
-        assert 'test_interrupted.py", line 16, in test_hang' in section, output
-        assert "threading.Event().wait()" in section, output
+        assert f'test_stopped.py", line {_line("{body}")}, in test_stopped' in section, output
+        assert WAIT in section, output
     summary = output.index("!! KeyboardInterrupt !!")
     if not xdist:
         # The worker's stacks race the controller's summary; the controller's do not.
         assert output.index("-- rank 1 --") < summary, output
     assert "no tests ran" in output
-    assert not [pid for pid in ranks.values() if alive(pid)], output
-    left = left_in_session(child.pid)
-    assert not left, f"processes left behind: {left}\n{output}"
+
+
+def test_ctrl_c_ends_pytest_with_its_one_line_summary_and_leaves_nothing(
+    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
+) -> None:
+    code, output = _interrupted(pytester, pids_dir, tmp_path, WAIT)
+    assert code == pytest.ExitCode.INTERRUPTED, output
+    assert "KeyboardInterrupt in a distributed test" in output
+    # pytest's own summary: where the interrupt hit, as one line, and the hint.
+    summary = output.split("!! KeyboardInterrupt !!", 1)[1].splitlines()[1:3]
+    assert re.fullmatch(r"\S+\.py:\d+: KeyboardInterrupt", summary[0]), output
+    assert summary[1] == "(to show a full traceback on KeyboardInterrupt use --full-trace)"
+    assert "no tests ran" in output
+
+
+def test_ctrl_c_with_full_trace_still_shows_the_whole_traceback(
+    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
+) -> None:
+    code, output = _interrupted(pytester, pids_dir, tmp_path, WAIT, "--full-trace")
+    assert code == pytest.ExitCode.INTERRUPTED, output
+    trace = output.split("!! KeyboardInterrupt !!", 1)[1]
+    # From pytest's session down to the harness waiting for the ranks.
+    for frame in ("_pytest/main.py", "harness/plugin/session.py", "harness/controller/world.py"):
+        assert f"{frame}:" in trace, output
+    assert "use --full-trace" not in trace
+
+
+def test_ctrl_c_ends_ranks_that_cannot_answer(
+    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
+) -> None:
+    # Ranks inside one long C call hold the interpreter: no watchdog thread of theirs runs
+    # to end them, so they are killed, and their stacks still come from the signal handler.
+    code, output = _interrupted(pytester, pids_dir, tmp_path, HOLD_THE_GIL)
+    assert code == pytest.ExitCode.INTERRUPTED, output
+    for rank in (0, 1):
+        section = output.split(f"-- rank {rank} --", 1)[1]
+        assert "sum(range(10**15))" in section, output
