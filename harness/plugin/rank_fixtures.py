@@ -17,6 +17,7 @@ the item's ``fixturenames``; :func:`plan` then builds the ranks'
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar, overload
 
@@ -35,6 +36,7 @@ from harness.protocol.pytest_calls import (
     Arg,
     FixturePlan,
     FunctionRef,
+    LogSettings,
     RankFixture,
     RequestInfo,
 )
@@ -45,7 +47,7 @@ _SCOPES = ("function", "class", "module", "package", "session")
 _PLUGIN_MODULE = "harness.plugin"
 _SHARED_FACTORY = "tmp_path_factory"
 _SIDE = pytest.StashKey["RankSide"]()
-_CONFIG_VIEW = pytest.StashKey[tuple[dict[str, Any], dict[str, Any]]]()
+_CONFIG_VIEW = pytest.StashKey[bytes]()
 
 
 @overload
@@ -225,9 +227,9 @@ def split(item: pytest.Function) -> None:
     item.stash[_SIDE] = side
 
 
-def plan(item: pytest.Function) -> FixturePlan:
+def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
     """The plan the ranks get for a test (after :func:`split`), once pytest has set up the
-    controller's fixtures.
+    controller's fixtures; ``logs``: how the ranks capture its log records.
 
     Raises:
         pytest.fail.Exception: A controller fixture's value does not pickle (naming it).
@@ -278,6 +280,7 @@ def plan(item: pytest.Function) -> FixturePlan:
         values=values,
         request=_request_info(item) if side.wants_request else None,
         basetemp=basetemp,
+        logs=logs,
     )
 
 
@@ -312,9 +315,9 @@ def _request_info(item: pytest.Function) -> RequestInfo:
                 continue
             if picklable(value):
                 ini[name] = value
-        view = config.stash[_CONFIG_VIEW] = (options, ini)
+        view = config.stash[_CONFIG_VIEW] = pickle.dumps((options, ini))
     marks = tuple(mark for mark in item.iter_markers() if picklable(mark))
-    return RequestInfo(item.name, item.nodeid, marks, *view)
+    return RequestInfo(item.name, item.nodeid, marks, view)
 
 
 def _module(fixturedef: Any) -> str:

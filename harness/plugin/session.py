@@ -12,7 +12,6 @@ or teardown error, as it would be in-process. Under an external launcher the tes
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import functools
 import logging
 import zlib
@@ -148,7 +147,7 @@ class DistSession:
             if self._unavailable[key]:
                 compat.skip_at_test(str(self._unavailable[key]))
             ref = refs.reference(item, item.originalname, state=True)
-            plan = dataclasses.replace(rank_fixtures.plan(item), logs=self._logs)
+            plan = rank_fixtures.plan(item, self._logs)
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
             # test, rather than erroring its setup: nothing ran on the ranks.

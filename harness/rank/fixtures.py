@@ -13,7 +13,9 @@ the exception with its phase (``PHASE_ATTR``): the test's setup or teardown erro
 
 from __future__ import annotations
 
+import functools
 import inspect
+import pickle
 import sys
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -235,11 +237,18 @@ _NOTSET = object()
 _UNSENT = "(or its value could not be sent to the ranks)"
 
 
+@functools.lru_cache(maxsize=1)
+def _config_view(blob: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The controller's options and ini values, unpickled once per session's blob."""
+    options, ini = pickle.loads(blob)
+    return options, ini
+
+
 class RankConfig:
     """``request.config`` in a rank: the controller's options and ini values."""
 
     def __init__(self, info: RequestInfo) -> None:
-        self._options, self._ini = info.options, info.ini
+        self._options, self._ini = _config_view(info.config)
 
     def getoption(self, name: str, default: Any = _NOTSET, skip: bool = False) -> Any:
         """An option's value, by its ``dest`` (or ``--flag`` spelling)."""

@@ -31,11 +31,21 @@ _phase = "setup"
 
 
 class _Handler(logging.Handler):
-    """Writes each record's lines, marked, to a file descriptor."""
+    """Writes each record's lines, marked, to a file descriptor. One per rank, set up anew
+    for each test (:meth:`prepare`): making a ``logging.Handler`` registers it with the
+    logging module (a lock, weak references), which a test need not pay for."""
 
-    def __init__(self, settings: LogSettings, fd: int) -> None:
-        super().__init__(settings.level or logging.NOTSET)
-        self.setFormatter(formatter())
+    def __init__(self) -> None:
+        super().__init__()
+        self._fd = -1
+        self._settings: LogSettings | None = None
+
+    def prepare(self, settings: LogSettings, fd: int) -> None:
+        """Write to ``fd``, at the level and in the format of ``settings``."""
+        self.setLevel(settings.level or logging.NOTSET)
+        if settings != self._settings:
+            self.setFormatter(logging.Formatter(settings.format, settings.date_format))
+            self._settings = settings
         self._fd = fd
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -47,10 +57,13 @@ class _Handler(logging.Handler):
             self.handleError(record)
 
 
+_handler: _Handler | None = None
+
+
 @contextmanager
 def captured(settings: LogSettings | None) -> Iterator[None]:
     """Capture the block's log records as the module's docstring says (nothing for None)."""
-    global _settings, _phase
+    global _settings, _phase, _handler
     if settings is None:
         yield
         return
@@ -62,7 +75,8 @@ def captured(settings: LogSettings | None) -> Iterator[None]:
     root = logging.getLogger()
     level = root.level
     _settings, _phase = settings, "setup"
-    handler = _Handler(settings, fd)
+    handler = _handler = _handler or _Handler()
+    handler.prepare(settings, fd)
     if settings.level is not None and settings.level < level:
         root.setLevel(settings.level)  # as pytest: records of that level reach the handlers
     root.addHandler(handler)

@@ -77,6 +77,31 @@ def test_log_level_and_log_format_apply_in_the_ranks(pytester: pytest.Pytester) 
     ]
 
 
+def test_each_test_on_the_same_ranks_captures_its_own_records(
+    pytester: pytest.Pytester,
+) -> None:
+    # The ranks keep one log handler between tests: each test's records, and only its own.
+    pytester.makepyfile(
+        test_twice="""
+        import logging
+        import pytest
+
+        @pytest.mark.distributed(world_size=2)
+        @pytest.mark.parametrize("i", [1, 2, 3])
+        def test_log(rank, i):
+            logging.getLogger("lib").warning("test %d on %d", i, rank)
+            assert i != 2
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    for i in (1, 2, 3):
+        text = sections(reports(result)[f"test_log[{i}]"])["Captured log call"]
+        assert text.splitlines() == [
+            f"[rank {rank}] WARNING  lib:test_twice.py:7 test {i} on {rank}" for rank in (0, 1)
+        ]
+
+
 def test_records_of_a_rank_that_crashes_are_kept(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_crash="""
