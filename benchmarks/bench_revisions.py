@@ -3,7 +3,7 @@
 Run by hand, never in CI (nothing here asserts on time)::
 
     python benchmarks/bench_revisions.py REV [--tests 2000] [--rounds 8] [--world-size 2]
-                                             [--fixtures rank,world_size]
+                                             [--fixtures rank,world_size] [--cpus 1]
 
 REV is checked out into a temporary git worktree (removed at the end). Each round runs two
 pytest children over the same generated file, one importing the harness of REV and one that
@@ -16,11 +16,16 @@ Between the first timed test and the last, each child measures:
 
 * wall time per test;
 * CPU time per test of all its processes: pytest itself, the forkserver and the ranks
-  (``/proc``, so Linux only). A shared machine's load stretches a test's wall time more
-  than the CPU time it takes, so this is the steadier of the two figures.
+  (``/proc``, so Linux only).
 
-Printed: each round, then for each figure the median of REV, of this tree, and of the
-paired differences (this tree minus REV, round by round) with their range.
+With ``--cpus``, the children and every process they start run on those CPUs only. On one
+CPU the processes take turns, so a test's wall time is the sum of their work, without the
+wake-ups across cores whose cost varies from run to run on a virtual machine: the steadiest
+figure there.
+
+Printed: each round, then for each figure the median and the minimum of REV and of this
+tree, and the median of the paired differences (this tree minus REV, round by round) with
+their range.
 """
 
 from __future__ import annotations
@@ -126,11 +131,15 @@ def run_child(tree: Path, project: Path, tests: int, world_size: int) -> dict[st
 
 def summary(name: str, before: list[float], after: list[float]) -> str:
     diffs = [b - a for a, b in zip(before, after, strict=True)]
+
+    def ms(value: float, sign: str = "") -> str:
+        return f"{value * 1e3:{sign}.3f}"
+
     return (
-        f"{name}: REV {statistics.median(before) * 1e3:.3f} ms, this tree "
-        f"{statistics.median(after) * 1e3:.3f} ms; difference median "
-        f"{statistics.median(diffs) * 1e3:+.3f} ms (range {min(diffs) * 1e3:+.3f}.."
-        f"{max(diffs) * 1e3:+.3f})"
+        f"{name}: REV median {ms(statistics.median(before))} ms (min {ms(min(before))}), "
+        f"this tree {ms(statistics.median(after))} ms (min {ms(min(after))}); difference "
+        f"median {ms(statistics.median(diffs), '+')} ms (range {ms(min(diffs), '+')}.."
+        f"{ms(max(diffs), '+')})"
     )
 
 
@@ -141,7 +150,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="pairs of children")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--fixtures", default="", help="comma-separated fixtures the test takes")
+    parser.add_argument("--cpus", default="", help="comma-separated CPUs to run the children on")
     args = parser.parse_args()
+    if args.cpus:
+        os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})  # children inherit
     with tempfile.TemporaryDirectory(prefix="bench_revisions_") as tmp:
         base = Path(tmp) / "rev"
         subprocess.run(
@@ -177,6 +189,7 @@ def main() -> None:
                 )
             shape = f"{args.world_size} ranks, {args.tests} timed tests per child"
             shape += f", fixtures: {fixtures}" if fixtures else ""
+            shape += f", on CPUs {args.cpus}" if args.cpus else ""
             print(f"REV = {args.rev}; {shape}")
             for figure in ("wall", "cpu"):
                 print(summary(f"{figure} per test", runs["rev"][figure], runs["tree"][figure]))

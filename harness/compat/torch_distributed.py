@@ -69,6 +69,8 @@ def restore_backend_registry(saved: dict[str, Any]) -> None:
     from torch.distributed import Backend
 
     now = vars(Backend)
+    if now == saved:  # as after most calls: one comparison at C speed, all copies equal
+        return
     for name in [name for name in now if name not in saved]:
         delattr(Backend, name)
     for name, value in saved.items():

@@ -52,10 +52,11 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
     now = compat.environ_bytes()
     if now == started:
         return None
+    # Set operations on the dicts' views: a test changes a variable or two of a hundred.
     changes: dict[str, str | None] = {
-        os.fsdecode(k): os.fsdecode(v) for k, v in now.items() if started.get(k) != v
+        os.fsdecode(k): os.fsdecode(v) for k, v in now.items() - started.items()
     }
-    changes.update((os.fsdecode(k), None) for k in started if k not in now)
+    changes.update((os.fsdecode(k), None) for k in started.keys() - now.keys())
     return changes or None
 
 

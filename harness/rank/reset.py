@@ -91,16 +91,16 @@ class ProcessState:
 
 
 def _restore_environ(saved: dict[bytes, bytes]) -> None:
-    # Compared as the bytes os.environ keeps: equal (one C-level comparison) after most
-    # calls, and otherwise only the variables that differ are decoded and set.
+    # Compared as the bytes os.environ keeps: equal (one C-level comparison) after some
+    # calls, and otherwise the variables that differ are found by set operations on the
+    # dicts' views (a call changes one or two of a hundred), and only those decoded and set.
     now = compat.environ_bytes()
     if now == saved:
         return
-    for key in [key for key in now if key not in saved]:
+    for key in now.keys() - saved.keys():
         del os.environ[os.fsdecode(key)]
-    for key, value in saved.items():
-        if now.get(key) != value:
-            os.environ[os.fsdecode(key)] = os.fsdecode(value)
+    for key, value in saved.items() - now.items():
+        os.environ[os.fsdecode(key)] = os.fsdecode(value)
 
 
 def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
