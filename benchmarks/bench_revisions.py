@@ -4,6 +4,7 @@ Run by hand, never in CI (nothing here asserts on time)::
 
     python benchmarks/bench_revisions.py REV [--tests 2000] [--rounds 8] [--world-size 2]
                                              [--fixtures rank,world_size] [--cpus 1]
+                                             [--together]
 
 REV is checked out into a temporary git worktree (removed at the end). Each round runs two
 pytest children over the same generated file, one importing the harness of REV and one that
@@ -20,8 +21,14 @@ Between the first timed test and the last, each child measures:
 
 With ``--cpus``, the children and every process they start run on those CPUs only. On one
 CPU the processes take turns, so a test's wall time is the sum of their work, without the
-wake-ups across cores whose cost varies from run to run on a virtual machine: the steadiest
-figure there.
+wake-ups across cores whose cost varies from run to run on a virtual machine.
+
+With ``--together``, each round's two children run at the same time (on the same CPUs):
+a shared machine's speed drifts over tens of seconds, by more than the differences worth
+finding, and two children that run side by side meet the same drift. Each one's figures
+are then inflated by the other's presence (shared caches, turns on the CPU); the
+difference between them is what counts. ``--cpus 1 --together`` is the steadiest
+comparison on a shared virtual machine.
 
 Printed: each round, then for each figure the median and the minimum of REV and of this
 tree, and the median of the paired differences (this tree minus REV, round by round) with
@@ -105,9 +112,11 @@ def pytest_sessionfinish(session):
 '''
 
 
-def run_child(tree: Path, project: Path, tests: int, world_size: int) -> dict[str, float]:
-    """One pytest child on ``tree``'s harness; its wall and CPU seconds per test."""
-    result = project / "result.json"
+def start_child(
+    tree: Path, project: Path, key: str, tests: int, world_size: int
+) -> tuple[subprocess.Popen[str], Path]:
+    """Start one pytest child on ``tree``'s harness; it writes its figures to the path."""
+    result = project / f"result-{key}.json"
     result.unlink(missing_ok=True)
     env = {
         **os.environ,
@@ -118,11 +127,22 @@ def run_child(tree: Path, project: Path, tests: int, world_size: int) -> dict[st
         "BENCH_RESULT": str(result),
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_empty.py"]
-    proc = subprocess.run(
-        command, cwd=project, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S
+    proc = subprocess.Popen(
+        command,
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
+    return proc, result
+
+
+def finish_child(tree: Path, proc: subprocess.Popen[str], result: Path) -> dict[str, float]:
+    """Wait for a child of :func:`start_child`; its wall and CPU seconds per test."""
+    output, _ = proc.communicate(timeout=CHILD_TIMEOUT_S)
     if proc.returncode != 0 or not result.exists():
-        sys.exit(f"pytest on {tree} failed (exit {proc.returncode}):\n{proc.stdout}{proc.stderr}")
+        sys.exit(f"pytest on {tree} failed (exit {proc.returncode}):\n{output}")
     found = json.loads(result.read_text())
     if not found["harness"].startswith(str(tree) + os.sep):
         sys.exit(f"the child on {tree} imported {found['harness']}: is an install shadowing it?")
@@ -151,6 +171,9 @@ def main() -> None:
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--fixtures", default="", help="comma-separated fixtures the test takes")
     parser.add_argument("--cpus", default="", help="comma-separated CPUs to run the children on")
+    parser.add_argument(
+        "--together", action="store_true", help="run each round's two children at once"
+    )
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})  # children inherit
@@ -176,8 +199,17 @@ def main() -> None:
             }
             for round_ in range(args.rounds):
                 order = [("rev", base), ("tree", ROOT)]
+                pending: dict[str, tuple[Path, subprocess.Popen[str], Path]] = {}
+                results: dict[str, dict[str, float]] = {}
                 for key, tree in order if round_ % 2 == 0 else order[::-1]:
-                    found = run_child(tree, project, args.tests, args.world_size)
+                    proc, result = start_child(tree, project, key, args.tests, args.world_size)
+                    if args.together:
+                        pending[key] = (tree, proc, result)
+                    else:
+                        results[key] = finish_child(tree, proc, result)
+                for key, (tree, proc, result) in pending.items():
+                    results[key] = finish_child(tree, proc, result)
+                for key, found in results.items():
                     for figure, value in found.items():
                         runs[key][figure].append(value)
                 print(
@@ -190,6 +222,7 @@ def main() -> None:
             shape = f"{args.world_size} ranks, {args.tests} timed tests per child"
             shape += f", fixtures: {fixtures}" if fixtures else ""
             shape += f", on CPUs {args.cpus}" if args.cpus else ""
+            shape += ", both children at once" if args.together else ""
             print(f"REV = {args.rev}; {shape}")
             for figure in ("wall", "cpu"):
                 print(summary(f"{figure} per test", runs["rev"][figure], runs["tree"][figure]))

@@ -91,6 +91,8 @@ class HangWatch:
     def settle(self, timeout_s: float = 2.0) -> None:
         """Wait, at most ``timeout_s``, for the answers to a round still out when the call
         ended: the next call's first round must not read one of them as its own."""
+        if not self._asked:  # as after every call that ended within PROBE_EVERY_S
+            return
         end = time.monotonic() + timeout_s
         waiting = [p for rank, p in self._asked.items() if rank not in self._traces]
         while waiting and time.monotonic() < end:

@@ -42,8 +42,8 @@ class _Handler(logging.Handler):
 
     def prepare(self, settings: LogSettings, fd: int) -> None:
         """Write to ``fd``, at the level and in the format of ``settings``."""
-        self.setLevel(settings.level or logging.NOTSET)
-        if settings != self._settings:
+        if settings != self._settings:  # the same in every test of a session
+            self.setLevel(settings.level or logging.NOTSET)
             self.setFormatter(logging.Formatter(settings.format, settings.date_format))
             self._settings = settings
         self._fd = fd
