@@ -23,16 +23,19 @@ With ``--cpus``, the children and every process they start run on those CPUs onl
 CPU the processes take turns, so a test's wall time is the sum of their work, without the
 wake-ups across cores whose cost varies from run to run on a virtual machine.
 
-With ``--together``, each round's two children run at the same time (on the same CPUs):
-a shared machine's speed drifts over tens of seconds, by more than the differences worth
-finding, and two children that run side by side meet the same drift. Each one's figures
+With ``--together``, each round's two children run at the same time (on the same CPUs),
+their timed tests starting once both are warm: a shared machine's speed drifts over tens of
+seconds, by more than the differences worth finding, and two children that run side by
+side meet the same drift. Each one's figures
 are then inflated by the other's presence (shared caches, turns on the CPU); the
 difference between them is what counts. ``--cpus 1 --together`` is the steadiest
 comparison on a shared virtual machine.
 
 Printed: each round, then for each figure the median and the minimum of REV and of this
-tree, and the median of the paired differences (this tree minus REV, round by round) with
-their range.
+tree, and their difference (this tree minus REV): the mean difference of the rounds where
+REV started first and that of the rounds where this tree did, averaged (starting first or
+second is worth a few percent either way, even with ``--together``), with the range of
+the rounds' differences. Use an even ``--rounds``.
 """
 
 from __future__ import annotations
@@ -95,9 +98,23 @@ def _tree_cpu():
     return total
 
 
+def _wait_for_peers():
+    """With --together: once warm, wait until every child is (their timed tests then run
+    side by side, not beside another's start-up)."""
+    ready = os.environ.get("BENCH_READY_DIR")
+    if not ready:
+        return
+    open(os.path.join(ready, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 300
+    while len(os.listdir(ready)) < int(os.environ["BENCH_PEERS"]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def pytest_runtest_logstart(nodeid, location):
     global _started
     _started += 1
+    if _started == WARM + 1:
+        _wait_for_peers()
     # The last test's start is the end mark: the ranks are gone by the session's end.
     if _started in (WARM + 1, LAST):
         _marks.append((time.perf_counter(), _tree_cpu()))
@@ -113,12 +130,14 @@ def pytest_sessionfinish(session):
 
 
 def start_child(
-    tree: Path, project: Path, key: str, tests: int, world_size: int
+    tree: Path, project: Path, key: str, tests: int, world_size: int, ready: Path | None
 ) -> tuple[subprocess.Popen[str], Path]:
-    """Start one pytest child on ``tree``'s harness; it writes its figures to the path."""
+    """Start one pytest child on ``tree``'s harness; it writes its figures to the path.
+    ``ready``: the directory where the children of a round started together meet."""
     result = project / f"result-{key}.json"
     result.unlink(missing_ok=True)
     env = {
+        **({"BENCH_READY_DIR": str(ready), "BENCH_PEERS": "2"} if ready else {}),
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
         "BENCH_TESTS": str(WARM_TESTS + tests),
@@ -150,7 +169,11 @@ def finish_child(tree: Path, proc: subprocess.Popen[str], result: Path) -> dict[
 
 
 def summary(name: str, before: list[float], after: list[float]) -> str:
+    """One figure's line: each side's median and minimum, and the difference (this tree
+    minus REV) as the mean of the two orders' mean differences (even rounds: REV started
+    first, odd: this tree), so that an advantage of starting first or second cancels out."""
     diffs = [b - a for a, b in zip(before, after, strict=True)]
+    by_order = [statistics.mean(diffs[0::2]), statistics.mean(diffs[1::2] or diffs[0::2])]
 
     def ms(value: float, sign: str = "") -> str:
         return f"{value * 1e3:{sign}.3f}"
@@ -158,8 +181,9 @@ def summary(name: str, before: list[float], after: list[float]) -> str:
     return (
         f"{name}: REV median {ms(statistics.median(before))} ms (min {ms(min(before))}), "
         f"this tree {ms(statistics.median(after))} ms (min {ms(min(after))}); difference "
-        f"median {ms(statistics.median(diffs), '+')} ms (range {ms(min(diffs), '+')}.."
-        f"{ms(max(diffs), '+')})"
+        f"{ms(statistics.mean(by_order), '+')} ms ({ms(by_order[0], '+')} with REV started "
+        f"first, {ms(by_order[1], '+')} with this tree first; rounds "
+        f"{ms(min(diffs), '+')}..{ms(max(diffs), '+')})"
     )
 
 
@@ -201,8 +225,14 @@ def main() -> None:
                 order = [("rev", base), ("tree", ROOT)]
                 pending: dict[str, tuple[Path, subprocess.Popen[str], Path]] = {}
                 results: dict[str, dict[str, float]] = {}
+                ready = None
+                if args.together:
+                    ready = Path(tmp) / f"ready-{round_}"
+                    ready.mkdir()
                 for key, tree in order if round_ % 2 == 0 else order[::-1]:
-                    proc, result = start_child(tree, project, key, args.tests, args.world_size)
+                    proc, result = start_child(
+                        tree, project, key, args.tests, args.world_size, ready
+                    )
                     if args.together:
                         pending[key] = (tree, proc, result)
                     else:
