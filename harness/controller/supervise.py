@@ -110,7 +110,7 @@ def gather(
             proc = watched[fd]
             if proc.rank not in pending:
                 continue
-            reply = _receive(proc)
+            reply = _receive(proc, ready=fd == proc.conn.fileno())
             if isinstance(reply, Fired):
                 fired[proc.rank] = reply
                 continue
@@ -213,9 +213,12 @@ def readable(proc: RankProcess, dump: str) -> str:
     )
 
 
-def _receive(proc: RankProcess) -> Reply:
+def _receive(proc: RankProcess, ready: bool = False) -> Reply:
+    """What a rank said, or how it died; ``ready``: the poll found its pipe readable (a
+    message, or the pipe's end), so recv need not ask again (``Connection.poll`` builds a
+    selector each time)."""
     try:
-        if proc.conn.poll():
+        if ready or proc.conn.poll():
             message: Reply = proc.conn.recv()
             return message
     except (EOFError, OSError):

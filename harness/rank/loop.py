@@ -145,7 +145,9 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
             reply = _regroup(message, setup, ready)
         else:
             reply = _call(message, setup, files)
-        conn.send(reply)
+        # Plain pickle, which recv reads alike: Connection.send builds a ForkingPickler
+        # carrying torch's many reducers for each message, and an answer needs none of them.
+        conn.send_bytes(pickle.dumps(reply))
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
             # of waiting for the process-group timeout. The world is rebuilt anyway.
