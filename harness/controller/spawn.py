@@ -10,19 +10,23 @@
   coverage and exits; what has not exited shortly after is SIGKILLed. Ranks also ask the
   kernel for SIGKILL when their parent (the forkserver) dies. Each rank leads a process
   group of its own, killed once the rank is gone: nothing a test started there outlives it.
+* Generations: a failed call ends a World's ranks and the next call starts new ones;
+  :class:`Generations` holds the live ones and their files, for the World and its finalizer.
 """
 
 from __future__ import annotations
 
 import multiprocessing.connection
 import os
+import shutil
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from harness.controller import coverage
 from harness.controller.forkserver import context
 from harness.protocol.messages import TRACE_REQUEST, RankSetup
 from harness.protocol.rank_files import RankFiles
@@ -194,3 +198,47 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except OSError:
             pass  # no such group left (the usual case), or a member that is not ours to kill
+
+
+@dataclass
+class Generations:
+    """A World's ranks, one generation after another (a failure ends one), and their files:
+    what a World must release, kept apart from it so that a finalizer can hold it.
+
+    Attributes:
+        root: The World's private directory; each generation's files are in one of its own.
+        ranks: The live generation's ranks (after a failure: those torn down).
+        workdir: The live generation's directory (None before the first).
+        count: How many generations were started.
+    """
+
+    root: str
+    ranks: list[RankProcess] = field(default_factory=list)
+    workdir: str | None = None
+    count: int = 0
+
+    def start(self, world_size: int, backend: str, *, init: bool) -> None:
+        """Start the next generation (the last one stopped), as :func:`start_ranks`; the
+        files of the one before are removed."""
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        self.count += 1
+        self.workdir = os.path.join(self.root, f"g{self.count}")
+        os.mkdir(self.workdir, 0o700)
+        self.ranks = start_ranks(world_size, backend, self.workdir, coverage.settings(), init=init)
+
+    def stop(self, *, interrupted: bool = False) -> None:
+        """Stop the live generation's ranks and fold their coverage into ours (after Ctrl-C,
+        at once: the user wants out, not the ranks' coverage)."""
+        if self.ranks:
+            grace = STOP_GRACE_S if coverage.settings() else STOP_GRACE_NO_COVERAGE_S
+            stop_ranks(self.ranks, grace_s=0.0 if interrupted else grace)
+        if self.workdir is not None:
+            coverage.merge(self.workdir)
+
+    def release(self) -> None:
+        """Stop the ranks and remove every file of the World."""
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)

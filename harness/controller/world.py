@@ -9,16 +9,14 @@ a fresh one.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from harness import compat, validate
-from harness.controller import coverage, forkserver, spawn
+from harness.controller import forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
@@ -35,22 +33,6 @@ START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
 
 
-@dataclass
-class _State:
-    """What a World must release; kept apart from it so a finalizer can hold it."""
-
-    root: str
-    ranks: list[RankProcess] = field(default_factory=list)
-    workdir: str | None = None
-
-
-def _release(state: _State) -> None:
-    try:
-        _stop(state)
-    finally:
-        shutil.rmtree(state.root, ignore_errors=True)
-
-
 _open_worlds: weakref.WeakSet[World] = weakref.WeakSet()
 
 
@@ -61,17 +43,6 @@ def _close_open_worlds() -> None:
 
 # At exit, worlds are closed (their ranks save coverage) before the forkserver is stopped.
 forkserver.before_stop.append(_close_open_worlds)
-
-
-def _stop(state: _State, *, interrupted: bool = False) -> None:
-    """Stop the ranks of the current generation and fold their coverage into ours (after
-    Ctrl-C, at once: the user wants out, not the ranks' coverage)."""
-    if state.ranks:
-        grace = spawn.STOP_GRACE_S if coverage.settings() else spawn.STOP_GRACE_NO_COVERAGE_S
-        grace = 0.0 if interrupted else grace
-        spawn.stop_ranks(state.ranks, grace_s=grace)
-    if state.workdir is not None:
-        coverage.merge(state.workdir)
 
 
 class World:
@@ -136,10 +107,9 @@ class World:
         reason = unavailable_reason(self.backend, self.world_size)
         if reason:
             raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
-        self._state = _State(tempfile.mkdtemp(prefix="harness-"))
-        self._finalizer = weakref.finalize(self, _release, self._state)
+        self._generations = spawn.Generations(tempfile.mkdtemp(prefix="harness-"))
+        self._finalizer = weakref.finalize(self, self._generations.release)
         _open_worlds.add(self)
-        self._generation = 0
         self._rendezvous = 0  # how many fresh rendezvous files the World has named
         self._broken = False
         try:
@@ -152,7 +122,7 @@ class World:
     def pids(self) -> list[int]:
         """Process ids of the ranks, by rank (after a failed run: of the ranks torn down,
         until the next run rebuilds the world)."""
-        return [proc.pid for proc in self._state.ranks]
+        return [proc.pid for proc in self._generations.ranks]
 
     @property
     def closed(self) -> bool:
@@ -163,7 +133,7 @@ class World:
     def generation(self) -> int:
         """How many times the World has started ranks (1 for its first processes; each
         rebuild after a failure adds one)."""
-        return self._generation
+        return self._generations.count
 
     @property
     def broken(self) -> bool:
@@ -274,7 +244,7 @@ class World:
         placed = checked(faults, self.world_size)
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
-            _stop(self._state)  # done already, unless a Ctrl-C cut it short
+            self._generations.stop()  # done already, unless a Ctrl-C cut it short
             self._start()
         name = name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
@@ -292,7 +262,7 @@ class World:
         if outcome.leaks and self.leaks == "warn":
             warnings.warn(leak_report(outcome.leaks, name), RuntimeWarning, stacklevel=3)
         if output == OUTPUT_CAPTURE:
-            ranks = self._state.ranks
+            ranks = self._generations.ranks
             outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
         return outcome
 
@@ -312,17 +282,9 @@ class World:
         return f"<harness.World world_size={self.world_size} backend={self.backend!r} {state}>"
 
     def _start(self) -> None:
-        if self._state.workdir is not None:  # the files of a torn-down generation
-            shutil.rmtree(self._state.workdir, ignore_errors=True)
-        self._generation += 1
-        workdir = os.path.join(self._state.root, f"g{self._generation}")
-        os.mkdir(workdir, 0o700)
-        self._state.workdir = workdir
         # What the ranks inherit; calls send only changes.
         self._environ = dict(compat.environ_bytes())
-        self._state.ranks = spawn.start_ranks(
-            self.world_size, self.backend, workdir, coverage.settings(), init=self.init
-        )
+        self._generations.start(self.world_size, self.backend, init=self.init)
         world = f"a world of {self.world_size} ranks ({self.backend})"
         outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:
@@ -350,7 +312,7 @@ class World:
         interrupted = False
         try:
             outcome, replies = exchange(
-                self._state.ranks, message, timeout, what, init=self.init, leaks=self.leaks
+                self._generations.ranks, message, timeout, what, init=self.init, leaks=self.leaks
             )
             failed = outcome.error is not None or not outcome.reusable
         except KeyboardInterrupt:
@@ -359,14 +321,14 @@ class World:
         finally:
             if failed:
                 self._broken = True
-                _stop(self._state, interrupted=interrupted)
+                self._generations.stop(interrupted=interrupted)
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:
         """A file in the live generation's private directory that no rendezvous used before."""
-        assert self._state.workdir is not None
+        assert self._generations.workdir is not None
         self._rendezvous += 1
-        return rendezvous_path(self._state.workdir, self._rendezvous)
+        return rendezvous_path(self._generations.workdir, self._rendezvous)
 
 
 def run(

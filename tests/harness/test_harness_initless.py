@@ -28,7 +28,7 @@ def test_a_call_has_the_torchrun_environment_and_a_private_rendezvous_but_no_gro
 ) -> None:
     first = initless2.run(fns.no_group)
     second = initless2.run(fns.no_group)
-    private = initless2._state.root + os.sep  # the world's 0700 directory
+    private = initless2._generations.root + os.sep  # the world's 0700 directory
     for calls in (first, second):
         for rank, (initialized, env, init_method) in enumerate(calls):
             assert initialized is False
@@ -40,7 +40,7 @@ def test_a_call_has_the_torchrun_environment_and_a_private_rendezvous_but_no_gro
         # Every rank of a call meets at the same rendezvous.
         assert len({(env["MASTER_PORT"], method) for _, env, method in calls}) == 1
     assert first[0][2] != second[0][2], "each call gets a rendezvous file of its own"
-    assert oct(os.stat(initless2._state.root).st_mode & 0o777) == oct(0o700)
+    assert oct(os.stat(initless2._generations.root).st_mode & 0o777) == oct(0o700)
 
 
 @pytest.mark.parametrize("how", ["env", "init_method", "fhelium"])
@@ -98,6 +98,6 @@ def test_run_and_the_resolved_backend() -> None:
     with harness.World(1, init=False) as world:
         assert world.backend == resolve_backend("auto") != "auto"
         assert world.init is False
-        root = world._state.root
+        root = world._generations.root
         assert world.run(fns.no_group)[0][0] is False
     assert not os.path.exists(root), "no rendezvous file is left behind"

@@ -49,7 +49,7 @@ def _assert_no_leftovers(pids: list[int], before: set[int]) -> None:
 
 def test_world_directory_is_private_and_removed_on_close() -> None:
     world = harness.World(2, backend=BACKEND)
-    root = world._state.root
+    root = world._generations.root
     try:
         assert os.path.dirname(root) == tempfile.gettempdir()
         assert os.path.basename(root).startswith("harness-")
@@ -87,7 +87,7 @@ def test_no_process_left_after_an_error(
     before = _our_processes()
     with harness.World(3, backend=BACKEND) as world:
         pids = world.pids
-        root = world._state.root
+        root = world._generations.root
         with pytest.raises(error):
             world.run(fn, args=args, timeout=timeout)
         # The torn-down ranks are gone as soon as the error reaches us.
@@ -102,7 +102,7 @@ def test_harness_run_leaves_nothing_behind(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = _our_processes()
     with harness.World(1, backend=BACKEND) as world:
-        assert os.path.dirname(world._state.root) == str(tmp_path)
+        assert os.path.dirname(world._generations.root) == str(tmp_path)
     with pytest.raises(harness.RankError):
         harness.run(fns.raise_on, world_size=2, backend=BACKEND, args=(0, "x"))
     assert len(harness.run(fns.getpid, world_size=2, backend=BACKEND)) == 2
@@ -128,7 +128,7 @@ def test_ranks_die_with_a_sigkilled_controller() -> None:
         if __name__ == "__main__":
             world = harness.World(3, backend="gloo")
             assert world.run(fns.all_reduce_sum) == [6.0] * 3
-            print(json.dumps({"pids": world.pids, "root": world._state.root}), flush=True)
+            print(json.dumps({"pids": world.pids, "root": world._generations.root}), flush=True)
             time.sleep(3600)
         """
     )
@@ -173,7 +173,7 @@ def test_several_controllers_at_once_and_close_at_interpreter_exit() -> None:
                 "env": env,
                 "sums": sums,
                 "open_pids": left_open.pids,
-                "open_root": left_open._state.root,
+                "open_root": left_open._generations.root,
             }))
             # No close(): the interpreter exits with this World still open.
         """

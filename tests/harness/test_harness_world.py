@@ -188,7 +188,7 @@ def test_world_rebuilds_itself_after(
 def test_two_worlds_at_once() -> None:
     with harness.World(2, backend=BACKEND) as first, harness.World(3, backend=BACKEND) as second:
         assert not set(first.pids) & set(second.pids)
-        assert first._state.root != second._state.root
+        assert first._generations.root != second._generations.root
         for _ in range(3):
             assert first.run(fns.all_reduce_sum) == [3.0] * 2
             assert second.run(fns.all_reduce_sum) == [6.0] * 3
@@ -202,7 +202,7 @@ def test_two_worlds_at_once() -> None:
 def test_close_is_idempotent_and_stops_the_ranks() -> None:
     world = harness.World(2, backend=BACKEND)
     pids = world.pids
-    root = world._state.root
+    root = world._generations.root
     assert os.path.isdir(root)
     states = [world.closed]
     world.close()
@@ -230,7 +230,7 @@ def test_context_manager_closes_even_on_error() -> None:
         fail_inside_with()
     [world] = seen
     pids = world.pids
-    root = world._state.root
+    root = world._generations.root
     assert world.closed
     assert wait_gone(pids, timeout=5) == []
     assert not os.path.exists(root)
@@ -241,8 +241,8 @@ def test_rebuild_removes_the_files_of_the_torn_down_generation(world2: harness.W
         world2.run(fns.raise_on, args=(0, "x"))
     world2.run(fns.getpid)
     # Only the live generation's directory is left in the world's private directory.
-    assert len(os.listdir(world2._state.root)) == 1
-    assert oct(os.stat(world2._state.root).st_mode & 0o777) == oct(0o700)
+    assert len(os.listdir(world2._generations.root)) == 1
+    assert oct(os.stat(world2._generations.root).st_mode & 0o777) == oct(0o700)
 
 
 @pytest.mark.parametrize(
