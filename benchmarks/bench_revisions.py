@@ -137,8 +137,8 @@ def start_child(
     result = project / f"result-{key}.json"
     result.unlink(missing_ok=True)
     env = {
-        **({"BENCH_READY_DIR": str(ready), "BENCH_PEERS": "2"} if ready else {}),
         **os.environ,
+        **({"BENCH_READY_DIR": str(ready), "BENCH_PEERS": "2"} if ready else {}),
         "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
         "BENCH_TESTS": str(WARM_TESTS + tests),
         "BENCH_WARM": str(WARM_TESTS),
