@@ -42,7 +42,13 @@ from harness import compat
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
 from harness.plugin import interrupts, marker, report, settings, warmup  # noqa: E402
-from harness.plugin.marker import MARKER, find_mark, launcher_world, marker_name  # noqa: E402
+from harness.plugin.marker import (  # noqa: E402
+    MARKER,
+    find_mark,
+    launcher_world,
+    marker_name,
+    run_mark,
+)
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
 if TYPE_CHECKING:
@@ -208,7 +214,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     # Around pytest's own setup: first take the fixtures that run in the ranks out of its
     # hands (it sets up only the others), then, with those up, run the test on its ranks.
-    if not isinstance(item, pytest.Function) or find_mark(item) is None or launcher_world():
+    if not isinstance(item, pytest.Function) or run_mark(item) is None or launcher_world():
         return (yield)
     from harness.plugin import rank_fixtures
 
@@ -219,7 +225,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    if find_mark(pyfuncitem) is None:
+    if run_mark(pyfuncitem) is None:
         return None
     _session(pyfuncitem.config).finish_call(pyfuncitem)
     return True

@@ -40,6 +40,8 @@ class MarkSpec:
 
 
 _CLAIMED = pytest.StashKey["str | None"]()
+# The marker a test is run with (see run_mark), in a tuple: None is a valid answer.
+_RUN_MARK = pytest.StashKey["tuple[pytest.Mark | None]"]()
 
 
 def claim_marker(config: pytest.Config) -> str | None:
@@ -84,6 +86,15 @@ def find_mark(node: pytest.Item) -> pytest.Mark | None:
     """The plugin's marker on a test (closest first), or None."""
     name = marker_name(node.config)
     return node.get_closest_marker(name) if name else None
+
+
+def run_mark(item: pytest.Item) -> pytest.Mark | None:
+    """:func:`find_mark` of a test being run, looked up once: from its setup on, its markers
+    are final (its setup decides where it runs), and the hooks of its run ask again."""
+    found = item.stash.get(_RUN_MARK, None)
+    if found is None:
+        found = item.stash[_RUN_MARK] = (find_mark(item),)
+    return found[0]
 
 
 def parse_mark(mark: pytest.Mark) -> MarkSpec:

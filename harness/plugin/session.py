@@ -49,6 +49,7 @@ class DistSession:
         captured = config.getoption("capture", "fd") != "no"
         self.output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         self._logs = _log_settings(config)
+        self._randomly_seed = order.randomly_seed(config)  # set by its pytest_configure
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
         if launched is not None:
@@ -259,7 +260,7 @@ class DistSession:
         """The seed of a test's random generators on every rank: pytest-randomly's seed when
         that plugin is active (it reseeds every test alike), else one from the node id, so a
         test draws the same numbers alone, first, or after any others."""
-        randomly = order.randomly_seed(self.config)
+        randomly = self._randomly_seed
         return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())
 
 

@@ -26,8 +26,8 @@ from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
     WORLD_SIZE_PARAM,
-    find_mark,
     parse_mark,
+    run_mark,
 )
 
 DEFAULT_TIMEOUT_S = validate.DEFAULT_TIMEOUT_S
@@ -145,7 +145,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
     Raises:
         pytest.fail.Exception: The marker is invalid (the test fails, naming the value).
     """
-    mark = find_mark(item)
+    mark = run_mark(item)
     assert mark is not None
     try:
         spec = parse_mark(mark)
