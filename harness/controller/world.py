@@ -354,18 +354,31 @@ def run(
     multiprocessing's spawn and forkserver start methods.
 
     Args:
-        fn, args, kwargs, check_collectives, faults: As :meth:`World.run`.
-        world_size, backend, init: As :class:`World`.
+        fn: A picklable (module-level) callable, as for :meth:`World.run`.
+        world_size: Number of ranks (>= 1).
+        args: Positional arguments for ``fn`` (a tuple or other iterable), sent to every rank.
+        kwargs: Keyword arguments for ``fn``, sent to every rank.
+        backend: ``"auto"``, ``"gloo"`` or ``"nccl"``, as for :class:`World`.
         timeout: Bound in seconds on the run (start-up has its own 60 s bound): 120 s
             unless given, as for a distributed test; None: none.
+        init: Whether the ranks start in a default process group, as for :class:`World`.
+        check_collectives: Whether the ranks' collectives are compared after a call that
+            returned on every rank, as for :meth:`World.run`.
+        faults: Faults to inject (:mod:`harness.faults`), as for :meth:`World.run`.
 
     Returns:
         The return values, index = rank.
 
     Raises:
-        RankError, WorldTimeout, RankCrash, CollectiveMismatch, FaultNotFired,
-            DistributedError: As ``World.run``.
-        TypeError, ValueError, RuntimeError: As ``World``.
+        RankError: Code raised on one or more ranks (root cause first).
+        WorldTimeout: The run did not finish in time, or its collectives can never complete.
+        RankCrash: A rank process died during the run.
+        CollectiveMismatch: Every rank returned, but their collectives differ.
+        FaultNotFired: A fault never acted.
+        DistributedError: Something could not be pickled, or a rank did not start.
+        TypeError: An argument of the wrong type (``world_size``, ``init``, ...).
+        ValueError: An argument out of range (``world_size``, ``backend``, ``timeout``).
+        RuntimeError: The backend cannot run here.
     """
     with World(world_size, backend=backend, timeout=timeout, init=init) as world:
         return world.run(
