@@ -1,11 +1,10 @@
 """Supervision of a call: wait for each rank's answer or death, and read what it left.
 
 :func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
-exception and a death are all seen the moment they happen. Once a rank fails, the others
-get a short grace to report (a peer blocked in a collective with a rank that exited fails
-at once); the caller tears down those still silent, never waiting for a process-group
-timeout. With a :class:`~harness.controller.certain.HangWatch`, the wait also ends once the
-ranks' traces prove the call can never finish.
+exception and a death are all seen the moment they happen; what they mean for the wait (the
+grace periods after a failure, faults that end a rank, hangs proven by the ranks' traces) is
+:class:`~harness.controller.supervision.Supervision`'s to decide. The caller tears down the
+ranks still silent when the wait ends, never waiting for a process-group timeout.
 """
 
 from __future__ import annotations
@@ -14,37 +13,22 @@ import math
 import os
 import select
 import time
-from dataclasses import replace
 
 from harness.controller import stacks
 from harness.controller.certain import HangWatch
-from harness.controller.outcome import Died, Faulted, Reply
+from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.protocol.messages import (
-    STACKS_SIGNAL,
-    Done,
-    Failed,
-    Failing,
-    Fired,
-    Ready,
-    Skipped,
-)
+from harness.controller.supervision import CERTAIN as CERTAIN
+from harness.controller.supervision import DEADLINE as DEADLINE
+from harness.controller.supervision import FAILURE_GRACE_S as FAILURE_GRACE_S
+from harness.controller.supervision import SKIP_GRACE_S as SKIP_GRACE_S
+from harness.controller.supervision import Supervision
+from harness.protocol.messages import STACKS_SIGNAL, Done, Fired, RankMessage, Ready
 from harness.protocol.traces import RankTrace
-
-FAILURE_GRACE_S = 0.5
-"""After the first failure, how long the other ranks get to report before they are torn down."""
 
 DEATH_SEEN_LATE_S = FAILURE_GRACE_S
 """How much earlier than we see it a rank may have died without a crash dump: a death seen
 within this time after another rank's failure counts as that failure's cause."""
-
-SKIP_GRACE_S = 2.0
-"""After the first skip, how long the other ranks get to finish (a skip is usually unanimous)."""
-
-DEADLINE = "deadline"
-"""Why :func:`gather` stopped waiting: the deadline passed."""
-CERTAIN = "certain"
-"""Why :func:`gather` stopped waiting: the ranks' traces prove the call can never finish."""
 
 
 def gather(
@@ -73,8 +57,7 @@ def gather(
         ``Fired.ends``) or whose fault's error escaped the call is ``Faulted``: no failure,
         so no grace period; once only such ranks are left, the wait is over.
     """
-    replies: dict[int, Reply] = {}
-    pending = {proc.rank: proc for proc in ranks}
+    supervision = Supervision([proc.rank for proc in ranks], deadline, fired, watch)
     # One poll set for the whole wait: the ranks answer one by one, and building a selector
     # at every wake-up (as multiprocessing.connection.wait does) is part of every call's cost.
     poller = select.poll()
@@ -83,71 +66,25 @@ def gather(
         for fd in (proc.conn.fileno(), proc.process.sentinel):
             poller.register(fd, select.POLLIN)
             watched[fd] = proc
-    grace_end: float | None = None
-    fired = {} if fired is None else fired
-    while pending:
-        if fired and any(f.ends for f in fired.values()):
-            _end_returned(ranks, replies)
-            # A rank its fault ended is waited for no longer (a hung one never answers).
-            ended = [rank for rank in pending if rank in fired and fired[rank].ends]
-            replies.update((r, Faulted(fired[r])) for r in ended if r not in replies)
-            if len(ended) == len(pending):
-                return replies, ""
-        watching = watch is not None and watch.active and not fired and grace_end is None
-        limits = [t for t in (deadline, grace_end) if t is not None]
-        now = time.monotonic()
-        if limits and now >= min(limits):
-            if grace_end is None or (deadline is not None and now >= deadline):
-                return replies, DEADLINE
-            return replies, ""
-        if watching:
-            assert watch is not None
-            if now >= watch.next_at and watch.step(replies):
-                return replies, CERTAIN
-            limits.append(watch.next_at)
-        wait_ms = math.ceil((min(limits) - now) * 1000) if limits else None
-        for fd, _ in poller.poll(wait_ms):
+    while True:
+        if supervision.ends_returned:
+            _end_returned(ranks, supervision.replies)
+        stopped_by, timeout = supervision.wake()
+        if stopped_by is not None:
+            return supervision.replies, stopped_by
+        for fd, _ in poller.poll(None if timeout is None else math.ceil(timeout * 1000)):
             proc = watched[fd]
-            if proc.rank not in pending:
+            if not supervision.waits_for(proc.rank):
                 continue
-            reply = _receive(proc, ready=fd == proc.conn.fileno())
-            if isinstance(reply, Fired):
-                fired[proc.rank] = reply
+            supervision.receive(proc.rank, _receive(proc, ready=fd == proc.conn.fileno()))
+            if supervision.waits_for(proc.rank):
                 continue
-            faulted = fired.get(proc.rank)
-            if faulted is not None and (
-                (faulted.ends and isinstance(reply, Died))
-                or (isinstance(reply, Failed) and reply.fault)
-            ):
-                reply = Faulted(faulted, reply)
-            early = replies.get(proc.rank)
-            if isinstance(reply, Failing):
-                # The rank tears down its fixtures now, and answers after: its failure is
-                # this one until then (also when it is torn down meanwhile).
-                replies[proc.rank] = Failed(reply.failure, reply.at, reply.trace)
-                end = time.monotonic() + FAILURE_GRACE_S
-                grace_end = end if grace_end is None else min(grace_end, end)
-                continue
-            if isinstance(early, Failed):
-                # The call's end after a Failing: dated when the body failed; a rank that
-                # died in its teardown is reported with the body's failure. Peers blocked
-                # in a collective with it fail once it exits, which is now: they get their
-                # grace from here.
-                reply = replace(reply, at=early.at) if isinstance(reply, Failed) else early
-                end = time.monotonic() + FAILURE_GRACE_S
-                grace_end = end if grace_end is None else max(grace_end, end)
-            replies[proc.rank] = reply
-            del pending[proc.rank]
             for done in (proc.conn.fileno(), proc.process.sentinel):
                 poller.unregister(done)
+            reply = supervision.replies[proc.rank]
             if isinstance(reply, Ready):
                 proc.main_thread, proc.watchdog_thread = reply.main_thread, reply.watchdog_thread
                 proc.code_dir = reply.code_dir
-            elif not isinstance(reply, (Done, Faulted)):
-                grace = SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S
-                end = time.monotonic() + grace
-                grace_end = end if grace_end is None else min(grace_end, end)
-    return replies, ""
 
 
 def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
@@ -213,13 +150,13 @@ def readable(proc: RankProcess, dump: str) -> str:
     )
 
 
-def _receive(proc: RankProcess, ready: bool = False) -> Reply:
+def _receive(proc: RankProcess, ready: bool = False) -> RankMessage | Died:
     """What a rank said, or how it died; ``ready``: the poll found its pipe readable (a
     message, or the pipe's end), so recv need not ask again (``Connection.poll`` builds a
     selector each time)."""
     try:
         if ready or proc.conn.poll():
-            message: Reply = proc.conn.recv()
+            message: RankMessage = proc.conn.recv()
             return message
     except (EOFError, OSError):
         pass
