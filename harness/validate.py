@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
@@ -107,6 +107,70 @@ def one_of(value: object, where: str, choices: tuple[str, ...]) -> str:
 def backend(value: object, where: str = "backend") -> str:
     """Check a backend name (any case) against :data:`BACKEND_CHOICES`; see :func:`one_of`."""
     return one_of(value, where, BACKEND_CHOICES)
+
+
+def call_args(value: object, where: str = "args") -> tuple[Any, ...]:
+    """Check the positional arguments of a call (``World.run(fn, args=...)``) and return them
+    as a tuple.
+
+    Any iterable of them is accepted (a tuple, a list, a generator), except a ``str``,
+    ``bytes`` or mapping: each would be taken apart into several arguments (``args="ab"``
+    would be ``fn("a", "b")``; a dict, its keys), which is never what was meant.
+
+    Raises:
+        TypeError: It is not such an iterable; the message names the value and its type.
+    """
+    if not isinstance(value, (str, bytes, bytearray, Mapping)):
+        try:
+            items = iter(value)  # type: ignore[call-overload]
+        except TypeError:
+            pass
+        else:
+            return tuple(items)
+    shown = short_repr(value)
+    fix = (
+        f"; keyword arguments go in kwargs={shown}"
+        if isinstance(value, Mapping)
+        else f"; for a single argument write {where}=({shown},)"
+    )
+    raise TypeError(
+        f"{where} must be a tuple (or list) of positional arguments for fn, not {shown} "
+        f"({type(value).__name__}){fix}"
+    )
+
+
+def call_kwargs(value: object, where: str = "kwargs") -> dict[str, Any]:
+    """Check the keyword arguments of a call (``World.run(fn, kwargs=...)``) and return them
+    as a new dict: a mapping from names (``str``) to values, or None for none.
+
+    Raises:
+        TypeError: It is not a mapping, or has a key that is not a ``str``; the message names
+            the value and its type.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{where} must be a mapping (a dict) of keyword arguments for fn, not "
+            f"{short_repr(value)} ({type(value).__name__})"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise TypeError(
+                f"{where} must map the names (str) of fn's keyword arguments to their values; "
+                f"it has the key {short_repr(key)} ({type(key).__name__})"
+            )
+    return dict(value)
+
+
+def short_repr(obj: object) -> str:
+    """``repr(obj)`` cut to 80 characters, and never an exception: how a message shows a
+    value the user gave, whatever it is."""
+    try:
+        text = repr(obj)
+    except Exception:
+        text = f"<{type(obj).__qualname__} object>"
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def argparse_type(check: Callable[..., _T], where: str) -> Callable[[str], _T]:

@@ -6,7 +6,10 @@ import pickle
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from harness import validate
 from harness.errors import DistributedError
+
+short_repr = validate.short_repr  # also imported from here
 
 
 def pickle_call(
@@ -15,11 +18,13 @@ def pickle_call(
     """The payload of a ``Call``: ``(fn, args, kwargs)`` pickled once for all ``n`` ranks.
 
     Raises:
+        TypeError: ``args`` is not a tuple (or other iterable) of positional arguments, or
+            ``kwargs`` not a mapping of keyword arguments (see :func:`validate.call_args`).
         DistributedError: Something does not pickle; the message names the first culprit
             (``fn``, ``args[1]``, ``kwargs['x']``) and shows its repr.
     """
-    args = tuple(args)
-    kwargs = dict(kwargs or {})
+    args = validate.call_args(args)
+    kwargs = validate.call_kwargs(kwargs)
     try:
         return pickle.dumps((fn, args, kwargs))
     except Exception as exc:
@@ -46,12 +51,3 @@ def pickle_problem(obj: Any) -> str | None:
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
-
-
-def short_repr(obj: Any) -> str:
-    """``repr(obj)`` cut to 80 characters, and never an exception."""
-    try:
-        text = repr(obj)
-    except Exception:
-        text = f"<{type(obj).__qualname__} object>"
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -72,3 +72,85 @@ def test_argparse_type_keeps_the_validators_message() -> None:
     assert parse("3") == 3
     with pytest.raises(argparse.ArgumentTypeError, match=r"^world size must be >= 1, got 0$"):
         parse("0")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            10.0,
+            "args must be a tuple (or list) of positional arguments for fn, not 10.0 (float); "
+            "for a single argument write args=(10.0,)",
+        ),
+        (
+            "ab",
+            "args must be a tuple (or list) of positional arguments for fn, not 'ab' (str); "
+            "for a single argument write args=('ab',)",
+        ),
+        (
+            b"ab",
+            "args must be a tuple (or list) of positional arguments for fn, not b'ab' (bytes); "
+            "for a single argument write args=(b'ab',)",
+        ),
+        (
+            {"x": 1},
+            "args must be a tuple (or list) of positional arguments for fn, not {'x': 1} "
+            "(dict); keyword arguments go in kwargs={'x': 1}",
+        ),
+        (
+            None,
+            "args must be a tuple (or list) of positional arguments for fn, not None "
+            "(NoneType); for a single argument write args=(None,)",
+        ),
+    ],
+)
+def test_call_args_rejects_what_is_no_sequence_of_arguments(value: object, message: str) -> None:
+    with pytest.raises(TypeError) as info:
+        validate.call_args(value)
+    assert str(info.value) == message
+
+
+def test_call_args_takes_any_other_iterable() -> None:
+    assert validate.call_args((1, "a")) == (1, "a")
+    assert validate.call_args([1, 2]) == (1, 2)
+    assert validate.call_args(x for x in range(3)) == (0, 1, 2)
+    assert validate.call_args(()) == ()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (
+            [("x", 1)],
+            "kwargs must be a mapping (a dict) of keyword arguments for fn, not [('x', 1)] (list)",
+        ),
+        (3, "kwargs must be a mapping (a dict) of keyword arguments for fn, not 3 (int)"),
+        (
+            {1: "x"},
+            "kwargs must map the names (str) of fn's keyword arguments to their values; it "
+            "has the key 1 (int)",
+        ),
+    ],
+)
+def test_call_kwargs_rejects_what_is_no_mapping_of_names(value: object, message: str) -> None:
+    with pytest.raises(TypeError) as info:
+        validate.call_kwargs(value)
+    assert str(info.value) == message
+
+
+def test_call_kwargs_copies_a_mapping() -> None:
+    given = {"x": 1}
+    assert validate.call_kwargs(given) == given
+    assert validate.call_kwargs(given) is not given
+    assert validate.call_kwargs(None) == {}
+
+
+def test_a_value_is_shown_short_and_never_raises() -> None:
+    class Unprintable:
+        def __repr__(self) -> str:
+            raise RuntimeError("no repr")
+
+    assert validate.short_repr("x" * 100) == repr("x" * 100)[:77] + "..."
+    assert validate.short_repr(Unprintable()) == (
+        "<test_a_value_is_shown_short_and_never_raises.<locals>.Unprintable object>"
+    )
