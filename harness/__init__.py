@@ -32,6 +32,7 @@ from harness.errors import (
     RankLeak,
     WorldTimeout,
 )
+from harness.protocol.messages import CallOptions
 
 if TYPE_CHECKING:
     from harness.controller.world import World, run
@@ -56,6 +57,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CallOptions",
     "CollectiveMismatch",
     "DistributedError",
     "FaultFired",

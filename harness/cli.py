@@ -27,6 +27,7 @@ from harness.controller import forkserver
 from harness.controller.world import World
 from harness.errors import DistributedError, RankError, WorldTimeout
 from harness.protocol.failures import ranks_phrase
+from harness.protocol.messages import CallOptions
 from harness.rank.check_rows import (
     DEFAULT_REPEATS,
     FAIL,
@@ -283,7 +284,7 @@ def _run_rows(
         try:
             # call, not run: a DistributedError raised here is about the world (it could
             # not be rebuilt after the previous row failed), not about this row.
-            outcome = world.call(check_row, kwargs=kwargs, timeout=timeout)
+            outcome = world.call(check_row, kwargs=kwargs, options=CallOptions(timeout))
         except DistributedError as exc:
             details.append((name, f"the world could not be restarted: {exc}"))
             rows.append(Row(name, f"{FAIL}: the world could not be restarted", None))

@@ -13,37 +13,25 @@ from harness.controller.classify import classify, desync, leak_error
 from harness.controller.outcome import Outcome, Reply
 from harness.controller.spawn import RankProcess
 from harness.errors import note_interrupt
-from harness.faults import Fault
-from harness.protocol.messages import Call, Done, Fired, Regroup
+from harness.protocol.messages import Call, CallOptions, Done, Fired, Regroup
 from harness.protocol.traces import render
 
 
 def call_message(
     payload: bytes,
-    output: str,
-    seed: int | None,
-    check_leaks: bool,
-    check_collectives: bool,
+    options: CallOptions,
     started: dict[bytes, bytes],
     rendezvous_file: str | None,
-    faults: tuple[Fault, ...] = (),
+    check_leaks: bool,
 ) -> Call:
-    """The ``Call`` of ``payload``: ``env`` is how ``os.environ`` changed since the ranks
-    ``started``; ``rendezvous_file``, a private rendezvous for a world without a group."""
+    """The ``Call`` of ``payload`` run as ``options`` say: ``env`` is how ``os.environ``
+    changed since the ranks ``started``; ``rendezvous_file``, a private rendezvous for a
+    world without a group."""
     rendezvous = None
     if rendezvous_file is not None:
         port = str(spawn.free_port())
         rendezvous = {"MASTER_PORT": port, "INIT_METHOD": "file://" + rendezvous_file}
-    return Call(
-        payload,
-        output=output,
-        env=_environ_changes(started),
-        seed=seed,
-        rendezvous=rendezvous,
-        check_leaks=check_leaks,
-        check_collectives=check_collectives,
-        faults=faults,
-    )
+    return Call(payload, options, _environ_changes(started), rendezvous, check_leaks)
 
 
 def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
@@ -76,7 +64,7 @@ def exchange(
     rank's collectives and stack noted (the caller stops the ranks).
     """
     world_size = len(ranks)
-    call = message if isinstance(message, Call) else None
+    options = message.options if isinstance(message, Call) else None
     try:
         if message is not None:
             data = pickle.dumps(message)  # once for every rank: once per rank costs more
@@ -88,8 +76,8 @@ def exchange(
         deadline = time.monotonic() + timeout if timeout is not None else None
         fired: dict[int, Fired] = {}
         watch = None
-        if call is not None:
-            watch = HangWatch(ranks, desync_check=call.check_collectives, deadline=timeout)
+        if options is not None:
+            watch = HangWatch(ranks, desync_check=options.check_collectives, deadline=timeout)
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         if watch is not None:
             watch.settle()
@@ -99,18 +87,18 @@ def exchange(
         # failure's own reply carries its collectives.
         done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
         asked = [proc for proc in ranks if proc.rank not in replies] + done
-        failed = call is not None and len(done) < len(ranks) and asked
+        failed = options is not None and len(done) < len(ranks) and asked
         traces = supervise.traces_now(asked) if failed else {}
         outcome = classify(
             replies,
             world_size,
             timeout=timeout,
             stacks=supervise.stacks_now(ranks) if stopped_by else {},
-            starting=None if call else what,
+            starting=None if options else what,
             init=init,
             traces=traces,
-            check_collectives=call is not None and call.check_collectives,
-            faults=call.faults if call is not None else (),
+            check_collectives=options is not None and options.check_collectives,
+            faults=options.faults if options is not None else (),
             fired=fired,
             stopped=stopped,
             certain=stopped_by == supervise.CERTAIN,
@@ -122,7 +110,7 @@ def exchange(
             outcome = leak_error(outcome, what)
         return outcome, replies
     except KeyboardInterrupt as interrupt:
-        if call is not None:
+        if options is not None:
             # Where each rank was, as a timeout says (a second Ctrl-C meanwhile leaves the
             # caller to stop them all the same).
             traces, stacks = supervise.traces_now(ranks), supervise.stacks_now(ranks)

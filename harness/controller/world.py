@@ -13,6 +13,7 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from harness import compat, validate
@@ -26,7 +27,7 @@ from harness.controller.spawn import RankProcess
 from harness.errors import WorldTimeout
 from harness.faults import Fault, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_INHERIT, OUTPUTS, Call, Done, Regroup
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUTS, Call, CallOptions, Done, Regroup
 from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0
@@ -184,9 +185,8 @@ class World:
             TypeError, ValueError: ``check_collectives`` is not a bool, or ``faults`` is not
                 a list of faults that fit this world.
         """
-        outcome = self.call(
-            fn, args, kwargs, timeout=timeout, check_collectives=check_collectives, faults=faults
-        )
+        options = CallOptions(timeout, check_collectives=check_collectives, faults=tuple(faults))
+        outcome = self.call(fn, args, kwargs, options)
         error = outcome.error
         if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:
             error.hint = (
@@ -201,58 +201,42 @@ class World:
         fn: Callable[..., Any],
         args: Iterable[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        output: str = OUTPUT_INHERIT,
-        seed: int | None = None,
-        name: str | None = None,
-        check_collectives: bool = True,
-        faults: Sequence[Fault] = (),
+        options: CallOptions | None = None,
     ) -> Outcome:
         """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
         raising (for tools built on the World, such as the pytest plugin).
 
         Args:
-            fn, args, kwargs, timeout: As :meth:`run`.
-            output: Where the ranks' stdout and stderr go: ``"inherit"`` (as they are),
-                ``"capture"`` (collected into ``Outcome.outputs``) or ``"prefix"`` (each line
-                prefixed with ``[rank N]``).
-            seed: Seed every random generator of each rank with this before the call (torch
-                CPU and CUDA, ``random``, numpy's); None leaves them as they are.
-            name: How messages name the call (the plugin passes ``"test <node id>"``);
-                None: ``"the call of <fn's qualified name>"``.
-            check_collectives, faults: As :meth:`run`.
+            fn: As :meth:`run`.
+            args: As :meth:`run`.
+            kwargs: As :meth:`run`.
+            options: How the call runs (:class:`~harness.CallOptions`: its timeout, where
+                the ranks' output goes, a seed, its name in messages, the desync check,
+                faults); None, or its ``timeout`` None: the World's timeout.
 
         Returns:
             The outcome; ``outcome.result()`` is what :meth:`run` returns or raises.
 
         Raises:
             RuntimeError: The World is closed.
-            ValueError: ``timeout`` or ``output`` is invalid.
-            TypeError: ``check_collectives`` is not a bool.
+            ValueError: ``options.timeout`` or ``options.output`` is invalid, or a fault
+                does not fit this world.
+            TypeError: ``options.check_collectives`` is not a bool, or ``options.faults``
+                is not a list of faults.
             DistributedError: The call does not pickle, or the world could not be rebuilt.
             KeyboardInterrupt: As :meth:`run`.
         """
         if self.closed:
             raise RuntimeError("this World is closed; create a new one")
-        timeout = _timeout(timeout) if timeout is not None else self.timeout
-        if output not in OUTPUTS:
-            raise ValueError(
-                f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {output!r}"
-            )
-        check_collectives = validate.flag(check_collectives, "check_collectives")
-        placed = checked(faults, self.world_size)
+        options = self._checked(options)
         payload = pickle_call(fn, args, kwargs, self.world_size)
         if self._broken:
             self._generations.stop()  # done already, unless a Ctrl-C cut it short
             self._start()
-        name = name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
+        name = options.name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
-        leaks = self.leaks != "off"
-        message = call_message(
-            payload, output, seed, leaks, check_collectives, self._environ, rendezvous, placed
-        )
-        outcome, replies = self._exchange(message, timeout, name)
+        message = call_message(payload, options, self._environ, rendezvous, self.leaks != "off")
+        outcome, replies = self._exchange(message, options.timeout, name)
         if outcome.regroup:
             outcome.notice = self._regroup()
             outcome.reusable = not outcome.notice
@@ -261,10 +245,28 @@ class World:
             warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
         if outcome.leaks and self.leaks == "warn":
             warnings.warn(leak_report(outcome.leaks, name), RuntimeWarning, stacklevel=3)
-        if output == OUTPUT_CAPTURE:
+        if options.output == OUTPUT_CAPTURE:
             ranks = self._generations.ranks
             outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
         return outcome
+
+    def _checked(self, options: CallOptions | None) -> CallOptions:
+        """``options`` checked for this World: its own timeout where the call gives none,
+        its faults placed on these ranks."""
+        if options is None:
+            return CallOptions(self.timeout)
+        if not isinstance(options, CallOptions):
+            raise TypeError(f"options must be a harness.CallOptions, not {options!r}")
+        if options.output not in OUTPUTS:
+            raise ValueError(
+                f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {options.output!r}"
+            )
+        validate.flag(options.check_collectives, "check_collectives")
+        timeout = self.timeout if options.timeout is None else _timeout(options.timeout)
+        faults = checked(options.faults, self.world_size)
+        if timeout == options.timeout and faults == options.faults:
+            return options
+        return replace(options, timeout=timeout, faults=faults)
 
     def close(self) -> None:
         """Stop the ranks and remove the World's files. Idempotent; also runs on ``__exit__``,

@@ -11,13 +11,14 @@ The rest of the plugin:
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
 * :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
 * :mod:`~harness.plugin.refs`      where a rank finds a test or fixture, what must pickle
+* :mod:`~harness.plugin.runner`    a test's runs: the reused world, then fresh processes
 * :mod:`~harness.plugin.replay`    what each world ran, run again on a fresh world
-* :mod:`~harness.plugin.order`     a reused world's verdict checked on fresh processes, the
-  order dependence it shows, repro lines
+* :mod:`~harness.plugin.order`     the order dependence a reused world shows, and its culprit
 * :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
 * :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
-* :mod:`~harness.plugin.report`    how a test reads in pytest's reports: a failure, the
-  ranks' output and logs, each phase's duration, where a skip or a warning points
+* :mod:`~harness.plugin.report`    how a test reads in pytest's reports: a failure and the
+  line that reproduces it, the ranks' output and logs, each phase's duration, where a skip
+  or a warning points
 * :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
 
 A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`. The plugin is

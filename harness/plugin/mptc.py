@@ -27,8 +27,9 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import order, refs, replay, report
+from harness.plugin import refs, replay, report
 from harness.plugin.marker import launcher_world
+from harness.protocol.messages import CallOptions
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -113,7 +114,6 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
     from harness.protocol.pytest_calls import CaseCall
-    from harness.rank.mptc_body import FreshAfter
     from harness.rank.mptc_body import run_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
@@ -125,35 +125,27 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         # it, and nothing else: the rank runs the test with exactly this one.
         environ=dict(os.environ),
     )
+    options = CallOptions(compat.mptc_timeout(case), session.settings.output)
     step = replay.Step(
         item.nodeid,
         rank_body,
         (call,),
-        compat.mptc_timeout(case),
-        None,
+        options,
         prepare=functools.partial(_empty_store, call.file_name),
     )
-
-    def attempt(world: World, fresh: bool) -> tuple[str, _Ended]:
-        started = time.time()
-        outcome = step.call(world, session.output)
-        ended = _Ended(outcome, time.time() - started, world_size, world.pids)
-        if any(isinstance(value, FreshAfter) for value in ended.returned.values()):
-            world.close()  # the next test gets new processes
-        return ended.judge(case, fn), ended
-
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
     shape = (world_size, "gloo", False)
     isolate = session.settings.isolate or _reads_once(call.environ)
-    checked = session.judge(item, step, shape, attempt, isolate, "--dist-mptc")
+    test = _CaseTest(step, case, fn, world_size)
+    checked = session.runner.run(item, test, shape, isolate, "--dist-mptc")
     if checked.failure is not None:
         raise checked.failure
     ended = checked.result
     error = ended.outcome.error
     report.add_output_sections(item, ended.outcome.outputs)
     if error is not None:
-        order.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")
+        report.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")
     if error is not None and ended.verdict == replay.FAILED:
         raise error from None  # the harness's account of the ranks' failure
     if ended.raised is not None:
@@ -182,6 +174,25 @@ def _empty_store(path: str) -> None:
     if os.path.exists(path):
         with open(path, "wb"):
             pass
+
+
+class _CaseTest:
+    """A ``MultiProcessTestCase`` test as the runner runs it: its class's ``_run`` on every
+    rank, judged by the class's own check (:meth:`harness.plugin.runner.Runnable.attempt`)."""
+
+    def __init__(self, step: replay.Step, case: Any, fn: Any, world_size: int) -> None:
+        self.step = step
+        self._case, self._fn, self._world_size = case, fn, world_size
+
+    def attempt(self, world: World, fresh: bool) -> tuple[str, _Ended]:
+        from harness.rank.mptc_body import FreshAfter  # imported with run_case's body
+
+        started = time.time()
+        outcome = self.step.call(world)
+        ended = _Ended(outcome, time.time() - started, self._world_size, world.pids)
+        if any(isinstance(value, FreshAfter) for value in ended.returned.values()):
+            world.close()  # the next test gets new processes
+        return ended.judge(self._case, self._fn), ended
 
 
 class _Ended:

@@ -1,106 +1,26 @@
-"""A reused world's verdict held against fresh processes, and the order dependence it shows.
+"""The order dependence a reused world shows: the earlier test behind it, and how it reads.
 
 A distributed test on a reused world runs on processes that earlier tests ran on. Whatever
 they left behind that no reset covers can make it fail where fresh processes would pass it
-(or pass where they would fail it). So :func:`check` runs a test that failed on a reused
-world once more on fresh ranks (ini ``dist_confirm = fresh``, the default), with the same
-seed, world size, backend and fixture values; under ``--dist-verify``, every test. Failing
-again, it is reported as it was. Otherwise the fresh verdict stands, :func:`bisect` looks
-for the earlier test behind it among those the world ran, on fresh worlds, and
-:func:`check` reports the order dependence. :func:`command` also makes the line that ends
-every failure report of a distributed test (:func:`set_repro`).
+(or pass where they would fail it). Where the runner (:mod:`harness.plugin.runner`) finds
+that a test ends otherwise on fresh processes, :func:`bisect` looks for the earlier test
+behind it among those the world ran, on fresh worlds, and :func:`message` says what was
+found, ending with the command that shows it.
 """
 
 from __future__ import annotations
 
-import os
-import shlex
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.errors import OrderDependenceWarning
 from harness.plugin.replay import FAILED, PASSED, SKIPPED, Replayed, Step, on_fresh
-from harness.plugin.settings import Settings
+from harness.plugin.report import command
 
 if TYPE_CHECKING:
     from harness.controller.world import World
-
-_T = TypeVar("_T")
-_REPRO = pytest.StashKey[str]()
-
-
-@dataclass(frozen=True)
-class Checked(Generic[_T]):
-    """A test's run on a reused world, held against fresh processes.
-
-    Attributes:
-        result: The run's result whose verdict stands (the fresh one's, where they differ).
-        note: What a failure report says of the check before its repro command
-            (``"confirmed on fresh processes; "``; '' when nothing was checked).
-        failure: The test's failure, where an order dependence is one.
-    """
-
-    result: _T
-    note: str = ""
-    failure: BaseException | None = None
-
-
-def check(
-    item: pytest.Item,
-    settings: Settings,
-    earlier: Sequence[Step],
-    reused: tuple[str, _T],
-    attempt: Callable[[World], tuple[str, _T]],
-    new_world: Callable[[], World],
-    option: str,
-) -> Checked[_T]:
-    """Hold a test's verdict on a reused world against fresh processes where the settings
-    ask for it, and report the order dependence that shows.
-
-    Args:
-        item: The test.
-        settings: The session's settings.
-        earlier: The tests that ran on the reused world before it (none: nothing to check).
-        reused: How it ended there (``PASSED``, ``FAILED`` or ``SKIPPED``), and the result.
-        attempt: Runs it on a fresh world; returns the same pair.
-        new_world: Starts a fresh world like the reused one.
-        option: What the commands in messages need besides the test ids.
-    """
-    verdict, result = reused
-    if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
-        return Checked(result)
-    try:
-        fresh, found = on_fresh(new_world, (), attempt)
-    except Exception as exc:  # the fresh world did not start
-        return Checked(result, f"not confirmed on fresh processes ({exc}); ")
-    if fresh == verdict:
-        # The fresh run's account: what a run of the test alone shows (a reused rank may
-        # fail the same test another way, e.g. crash where fresh ones raise).
-        return Checked(found, "confirmed on fresh processes; ")
-    finding = None
-    if settings.bisect_runs:
-        finding = bisect(
-            new_world, earlier, lambda world: attempt(world)[0], verdict, settings.bisect_runs
-        )
-    text = message(item, [step.nodeid for step in earlier], verdict, fresh, finding, option)
-    if settings.order_dependent == "fail" and fresh != FAILED:
-        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
-    path, lineno, _ = item.location
-    try:  # a warning located at the test
-        warnings.warn_explicit(
-            OrderDependenceWarning(text),
-            OrderDependenceWarning,
-            str(item.config.rootpath / path),
-            (lineno or 0) + 1,
-        )
-    except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
-        text = f"OrderDependenceWarning: {text}"
-        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
-    return Checked(found)
 
 
 @dataclass(frozen=True)
@@ -217,46 +137,6 @@ def message(
         f"{_FRESH[fresh]} on fresh processes{why}; run: "
         f"{command(item.config, [*among, nodeid], option)}"
     )
-
-
-def command(config: pytest.Config, nodeids: Sequence[str], option: str) -> str:
-    """The pytest command line, for the directory pytest was started from, that runs these
-    tests in this order as this run did: with ``option``, and under pytest-randomly with its
-    seed (the harness seeds each test from it) and, for several tests, without shuffling."""
-    start = str(config.invocation_params.dir)
-    root = str(config.rootpath)
-    args = []
-    for nodeid in nodeids:
-        path, sep, rest = nodeid.partition("::")
-        if start != root:
-            path = os.path.relpath(os.path.join(root, path), start)
-        args.append(shlex.quote(path + sep + rest))
-    args.append(option)
-    seed = randomly_seed(config)
-    if seed is not None:
-        args.append(f"--randomly-seed={seed}")
-        if len(nodeids) > 1:
-            args.append("--randomly-dont-reorganize")
-    return "pytest " + " ".join(args)
-
-
-def randomly_seed(config: pytest.Config) -> int | None:
-    """pytest-randomly's seed, when that plugin is active."""
-    seed = config.getoption("randomly_seed", None)
-    return seed if isinstance(seed, int) and config.pluginmanager.hasplugin("randomly") else None
-
-
-def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
-    """Note the line a failure report of ``item`` ends with (see :func:`repro`): ``note``
-    (what :func:`check` found), then ``run (2 ranks, gloo): pytest ... --dist-backend=gloo``
-    for ``world`` and ``option``."""
-    item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
-
-
-def repro(item: pytest.Item) -> str:
-    """The line a failure report of ``item`` ends with: the command that reproduces it,
-    and whether fresh processes confirmed it ('' when none was noted)."""
-    return item.stash.get(_REPRO, "")
 
 
 def _names(nodeids: Sequence[str]) -> str:

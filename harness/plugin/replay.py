@@ -2,7 +2,7 @@
 
 :class:`History` keeps, per world, the tests its current processes ran, as a :class:`Step`
 each; :func:`on_fresh` runs some of them, then the test under scrutiny, on a fresh world
-(for :mod:`harness.plugin.order`).
+(for :mod:`harness.plugin.runner` and :mod:`harness.plugin.order`).
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from harness.faults import Fault
-from harness.protocol.messages import OUTPUT_CAPTURE
+from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -30,7 +29,7 @@ SKIPPED = "skipped"
 HISTORY_CAP = 256
 
 
-def kind(outcome: Outcome) -> str:
+def verdict_of(outcome: Outcome) -> str:
     """How a call ended: ``FAILED``, ``SKIPPED`` or ``PASSED``."""
     if outcome.error is not None:
         return FAILED
@@ -39,36 +38,30 @@ def kind(outcome: Outcome) -> str:
 
 @dataclass(frozen=True)
 class Step:
-    """One test as a world ran it (its node id, and the call its ranks were sent, with its
-    deadline, seed, collective check and faults): what runs it again on other processes.
+    """One test as a world ran it: what runs it again on other processes.
 
-    ``prepare``, where given, runs in the controller before each call: it puts back what the
-    test's own setup left for its ranks and an earlier run changed (a store file).
+    Attributes:
+        nodeid: The test's node id.
+        fn: The rank-side function its ranks were sent.
+        args: Its arguments.
+        options: The call's record (deadline, seed, collective check, faults, output).
+        prepare: Runs in the controller before each call, where given: it puts back what
+            the test's own setup left for its ranks and an earlier run changed (a store file).
     """
 
     nodeid: str
     fn: Callable[..., Any]
     args: tuple[Any, ...]
-    timeout: float | None
-    seed: int | None
-    check_collectives: bool = True
-    faults: tuple[Fault, ...] = ()
+    options: CallOptions
     prepare: Callable[[], None] | None = None
 
-    def call(self, world: World, output: str = OUTPUT_CAPTURE) -> Outcome:
-        """Run the test on ``world`` (``output``: as ``World.call`` takes it)."""
+    def call(self, world: World, output: str | None = None) -> Outcome:
+        """Run the test on ``world``; ``output``, where given, in place of the record's (a
+        replay of an earlier test captures what it prints)."""
         if self.prepare is not None:
             self.prepare()
-        return world.call(
-            self.fn,
-            self.args,
-            timeout=self.timeout,
-            output=output,
-            seed=self.seed,
-            name=f"test {self.nodeid}",
-            check_collectives=self.check_collectives,
-            faults=self.faults,
-        )
+        options = self.options if output is None else replace(self.options, output=output)
+        return world.call(self.fn, self.args, options=options)
 
 
 class History:
@@ -115,7 +108,7 @@ def on_fresh(
         # What the earlier tests leak was reported when they ran.
         warnings.simplefilter("ignore")
         for step in before:
-            step.call(world)
+            step.call(world, OUTPUT_CAPTURE)
             if world.broken:
                 raise Replayed(step.nodeid)
         return attempt(world)

@@ -4,7 +4,7 @@ A failure is not a traceback through the harness's code: the report's first line
 rank failed and how; then come the verdicts on the ranks' collectives where they disagree,
 each failing rank's traceback (root cause first) and a ``collectives`` section, as
 ``DistributedError.report`` lays them out, and last the command that reproduces the failure
-(:func:`harness.plugin.order.repro`). The ranks' captured output and log records become
+(:func:`repro`). The ranks' captured output and log records become
 report sections. The whole test runs on the ranks in pytest's setup phase; the durations
 the ranks measured for its call and teardown are moved to those phases' reports
 (:func:`keep_times`), a skip is reported at the line that raised it (:func:`keep_skip_site`)
@@ -14,8 +14,9 @@ and the harness's warnings about a test at the test (:func:`warnings_at`).
 from __future__ import annotations
 
 import os
+import shlex
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import Any
 import pytest
 
 from harness.errors import DistributedError
-from harness.plugin import order
+from harness.plugin.settings import randomly_seed
 from harness.protocol.failures import PHASES
 from harness.protocol.pytest_calls import LOG_MARK
 
@@ -32,6 +33,8 @@ from harness.protocol.pytest_calls import LOG_MARK
 _MOVED = pytest.StashKey[tuple[float, float]]()
 # The ranks' log records of the test's call and teardown, for those phases' reports.
 _LOGS = pytest.StashKey[dict[str, str]]()
+# The line a failure report ends with (set_repro).
+_REPRO = pytest.StashKey[str]()
 # Where the ranks raised the test's skip.
 _SKIP_SITE = pytest.StashKey[tuple[str, int]]()
 # The harness's own files: a warning located there is about the test.
@@ -57,7 +60,7 @@ class DistributedFailureRepr:
 
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
-        self._repro = order.repro(item)
+        self._repro = repro(item)
         self._headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         self.reprcrash = CrashLine(
@@ -228,3 +231,37 @@ def _move_times(item: pytest.Item, call: pytest.CallInfo[None], moved: tuple[flo
         del item.stash[_MOVED]
         call.start -= into_teardown
         call.duration += into_teardown
+
+
+def command(config: pytest.Config, nodeids: Sequence[str], option: str) -> str:
+    """The pytest command line, for the directory pytest was started from, that runs these
+    tests in this order as this run did: with ``option``, and under pytest-randomly with its
+    seed (the harness seeds each test from it) and, for several tests, without shuffling."""
+    start = str(config.invocation_params.dir)
+    root = str(config.rootpath)
+    args = []
+    for nodeid in nodeids:
+        path, sep, rest = nodeid.partition("::")
+        if start != root:
+            path = os.path.relpath(os.path.join(root, path), start)
+        args.append(shlex.quote(path + sep + rest))
+    args.append(option)
+    seed = randomly_seed(config)
+    if seed is not None:
+        args.append(f"--randomly-seed={seed}")
+        if len(nodeids) > 1:
+            args.append("--randomly-dont-reorganize")
+    return "pytest " + " ".join(args)
+
+
+def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
+    """Note the line a failure report of ``item`` ends with (see :func:`repro`): ``note``
+    (what the runner's check on fresh processes found), then ``run (2 ranks, gloo): pytest
+    ... --dist-backend=gloo`` for ``world`` and ``option``."""
+    item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
+
+
+def repro(item: pytest.Item) -> str:
+    """The line a failure report of ``item`` ends with: the command that reproduces it,
+    and whether fresh processes confirmed it ('' when none was noted)."""
+    return item.stash.get(_REPRO, "")

@@ -14,9 +14,8 @@ from __future__ import annotations
 import builtins
 import functools
 import logging
-import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn, TypeVar
+from dataclasses import replace
+from typing import TYPE_CHECKING, NoReturn
 
 import pytest
 
@@ -24,9 +23,10 @@ from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.world import World
 from harness.errors import DistributedError
-from harness.plugin import interrupts, order, rank_fixtures, refs, replay, report, settings
+from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings
 from harness.plugin.marker import launcher_world
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
+from harness.plugin.runner import Runner, Shape
+from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings
 from harness.rank.entry import end_scopes, run_test
 
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.plugin.launcher import LauncherRank
 
-_T = TypeVar("_T")
 _CALL = pytest.StashKey["BaseException | str"]()  # the call phase's failure, or skip reason
 
 
@@ -44,12 +43,7 @@ class DistSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.settings = settings.read(config)
-        self.history = replay.History()
-        # Under -s the ranks share the terminal: each line says which rank wrote it.
-        captured = config.getoption("capture", "fd") != "no"
-        self.output = OUTPUT_CAPTURE if captured else OUTPUT_PREFIX
         self._logs = _log_settings(config)
-        self._randomly_seed = order.randomly_seed(config)  # set by its pytest_configure
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
         if launched is not None:
@@ -57,7 +51,8 @@ class DistSession:
             from harness.plugin.launcher import LauncherRank
 
             self.launcher = LauncherRank(launched[1], self.settings.timeout)
-        self._worlds: dict[tuple[int, str, bool], World] = {}
+        self._worlds: dict[Shape, World] = {}
+        self.runner = Runner(self.settings, lambda shape: self.world(*shape), self._new_world)
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
@@ -70,11 +65,12 @@ class DistSession:
         key = (size, self.resolve_backend(backend), init)
         world = self._worlds.get(key)
         if world is None or world.closed:
-            world = self._worlds[key] = self._new_world(*key)()
+            world = self._worlds[key] = self._new_world(key)
         return world
 
-    def _new_world(self, size: int, backend: str, init: bool) -> Callable[[], World]:
-        return functools.partial(World, size, backend=backend, init=init, leaks=self.settings.leaks)
+    def _new_world(self, shape: Shape) -> World:
+        size, backend, init = shape
+        return World(size, backend=backend, init=init, leaks=self.settings.leaks)
 
     def resolve_backend(self, backend: object) -> str:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
@@ -94,45 +90,6 @@ class DistSession:
             world.close()
         if self.launcher is not None:
             self.launcher.close()
-
-    def judge(
-        self,
-        item: pytest.Function,
-        step: replay.Step,
-        shape: tuple[int, str, bool],
-        attempt: Callable[[World, bool], tuple[str, _T]],
-        isolate: bool,
-        option: str,
-    ) -> order.Checked[_T]:
-        """Run a test on the session's world (fresh processes alone where it is isolated)
-        and hold its verdict against fresh processes where the settings ask for it.
-
-        Args:
-            item: The test.
-            step: What runs it again (kept in the world's history).
-            shape: The world's size, backend and ``init``.
-            attempt: Runs it on a world (True: a fresh one, which ends with it); returns
-                how it ended (``replay.PASSED``, ...) and what the caller needs.
-            isolate: Whether it runs on fresh processes alone.
-            option: What commands need besides the test ids (:func:`~harness.plugin.order.check`).
-        """
-        new_world = self._new_world(*shape)
-        if isolate:
-            with new_world() as world:
-                return order.Checked(attempt(world, True)[1])
-        world = self.world(*shape)
-        earlier = self.history.before(world)
-        reused = attempt(world, False)
-        self.history.record(world, step)
-        return order.check(
-            item,
-            self.settings,
-            earlier,
-            reused,
-            lambda world: attempt(world, True),
-            new_world,
-            option,
-        )
 
     def run_item(self, item: pytest.Function) -> None:
         """Run a marked test on its ranks, its controller fixtures set up (see the module's
@@ -154,34 +111,13 @@ class DistSession:
             # test, rather than erroring its setup: nothing ran on the ranks.
             item.stash[_CALL] = exc
             return
-        scoped = any(f.scope != "function" for f in plan.fixtures)
-
-        def attempt(world: World, fresh: bool) -> tuple[str, Outcome]:
-            with report.warnings_at(item):
-                outcome = step.call(world, self.output)
-                if outcome.error is None and not fresh:
-                    self._keep_scopes(item, plan, world, test.timeout)
-                elif outcome.error is None and scoped:  # the world ends: so do those fixtures
-                    ending = world.call(
-                        end_scopes, (None,), timeout=step.timeout, output=self.output
-                    )
-                    outcome = ending if ending.error is not None else outcome
-            return replay.kind(outcome), outcome
-
         option = f"--dist-backend={backend}"
         with interrupts.taken_over(item, test.timeout) as deadline:
-            seed = self._seed(item)
-            step = replay.Step(
-                item.nodeid,
-                run_test,
-                (ref, plan),
-                deadline.seconds,
-                seed,
-                test.check_collectives,
-                test.faults,
-            )
+            options = replace(test.call, timeout=deadline.seconds)
+            step = replay.Step(item.nodeid, run_test, (ref, plan), options)
+            marked = _MarkedTest(self, item, plan, step, test.timeout)
             shape = (test.world_size, backend, test.init)
-            checked = self.judge(item, step, shape, attempt, test.isolate, option)
+            checked = self.runner.run(item, marked, shape, test.isolate, option)
         outcome = checked.result
         report.add_output_sections(item, outcome.outputs)
         report.keep_times(item, _rank_times(outcome))
@@ -197,7 +133,7 @@ class DistSession:
                 compat.skip_at_test(skip.reason)
             item.stash[_CALL] = skip.reason
         elif error is not None:
-            order.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
+            report.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
             deadline.explain(error)
             # The phase of the root cause (see RankFailure.phase).
             root = next(iter(error.failures.values()), None)
@@ -222,7 +158,7 @@ class DistSession:
                 compat.skip_at_test(kept)
             _fail(item, kept)
 
-    def _keep_scopes(
+    def keep_scopes(
         self, item: pytest.Function, plan: FixturePlan, world: World, timeout: float
     ) -> None:
         """Arrange for the wider-scoped rank fixtures this test set up to end with their
@@ -247,7 +183,9 @@ class DistSession:
                     continue  # its processes, and the fixtures in them, are gone already
                 with report.warnings_at(item):
                     outcome = world.call(
-                        end_scopes, ([scope_key],), timeout=deadline.seconds, output=OUTPUT_CAPTURE
+                        end_scopes,
+                        ([scope_key],),
+                        options=CallOptions(deadline.seconds, OUTPUT_CAPTURE),
                     )
                 report.add_output_sections(item, outcome.outputs)
                 if outcome.error is not None:
@@ -256,12 +194,35 @@ class DistSession:
             deadline.explain(errors[0])
             raise errors[0]
 
-    def _seed(self, item: pytest.Item) -> int:
-        """The seed of a test's random generators on every rank: pytest-randomly's seed when
-        that plugin is active (it reseeds every test alike), else one from the node id, so a
-        test draws the same numbers alone, first, or after any others."""
-        randomly = self._randomly_seed
-        return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())
+
+class _MarkedTest:
+    """A marked test as the runner runs it: one call of its body on every rank; the
+    wider-scoped rank fixtures it set up live on with a reused world, and end with a fresh
+    one (:meth:`harness.plugin.runner.Runnable.attempt`)."""
+
+    def __init__(
+        self,
+        session: DistSession,
+        item: pytest.Function,
+        plan: FixturePlan,
+        step: replay.Step,
+        timeout: float,
+    ) -> None:
+        self.step = step
+        self._session, self._item, self._plan = session, item, plan
+        self._timeout = timeout  # the test's own: its fixtures' scopes end under it
+        self._scoped = any(f.scope != "function" for f in plan.fixtures)
+
+    def attempt(self, world: World, fresh: bool) -> tuple[str, Outcome]:
+        with report.warnings_at(self._item):
+            outcome = self.step.call(world)
+            if outcome.error is None and not fresh:
+                self._session.keep_scopes(self._item, self._plan, world, self._timeout)
+            elif outcome.error is None and self._scoped:  # the world ends: so do those fixtures
+                options = CallOptions(self.step.options.timeout, self.step.options.output)
+                ending = world.call(end_scopes, (None,), options=options)
+                outcome = ending if ending.error is not None else outcome
+        return replay.verdict_of(outcome), outcome
 
 
 def _log_settings(config: pytest.Config) -> LogSettings | None:

@@ -15,13 +15,14 @@ torch, at configure: a bad value is a usage error at once.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from harness import validate
-from harness.faults import Fault, checked
+from harness.faults import checked
 from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
@@ -29,6 +30,7 @@ from harness.plugin.marker import (
     parse_mark,
     run_mark,
 )
+from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions
 
 DEFAULT_TIMEOUT_S = validate.DEFAULT_TIMEOUT_S
 DEFAULT_BISECT_RUNS = 8
@@ -58,6 +60,9 @@ class Settings:
         bisect_runs: ini ``dist_bisect_runs``: fresh worlds the search for the earlier test
             behind an order dependence may start.
         verify: ``--dist-verify``: every test also runs on fresh ranks, pass or fail.
+        output: Where the ranks' output goes: captured, or under ``-s`` to the terminal,
+            each line saying which rank wrote it.
+        randomly_seed: pytest-randomly's seed, when that plugin is active.
     """
 
     backend: str = "auto"
@@ -70,6 +75,8 @@ class Settings:
     order_dependent: str = "warn"
     bisect_runs: int = DEFAULT_BISECT_RUNS
     verify: bool = False
+    output: str = OUTPUT_CAPTURE
+    randomly_seed: int | None = None
 
 
 def read(config: pytest.Config) -> Settings:
@@ -102,6 +109,8 @@ def read(config: pytest.Config) -> Settings:
             order_dependent=_ini_choice(config, "dist_order_dependent", ORDER_CHOICES),
             bisect_runs=int(bisect_runs),
             verify=bool(config.getoption("dist_verify", False)),
+            output=OUTPUT_CAPTURE if config.getoption("capture", "fd") != "no" else OUTPUT_PREFIX,
+            randomly_seed=randomly_seed(config),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -113,6 +122,12 @@ def _ini_choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> s
     return validate.one_of(value, f"ini option {name}", choices)
 
 
+def randomly_seed(config: pytest.Config) -> int | None:
+    """pytest-randomly's seed, when that plugin is active (set by its pytest_configure)."""
+    seed = config.getoption("randomly_seed", None)
+    return seed if isinstance(seed, int) and config.pluginmanager.hasplugin("randomly") else None
+
+
 @dataclass(frozen=True)
 class TestSettings:
     """One distributed test's settings: its marker's, else the session's.
@@ -121,22 +136,27 @@ class TestSettings:
         world_size: The number of ranks (the marker's, or its parameter of a list).
         backend: The backend asked for, ``"auto"`` as ``--dist-backend`` says (the session
             resolves what remains ``"auto"``, with torch).
-        timeout: The test's deadline in seconds.
         isolate: Whether it runs on fresh processes.
         init: Whether its ranks start in a default process group.
-        check_collectives: Whether its collectives are compared when it passes.
-        faults: The faults injected at its ranks' collectives (one of a sweep's per case).
+        call: How its ranks run it: its deadline (bounded further by pytest-timeout's
+            limit as the test runs), where their output goes, their seed, whether its
+            collectives are compared when it passes, the faults injected at its ranks'
+            collectives (one of a sweep's per case).
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
 
     world_size: int
     backend: str
-    timeout: float
     isolate: bool
     init: bool
-    check_collectives: bool
-    faults: tuple[Fault, ...] = ()
+    call: CallOptions
+
+    @property
+    def timeout(self) -> float:
+        """The test's deadline in seconds (a test always has one)."""
+        assert self.call.timeout is not None
+        return self.call.timeout
 
 
 def for_test(session: Settings, item: pytest.Item) -> TestSettings:
@@ -159,22 +179,36 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
         world_size = validate.positive_int(size, "world_size")
         faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
-        return TestSettings(
-            world_size=world_size,
-            backend=validate.backend(backend),
+        call = CallOptions(
             timeout=(
                 session.timeout
                 if spec.timeout is None
                 else validate.seconds(spec.timeout, "timeout", optional=True)
             ),
-            isolate=bool(spec.isolate) or session.isolate,
-            init=validate.flag(spec.init, "init"),
+            output=session.output,
+            seed=_seed(session, item),
+            name=f"test {item.nodeid}",
             check_collectives=(
                 validate.flag(spec.check_collectives, "check_collectives")
                 and session.check_collectives
             ),
             faults=checked(faults, world_size),
         )
+        return TestSettings(
+            world_size=world_size,
+            backend=validate.backend(backend),
+            isolate=bool(spec.isolate) or session.isolate,
+            init=validate.flag(spec.init, "init"),
+            call=call,
+        )
     except (TypeError, ValueError) as exc:
         problem = f"invalid @pytest.mark.{mark.name}: {exc}"
         raise pytest.fail.Exception(problem, pytrace=False) from None
+
+
+def _seed(session: Settings, item: pytest.Item) -> int:
+    """The seed of a test's random generators on every rank: pytest-randomly's seed when
+    that plugin is active (it reseeds every test alike), else one from the node id, so a
+    test draws the same numbers alone, first, or after any others."""
+    randomly = session.randomly_seed
+    return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())

@@ -65,7 +65,36 @@ OUTPUT_INHERIT = "inherit"
 OUTPUT_CAPTURE = "capture"
 OUTPUT_PREFIX = "prefix"
 OUTPUTS = (OUTPUT_INHERIT, OUTPUT_CAPTURE, OUTPUT_PREFIX)
-"""Where a rank's output goes during a call (``Call.output``)."""
+"""Where a rank's output goes during a call (``CallOptions.output``)."""
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """How one call runs: decided once by whoever makes the call, carried unchanged to every rank.
+
+    Attributes:
+        timeout: Bound in seconds on the call; None: the world's own bound.
+        output: Where the rank's fd 1 and 2 go during the call: ``"capture"`` to its
+            capture files (read by the controller afterwards, even after a crash),
+            ``"prefix"`` to its own streams, each line prefixed ``[rank N]``, ``"inherit"``
+            nowhere else.
+        seed: Seeds every random generator of the rank (torch CPU and CUDA, ``random``,
+            numpy's global one) before the call, as in a fresh process seeded alike; None
+            leaves them as they are.
+        name: How messages name the call (``"test <node id>"``); None: ``"the call of
+            <fn's qualified name>"``.
+        check_collectives: Whether the ranks' collectives are compared after a call that
+            returned on every rank (the desync check); they are recorded either way.
+        faults: The ``harness.faults.Fault`` specs of the call, every rank's (each rank acts
+            out its own; see ``Fired``).
+    """
+
+    timeout: float | None = None
+    output: str = OUTPUT_INHERIT
+    seed: int | None = None
+    name: str | None = None
+    check_collectives: bool = True
+    faults: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -74,39 +103,27 @@ class Call:
 
     Attributes:
         payload: The pickled ``(fn, args, kwargs)``.
-        output: Where the rank's fd 1 and 2 go during the call: ``OUTPUT_CAPTURE`` to its
-            capture files (read by the controller afterwards, even after a crash),
-            ``OUTPUT_PREFIX`` to its own streams, each line prefixed ``[rank N]``,
-            ``OUTPUT_INHERIT`` nowhere else.
+        options: How it runs (the same record for every rank).
         env: What changed in the controller's ``os.environ`` since the rank started (a
             fixture's ``monkeypatch.setenv``, ``PYTEST_CURRENT_TEST``; None for a removed
             variable): only the change travels, as setting a whole environment at every
             call is slow. The call sees it under the rank's own torchrun variables; the
             rank's environment is restored afterwards.
-        seed: Seeds every random generator of the rank (torch CPU and CUDA, ``random``,
-            numpy's global one) before the call, as in a fresh process seeded alike.
         rendezvous: Without a harness group (``World(init=False)``), the call's private
             ``MASTER_PORT`` and ``INIT_METHOD`` (``file://`` and a file no call used
             before), set over the rank's torchrun variables (which ``env`` never changes)
             for this call only: ``init_process_group`` (``env://``),
             ``init_method=os.environ["INIT_METHOD"]`` and ``fhelium.distributed.init()``
             meet this call's ranks and nobody else. None with a harness group.
-        check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``).
-        check_collectives: Whether ``Done`` carries the fingerprint of the call's
-            collectives, for the desync check (they are recorded either way, and sent whole
-            with ``Failed`` and ``Skipped``).
-        faults: The ``harness.faults.Fault`` specs of the call, every rank's (each rank
-            acts out its own; see ``Fired``).
+        check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``):
+            the world's setting, not the call's.
     """
 
     payload: bytes
-    output: str = OUTPUT_INHERIT
+    options: CallOptions = CallOptions()
     env: dict[str, str | None] | None = None
-    seed: int | None = None
     rendezvous: dict[str, str] | None = None
     check_leaks: bool = True
-    check_collectives: bool = True
-    faults: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,7 +212,7 @@ class Fired:
     """A fault of the call acted on this rank (sent before it acts: a killed rank cannot).
 
     Attributes:
-        index: The fault's index in ``Call.faults``.
+        index: The fault's index in ``CallOptions.faults``.
         what: What it did, e.g. ``"killed (SIGKILL) before collective #3 (all_reduce) on
             the default group"``.
         at: ``time.monotonic()`` when it acted.

@@ -166,8 +166,9 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
     reset.destroy_groups(_baseline_groups | fixtures.lasting_groups())
-    if call.seed is not None:
-        reset.seed_all(call.seed)
+    options = call.options
+    if options.seed is not None:
+        reset.seed_all(options.seed)
     if call.env is not None:
         # The rank's own torchrun variables win over the controller's.
         protected = setup.env.keys() | set(_LAUNCHER_ONLY)
@@ -175,7 +176,7 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     if call.rendezvous is not None:
         # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
         reset.update_environ(call.rendezvous)
-    redirection = output.redirect(call.output, files, setup.rank)
+    redirection = output.redirect(options.output, files, setup.rank)
     if redirection is None:
         return _run(call, setup.rank, None, setup.workdir)
     redirection.start()
@@ -232,7 +233,7 @@ def _run(
         # Whether the default group is still the harness's (not destroyed, not replaced).
         grouped=dist.is_initialized() and dist.group.WORLD in _baseline_groups,
         leaks=watch.findings(),
-        collectives=recorder.fingerprint() if call.check_collectives else None,
+        collectives=recorder.fingerprint() if call.options.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
         unfired=recorder.plan.unfired(recorder.counts(), rank) if recorder.plan else (),
@@ -241,7 +242,8 @@ def _run(
 
 def _plan(call: Call, rank: int) -> inject.Plan | None:
     """The faults of ``call`` placed on this rank, None where there are none."""
-    if not call.faults:
+    faults = call.options.faults
+    if not faults:
         return None
 
     def fire(index: int, what: str, ends: bool) -> None:
@@ -251,7 +253,7 @@ def _plan(call: Call, rank: int) -> inject.Plan | None:
             conn.send(Fired(index, what, time.monotonic(), ends, issued))
         flush_std_streams()
 
-    return inject.Plan(call.faults, rank, fire, lambda code: _exit(_cov, code)) or None
+    return inject.Plan(faults, rank, fire, lambda code: _exit(_cov, code)) or None
 
 
 def report_failing(exc: BaseException) -> None:

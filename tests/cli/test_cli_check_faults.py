@@ -3,6 +3,7 @@ that row is a FAIL, the error is on stderr, and the next rows run."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -33,12 +34,14 @@ class _RowFaultWorld(harness.World):
         fn: Callable[..., Any],
         args: Iterable[Any] = (),
         kwargs: Mapping[str, Any] | None = None,
-        **options: Any,
+        options: harness.CallOptions | None = None,
     ) -> Any:
         name = (kwargs or {}).get("name")
         if name in self.row_faults:
-            options["faults"] = self.row_faults[name]
-        return super().call(fn, args, kwargs, **options)
+            options = dataclasses.replace(
+                options or harness.CallOptions(), faults=tuple(self.row_faults[name])
+            )
+        return super().call(fn, args, kwargs, options)
 
 
 def _fault_run(

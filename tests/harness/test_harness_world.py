@@ -13,6 +13,8 @@ from harness_testutil import BACKEND, alive, wait_gone
 
 import harness
 
+CAPTURE = harness.CallOptions(output="capture")
+
 
 def test_environment_and_cwd_are_restored_between_runs(
     world2: harness.World, tmp_path: Any
@@ -38,21 +40,21 @@ def test_torch_settings_and_sys_path_a_run_changes_are_put_back(world2: harness.
 def test_captured_output_is_each_calls_own(world2: harness.World) -> None:
     # The capture files are kept open between calls: a call that writes less than the one
     # before, or nothing, must not show what is left of the earlier output.
-    long = world2.call(fns.print_lines, ("a long first line\n", "err 1\n"), output="capture")
+    long = world2.call(fns.print_lines, ("a long first line\n", "err 1\n"), options=CAPTURE)
     assert long.outputs == dict.fromkeys((0, 1), ("a long first line\n", "err 1\n"))
-    short = world2.call(fns.print_lines, ("x\n", ""), output="capture")
+    short = world2.call(fns.print_lines, ("x\n", ""), options=CAPTURE)
     assert short.outputs == dict.fromkeys((0, 1), ("x\n", ""))
-    assert world2.call(fns.print_lines, ("", ""), output="capture").outputs == dict.fromkeys(
+    assert world2.call(fns.print_lines, ("", ""), options=CAPTURE).outputs == dict.fromkeys(
         (0, 1), ("", "")
     )
 
 
 def test_a_seeded_call_draws_what_a_fresh_rank_seeded_alike_draws(world2: harness.World) -> None:
-    first = world2.call(fns.draw, seed=1234).result()
+    first = world2.call(fns.draw, options=harness.CallOptions(seed=1234)).result()
     world2.run(fns.draw)  # moves the generators on
-    assert world2.call(fns.draw, seed=1234).result() == first
+    assert world2.call(fns.draw, options=harness.CallOptions(seed=1234)).result() == first
     with harness.World(2, backend=BACKEND) as fresh:
-        assert fresh.call(fns.draw, seed=1234).result() == first
+        assert fresh.call(fns.draw, options=harness.CallOptions(seed=1234)).result() == first
 
 
 def test_ranks_see_the_controllers_environment_of_each_call(

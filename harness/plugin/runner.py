@@ -1,0 +1,160 @@
+"""One distributed test's runs: on the reused world, then, where asked, on fresh processes.
+
+A test on a reused world runs on processes that earlier tests ran on, and whatever they left
+behind that no reset covers can change its verdict. :meth:`Runner.run` reads top to bottom,
+for marked tests and ``--dist-mptc`` cases alike: run the test on fresh processes alone
+where it is isolated; else on the session's world of its shape, noting it in that world's
+history; a failure there (ini ``dist_confirm = fresh``, the default), or any verdict under
+``--dist-verify``, runs again on a fresh world with the same seed and fixture values; where
+the two verdicts differ, the fresh one stands, the earlier test behind the difference is
+searched for (:func:`harness.plugin.order.bisect`) and the order dependence is reported as a
+warning, or as the test's failure with ini ``dist_order_dependent = fail``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
+
+import pytest
+
+from harness.errors import OrderDependenceWarning
+from harness.plugin import order
+from harness.plugin.replay import FAILED, History, Step, on_fresh
+from harness.plugin.settings import Settings
+
+if TYPE_CHECKING:
+    from harness.controller.world import World
+
+_T = TypeVar("_T")
+_T_co = TypeVar("_T_co", covariant=True)
+
+Shape = tuple[int, str, bool]
+"""A world's size, resolved backend and ``init``."""
+
+VERIFIED = "dist_verify"
+"""The ``user_properties`` name under which a test run again on fresh processes notes
+whether the two verdicts agreed (``"same"``) or not (``"differs"``)."""
+
+
+class Runnable(Protocol[_T_co]):
+    """A test as the runner runs it: what runs it again (its ``step``), and one run on a
+    world that says how it ended."""
+
+    @property
+    def step(self) -> Step: ...
+
+    def attempt(self, world: World, fresh: bool) -> tuple[str, _T_co]:
+        """Run the test on ``world`` (``fresh``: a world of its own, which ends with it);
+        return how it ended (``replay.PASSED``, ``FAILED`` or ``SKIPPED``) and the result
+        the caller reports."""
+        ...
+
+
+@dataclass(frozen=True)
+class Checked(Generic[_T]):
+    """A test's run, held against fresh processes where the settings ask for it.
+
+    Attributes:
+        result: The run's result whose verdict stands (the fresh one's, where they differ).
+        note: What a failure report says of the check before its repro command
+            (``"confirmed on fresh processes; "``; '' when nothing was checked).
+        failure: The test's failure, where an order dependence is one.
+    """
+
+    result: _T
+    note: str = ""
+    failure: BaseException | None = None
+
+
+class Runner:
+    """Runs each distributed test on the session's worlds and holds its verdict against
+    fresh processes as the settings say.
+
+    Args:
+        settings: The session's settings.
+        world: The session's world of a shape (started on first use).
+        new_world: Starts a fresh world of a shape.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        world: Callable[[Shape], World],
+        new_world: Callable[[Shape], World],
+    ) -> None:
+        self._settings = settings
+        self._world = world
+        self._new_world = new_world
+        self._history = History()
+
+    def run(
+        self,
+        item: pytest.Item,
+        test: Runnable[_T],
+        shape: Shape,
+        isolate: bool,
+        option: str,
+    ) -> Checked[_T]:
+        """Run ``test`` as the module's docstring says.
+
+        Args:
+            item: The test.
+            test: How it runs on a world.
+            shape: Its world's shape.
+            isolate: Whether it runs on fresh processes alone.
+            option: What the commands in messages need besides the test ids
+                (``--dist-backend=gloo``, ``--dist-mptc``).
+        """
+
+        def fresh_world() -> World:
+            return self._new_world(shape)
+
+        if isolate:
+            with fresh_world() as world:
+                return Checked(test.attempt(world, True)[1])
+        world = self._world(shape)
+        earlier = self._history.before(world)
+        verdict, result = test.attempt(world, False)
+        self._history.record(world, test.step)
+        settings = self._settings
+        if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
+            return Checked(result)
+        try:
+            fresh, found = on_fresh(fresh_world, (), lambda world: test.attempt(world, True))
+        except Exception as exc:  # the fresh world did not start
+            return Checked(result, f"not confirmed on fresh processes ({exc}); ")
+        if settings.verify:
+            item.user_properties.append((VERIFIED, "same" if fresh == verdict else "differs"))
+        if fresh == verdict:
+            # The fresh run's account: what a run of the test alone shows (a reused rank may
+            # fail the same test another way, e.g. crash where fresh ones raise).
+            return Checked(found, "confirmed on fresh processes; ")
+        finding = None
+        if settings.bisect_runs:
+            finding = order.bisect(
+                fresh_world,
+                earlier,
+                lambda world: test.attempt(world, True)[0],
+                verdict,
+                settings.bisect_runs,
+            )
+        text = order.message(
+            item, [step.nodeid for step in earlier], verdict, fresh, finding, option
+        )
+        if settings.order_dependent == "fail" and fresh != FAILED:
+            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+        path, lineno, _ = item.location
+        try:  # a warning located at the test
+            warnings.warn_explicit(
+                OrderDependenceWarning(text),
+                OrderDependenceWarning,
+                str(item.config.rootpath / path),
+                (lineno or 0) + 1,
+            )
+        except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
+            text = f"OrderDependenceWarning: {text}"
+            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+        return Checked(found)
