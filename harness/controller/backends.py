@@ -5,16 +5,18 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from fhelium.distributed._state import default_backend
 from harness import validate
 
 
 def resolve_backend(backend: object) -> str:
     """The backend named by one of :data:`harness.validate.BACKEND_CHOICES` (any case), in
-    lower case; ``"auto"`` is what ``fhelium.distributed.init`` would pick (NCCL when CUDA
-    is available, else Gloo). Raises ``ValueError`` for any other value."""
+    lower case; ``"auto"`` is what ``fhelium.distributed.init`` picks without a ``backend``,
+    as its documentation says: NCCL when CUDA is available, else Gloo. Raises ``ValueError``
+    for any other value."""
     name = validate.backend(backend)
-    return default_backend() if name == "auto" else name
+    if name != "auto":
+        return name
+    return "nccl" if torch.cuda.is_available() else "gloo"
 
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:

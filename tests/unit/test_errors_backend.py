@@ -1,0 +1,47 @@
+"""The harness's ``"auto"`` backend is the one ``fhelium.distributed.init`` picks without a
+``backend``: the harness reads that rule from init's documentation, not from its code."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from harness.controller.backends import resolve_backend
+
+SCRIPT = """
+import torch.distributed as dist
+
+import fhelium.distributed as fd
+from harness.controller.backends import resolve_backend
+
+fd.init(world_size=1, rank=0)
+print(dist.get_backend(), resolve_backend("auto"))
+fd.shutdown()
+"""
+
+
+def test_auto_is_the_backend_init_picks_here() -> None:
+    # A world of one: init needs no rendezvous (a private store), and no other process.
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=300,  # a safety bound only
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    picked, auto = result.stdout.split()
+    assert auto == picked
+
+
+@pytest.mark.parametrize(("cuda", "expected"), [(True, "nccl"), (False, "gloo")])
+def test_auto_follows_whether_cuda_is_available(
+    monkeypatch: pytest.MonkeyPatch, cuda: bool, expected: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert resolve_backend("auto") == expected
+    assert resolve_backend("AUTO") == expected
+    assert resolve_backend("Gloo") == "gloo"
