@@ -30,6 +30,7 @@ from harness.errors import (
     RankError,
     RankFailure,
     RankLeak,
+    WorldHang,
     WorldTimeout,
 )
 from harness.protocol.messages import CallOptions
@@ -68,6 +69,7 @@ __all__ = [
     "RankFailure",
     "RankLeak",
     "World",
+    "WorldHang",
     "WorldTimeout",
     "fixture",
     "run",

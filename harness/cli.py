@@ -25,7 +25,7 @@ import torch
 from harness import validate
 from harness.controller import forkserver
 from harness.controller.world import World
-from harness.errors import DistributedError, RankError, WorldTimeout
+from harness.errors import DistributedError, RankError, WorldHang, WorldTimeout
 from harness.protocol.failures import ranks_phrase
 from harness.protocol.messages import CallOptions
 from harness.rank.check_rows import (
@@ -302,6 +302,8 @@ def _run_rows(
 
 def _reason(exc: DistributedError, timeout: float) -> str:
     """A one-line reason for a row whose call failed (the full error goes to stderr)."""
+    if isinstance(exc, WorldHang):
+        return "hang: its collectives can never complete (every rank's stack is on stderr)"
     if isinstance(exc, WorldTimeout):
         return f"timeout: not done within {timeout:g} s (every rank's stack is on stderr)"
     if isinstance(exc, RankError) and exc.failures:

@@ -21,6 +21,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "WorldHang",
     "WorldTimeout",
 ]
 
@@ -94,14 +95,14 @@ class RankError(DistributedError):
 
 
 class WorldTimeout(DistributedError):
-    """The run did not finish within its timeout, or ended before it because the ranks'
-    collectives proved it never could; the ranks were killed afterwards.
+    """The run did not finish within its timeout (or, as its subclass :class:`WorldHang`,
+    can never finish); the ranks were killed afterwards.
 
     Attributes:
         stacks: Every rank's Python stack (all threads) when the wait ended, formatted like a
             traceback with source lines.
-        timeout: The bound in seconds that passed; None when the run ended before any bound
-            (its collectives can never complete, as ``verdicts`` say).
+        timeout: The bound in seconds that passed; None for a :class:`WorldHang`, which
+            ends before any bound.
     """
 
     def __init__(
@@ -114,6 +115,20 @@ class WorldTimeout(DistributedError):
         super().__init__(message, failures)
         self.stacks: dict[int, str] = dict(stacks or {})
         self.timeout = timeout
+
+
+class WorldHang(WorldTimeout):
+    """The run was ended before its timeout because the ranks' collectives prove it can never
+    finish: nothing timed out, and waiting longer would not help. Ranks wait in a
+    collective that a peer never joins (it returned from the call, or died, after fewer
+    collectives on that group), or every member of a group waits in collective #N and they
+    called different collectives there (another op, reduce op, root, shape or dtype; with
+    the desync check on). The ranks were then killed.
+
+    A subclass of :class:`WorldTimeout`, so that ``except WorldTimeout`` catches both ways
+    a run can hang; ``timeout`` is None. ``verdicts`` say which collective cannot complete,
+    ``stacks`` hold every rank's stack where it waits, ``collectives`` each rank's trace.
+    """
 
 
 class RankCrash(DistributedError):

@@ -16,6 +16,7 @@ from harness.errors import (
     RankCrash,
     RankError,
     RankLeak,
+    WorldHang,
     WorldTimeout,
 )
 from harness.faults import Fault, FaultFired
@@ -66,16 +67,17 @@ def classify(
         stopped: ``time.monotonic()`` when the wait ended (a timeout says how long after
             the first fault the ranks were still running).
         certain: The wait ended before the deadline because the ranks' traces proved the
-            call can never finish: the ``WorldTimeout`` says so instead of naming a bound.
+            call can never finish: a ``WorldHang``, which says so instead of naming a bound.
 
     Returns:
         For a call: the values (``suspect`` when the fingerprints differ); the skip when
         every rank skipped; else the error, with the ranks' collectives and verdicts:
         ``RankError`` / ``RankCrash`` (by the first failure in time) list failures in time
         order, then skips, and name the ranks torn down; a skip on some ranks only is a
-        ``RankError``; silent ranks and no failure, a ``WorldTimeout``; a strict fault
-        that never fired, a ``FaultNotFired``. A rank a fault ended is no failure. For a
-        start: an error unless every rank is ``Ready``, listing the others by rank.
+        ``RankError``; silent ranks and no failure, a ``WorldTimeout`` (a ``WorldHang``
+        when ``certain``); a strict fault that never fired, a ``FaultNotFired``. A rank a
+        fault ended is no failure. For a start: an error unless every rank is ``Ready``,
+        listing the others by rank.
     """
     stacks = stacks or {}
     if starting is not None:
@@ -266,7 +268,7 @@ def _failed(
             f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
             "(their stacks follow; the ranks were then killed)"
         )
-        return Outcome(error=WorldTimeout(summary, failures, every_stack))
+        return Outcome(error=WorldHang(summary, failures, every_stack))
     bound = f" within {timeout:g} s" if timeout is not None else ""
     what = f"still running after {timeout:g} s" if timeout is not None else "still running"
     failures = {

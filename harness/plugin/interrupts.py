@@ -30,6 +30,7 @@ import pytest
 from harness import compat
 from harness.errors import (
     DistributedError,
+    WorldHang,
     WorldTimeout,
     forget_interrupt_note,
     interrupt_collectives,
@@ -103,8 +104,13 @@ class Deadline:
     limit: float | None = None
 
     def explain(self, error: DistributedError | None) -> None:
-        """Say in a ``WorldTimeout`` whose deadline was pytest-timeout's that it was."""
-        if isinstance(error, WorldTimeout) and self.limit is not None:
+        """Say in a ``WorldTimeout`` whose deadline was pytest-timeout's that it was (not
+        in a ``WorldHang``: it ended before any deadline)."""
+        if (
+            isinstance(error, WorldTimeout)
+            and not isinstance(error, WorldHang)
+            and self.limit is not None
+        ):
             error.hint = (
                 f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test "
                 "(it counts the test's setup too); the harness took it over to show the "

@@ -218,6 +218,18 @@ def test_merge_unsupported_and_na_are_not_failures() -> None:
     assert summary(merged) == "all 1 collectives ok (1 unsupported, 1 n/a)"
 
 
+def test_a_row_that_hangs_for_certain_is_no_timeout() -> None:
+    # A row the ranks' collectives prove can never finish ended before its timeout.
+    hang = harness.WorldHang("the run can never finish: rank 0 waits in a collective ...")
+    assert cli._reason(hang, 30.0) == (
+        "hang: its collectives can never complete (every rank's stack is on stderr)"
+    )
+    late = harness.WorldTimeout("the run did not finish within 30 s: ...", timeout=30.0)
+    assert cli._reason(late, 30.0) == (
+        "timeout: not done within 30 s (every rank's stack is on stderr)"
+    )
+
+
 def test_merge_disagreeing_or_missing_ranks_fail() -> None:
     merged = merge_rows([_rows("ok", "ok"), _rows("unsupported: gloo does not implement it")])
     assert merged[0].status.startswith("FAIL: ranks disagree: rank 0 ok, rank 1 unsupported")

@@ -42,10 +42,11 @@ def world3() -> Iterator[harness.World]:
         yield world
 
 
-def _early(world: harness.World, fn: Any, **kwargs: Any) -> harness.WorldTimeout:
-    with pytest.raises(harness.WorldTimeout) as info:
+def _early(world: harness.World, fn: Any, **kwargs: Any) -> harness.WorldHang:
+    with pytest.raises(harness.WorldHang) as info:
         world.run(fn, **kwargs)
     error = info.value
+    assert isinstance(error, harness.WorldTimeout)  # what `except WorldTimeout` still catches
     assert error.summary.startswith("the run can never finish: "), error.summary
     assert error.timeout is None
     assert not error.hint  # no bound to change: waiting longer would not help
@@ -125,6 +126,7 @@ def test_a_mismatch_without_the_desync_check_waits_for_the_deadline() -> None:
         pytest.raises(harness.WorldTimeout) as info,
     ):
         world.run(fns.all_reduce_against_broadcast, check_collectives=False)
+    assert type(info.value) is harness.WorldTimeout  # a timeout, not a proven hang
     assert info.value.summary.startswith("the run did not finish within 3 s")
     assert info.value.verdicts[0].startswith("collective #2 on the default group differs")
 
@@ -264,7 +266,7 @@ def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summ
     stacks = {0: "stack zero\n", 1: "stack one\n"}
     outcome = classify({}, 2, timeout=600.0, stacks=stacks, certain=True)
     error = outcome.error
-    assert isinstance(error, harness.WorldTimeout)
+    assert type(error) is harness.WorldHang
     assert error.summary == (
         "the run can never finish: ranks 0, 1 wait in collectives that cannot complete "
         "(their stacks follow; the ranks were then killed)"
@@ -276,7 +278,7 @@ def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summ
     ] * 2
     # At the deadline, the bound that passed is kept for its hint.
     late = classify({}, 2, timeout=600.0, stacks=stacks).error
-    assert isinstance(late, harness.WorldTimeout)
+    assert type(late) is harness.WorldTimeout
     assert late.timeout == 600.0
 
 

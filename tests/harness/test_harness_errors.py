@@ -1,5 +1,5 @@
-"""Each harness error with its content: RankError, WorldTimeout, RankCrash, pickling failures
-both ways, exceptions that cannot be pickled, and the skip rules."""
+"""Each harness error with its content: RankError, WorldTimeout, WorldHang, RankCrash,
+pickling failures both ways, exceptions that cannot be pickled, and the skip rules."""
 
 from __future__ import annotations
 
@@ -145,6 +145,29 @@ def test_world_timeout_through_harness_run() -> None:
     # loaded machine) is the World tests' business; here: the stack is there.
     assert set(excinfo.value.stacks) == {0}
     assert "(main thread)" in excinfo.value.stacks[0]
+
+
+def test_world_hang_is_a_world_timeout_without_a_bound() -> None:
+    # What a run the ranks' collectives prove can never finish raises (see
+    # test_harness_certain_hangs.py): its own class, caught by `except WorldTimeout` too.
+    error = harness.WorldHang("the run can never finish", stacks={0: "stack zero\n"})
+    assert isinstance(error, harness.WorldTimeout)
+    assert error.timeout is None
+    assert "WorldHang" in harness.__all__
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is harness.WorldHang
+    assert copy.stacks == {0: "stack zero\n"}
+
+
+def test_pytest_timeouts_hint_is_for_a_deadline_not_a_hang() -> None:
+    from harness.plugin.interrupts import Deadline
+
+    deadline = Deadline(2.0, limit=2.0)
+    timed_out, hang = harness.WorldTimeout("late", timeout=2.0), harness.WorldHang("stuck")
+    deadline.explain(timed_out)
+    deadline.explain(hang)
+    assert "pytest-timeout's limit of 2 s" in timed_out.hint
+    assert hang.hint == ""  # it ended before any deadline
 
 
 # ---------------------------------------------------------------- RankCrash
