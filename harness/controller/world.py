@@ -185,7 +185,9 @@ class World:
             TypeError, ValueError: ``check_collectives`` is not a bool, or ``faults`` is not
                 a list of faults that fit this world.
         """
-        options = CallOptions(timeout, check_collectives=check_collectives, faults=tuple(faults))
+        # Checked before the record is made of them: a bad value is named as it was given.
+        placed = checked(faults, self.world_size)
+        options = CallOptions(timeout, check_collectives=check_collectives, faults=placed)
         outcome = self.call(fn, args, kwargs, options)
         error = outcome.error
         if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:

@@ -159,16 +159,48 @@ def pytest_configure(config: pytest.Config) -> None:
     warmup.at_configure(config, name)
 
 
-def pytest_report_header(config: pytest.Config) -> str | None:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    lines = []
     name = marker_name(config)
     if name is None:
-        return (
+        lines.append(
             f"harness: this project has a '{MARKER}' marker of its own, so fhelium's is off "
             "(set ini dist_marker to use it under another name)"
         )
-    if name != MARKER:
-        return f"harness: tests marked '{name}' run on the ranks of a world (ini dist_marker)"
-    return None
+    elif name != MARKER:
+        lines.append(
+            f"harness: tests marked '{name}' run on the ranks of a world (ini dist_marker)"
+        )
+    if settings.read(config).verify:
+        lines.append(
+            "harness: --dist-verify: each distributed test that ran on a reused world after "
+            "others runs again on fresh processes"
+        )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if not settings.read(config).verify:
+        return
+    # Counted from the reports (their user_properties), which pytest-xdist's workers send
+    # back: the controller sees every worker's tests.
+    verified = [
+        value
+        for reports in terminalreporter.stats.values()
+        for made in reports
+        if getattr(made, "when", None) == "setup"
+        for key, value in getattr(made, "user_properties", ())
+        if key == report.VERIFIED
+    ]
+    differ = verified.count("differs")
+    terminalreporter.write_line(
+        f"harness --dist-verify: {_count(len(verified), 'test')} also run on fresh processes, "
+        f"{differ} differ" + (" (each reported as an order dependence)" if differ else "")
+    )
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else "s")
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:

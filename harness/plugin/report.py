@@ -29,6 +29,10 @@ from harness.plugin.settings import randomly_seed
 from harness.protocol.failures import PHASES
 from harness.protocol.pytest_calls import LOG_MARK
 
+VERIFIED = "dist_verify"
+"""The ``user_properties`` name under which a test run again on fresh processes under
+``--dist-verify`` notes whether the two verdicts agreed (``"same"``) or not (``"differs"``)."""
+
 # The seconds of the ranks' call and teardown that the setup phase's duration holds.
 _MOVED = pytest.StashKey[tuple[float, float]]()
 # The ranks' log records of the test's call and teardown, for those phases' reports.

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import pytest
 
 from harness.errors import OrderDependenceWarning
-from harness.plugin import order
+from harness.plugin import order, report
 from harness.plugin.replay import FAILED, History, Step, on_fresh
 from harness.plugin.settings import Settings
 
@@ -33,10 +33,6 @@ _T_co = TypeVar("_T_co", covariant=True)
 
 Shape = tuple[int, str, bool]
 """A world's size, resolved backend and ``init``."""
-
-VERIFIED = "dist_verify"
-"""The ``user_properties`` name under which a test run again on fresh processes notes
-whether the two verdicts agreed (``"same"``) or not (``"differs"``)."""
 
 
 class Runnable(Protocol[_T_co]):
@@ -127,7 +123,9 @@ class Runner:
         except Exception as exc:  # the fresh world did not start
             return Checked(result, f"not confirmed on fresh processes ({exc}); ")
         if settings.verify:
-            item.user_properties.append((VERIFIED, "same" if fresh == verdict else "differs"))
+            item.user_properties.append(
+                (report.VERIFIED, "same" if fresh == verdict else "differs")
+            )
         if fresh == verdict:
             # The fresh run's account: what a run of the test alone shows (a reused rank may
             # fail the same test another way, e.g. crash where fresh ones raise).

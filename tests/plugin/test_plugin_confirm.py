@@ -371,10 +371,14 @@ def test_dist_verify_finds_a_test_that_passes_only_after_another(
     result.assert_outcomes(passed=2, failed=1, warnings=1)
     result.stdout.fnmatch_lines(
         [
+            "harness: --dist-verify: each distributed test that ran on a reused world after "
+            "others runs again on fresh processes",
             "*OrderDependenceWarning: test_relu_is_registered passed after "
             "test_setup_registry on a reused world and fails on fresh processes (found in 1 "
             "run); run: pytest test_verify.py::test_setup_registry "
             "test_verify.py::test_relu_is_registered --dist-backend=gloo",
+            "harness --dist-verify: 2 tests also run on fresh processes, 1 differ (each reported "
+            "as an order dependence)",
         ]
     )
     failure = _failure(result, "test_relu_is_registered")
@@ -388,7 +392,11 @@ def test_dist_verify_under_xdist(pytester: pytest.Pytester) -> None:
     )
     result.assert_outcomes(passed=2, failed=1, warnings=1)
     result.stdout.fnmatch_lines(
-        ["*OrderDependenceWarning: test_relu_is_registered passed after test_setup_registry*"]
+        [
+            "*OrderDependenceWarning: test_relu_is_registered passed after test_setup_registry*",
+            "harness --dist-verify: 2 tests also run on fresh processes, 1 differ (each reported "
+            "as an order dependence)",
+        ]
     )
 
 
