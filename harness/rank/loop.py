@@ -1,12 +1,11 @@
-"""A rank's life: this module runs INSIDE each rank process, never in the controller. It
-may import the stdlib, torch, ``fhelium.distributed``, the protocol, ``harness.compat`` and
-the rest of :mod:`harness.rank`; never the controller, the plugin or the command line.
+"""A rank's life: this module runs INSIDE each rank process, never in the controller.
 
 A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
-(through :func:`harness.rank.entry.rank_main`). It sets up its safety nets, initializes the
-default process group through ``fhelium.distributed.init`` (unless its world has no harness
-group), answers ``Ready`` and then serves ``Call`` (:func:`_call`) and ``Regroup``
-(:func:`_regroup`) messages until its pipe or lifeline (:func:`_watch`) closes.
+(through :func:`harness.rank.entry.rank_main`). It sets up its safety nets and its context
+(:class:`~harness.rank.context.RankContext`, passed to everything that serves it),
+initializes the default process group through ``fhelium.distributed.init`` (unless its
+world has no harness group), answers ``Ready`` and then serves ``Call`` (:func:`_call`) and
+``Regroup`` (:func:`_regroup`) messages until its pipe or lifeline (:func:`_watch`) closes.
 """
 
 from __future__ import annotations
@@ -19,32 +18,29 @@ import signal
 import sys
 import threading
 import time
-import unittest
 import warnings
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn, TextIO
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
 
 import fhelium.distributed
 from harness import compat
-from harness.protocol.failures import PHASE_ATTR, RankFailure
+from harness.protocol.failures import PHASE_ATTR
 from harness.protocol.messages import (
     STACKS_SIGNAL,
     TRACE_REQUEST,
     Call,
     Done,
     Failed,
-    Failing,
-    Fired,
     RankMessage,
     RankSetup,
     Ready,
     Regroup,
     Skipped,
 )
-from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_streams, store_path
+from harness.protocol.rank_files import OutputCapture, RankFiles, store_path
 from harness.rank import (
     CODE_DIR,
     coverage,
@@ -57,6 +53,7 @@ from harness.rank import (
     sites,
     trace,
 )
+from harness.rank.context import RankContext, Running, failure, skip_kind
 
 _PR_SET_PDEATHSIG = 1
 
@@ -64,30 +61,15 @@ _PR_SET_PDEATHSIG = 1
 # env:// rendezvous at the launcher's agent instead of at this world.
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
-# The process groups that outlive every call: the harness's default group (made at start-up
-# or by the last Regroup); none in a world without a harness group.
-_baseline_groups: set[Any] = set()
-
-# Held by the thread that ends the process (main or watchdog), so the other cannot call
-# os._exit while coverage data is still being written.
-_exiting = threading.Lock()
-
-# faulthandler writes to these from a signal handler: open for the rank's life.
-_dump_files: tuple[TextIO, TextIO] | None = None
-
-# The rank's pipe to its controller and its coverage (set once the rank is up).
-_conn: Connection | None = None
-_cov: Any = None
-
-# While a call runs: its rank and recorder, for report_failing.
-_running: tuple[int, trace.Recorder] | None = None
-
-# The exception report_failing sent during the call in progress, and when it was raised.
-_failing: tuple[BaseException, float] | None = None
+current: RankContext | None = None
+"""This rank's context, once it is up. The one module-level reference to it, for
+:func:`report_failing`: the test body calls that (:mod:`harness.rank.pytest_body`) from a
+function the controller named, which gets no context; everything else receives it."""
 
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     """Run one rank until the controller stops it; never returns."""
+    global current
     # Ctrl-C is the controller's to handle (it stops us), also where it reaches our group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_process_group()
@@ -96,23 +78,22 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(line_buffering=True)
-    global _dump_files, _conn, _cov
-    _conn = conn
     files = RankFiles(setup.workdir, setup.rank)
     try:
-        _dump_files = crash, stacks = files.open_dumps()
+        crash, stacks = dumps = files.open_dumps()
     except OSError:
         os._exit(1)  # our directory is gone: the controller gave up on this world
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     exits.install(files)  # an os._exit in the code a call runs says where it was called
-    cov = _cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
+    cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
+    ctx = current = RankContext(setup, conn, files, cov, dumps)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
     watchdog = threading.Thread(
         target=_watch,
-        args=(lifeline, cov, files, threading.get_ident()),
+        args=(ctx, lifeline, threading.get_ident()),
         name="harness-watchdog",
         daemon=True,
     )
@@ -127,10 +108,10 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
 
     if setup.init:
         try:
-            _make_default_group(setup, store_path(setup.workdir))
+            _make_default_group(ctx, store_path(setup.workdir))
         except BaseException as exc:
-            conn.send(Failed(_failure(exc, setup.rank), time.monotonic()))
-            _exit(cov, 1)
+            conn.send(Failed(failure(exc, setup.rank), time.monotonic()))
+            ctx.exit(1)
     # What every call starts from: the rank's state once it is up (see harness.rank.reset).
     state = reset.ProcessState.capture()
     ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
@@ -140,24 +121,24 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            _exit(cov, 0)
+            ctx.exit(0)
         if isinstance(message, Regroup):
-            reply = _regroup(message, setup, ready)
+            reply = _regroup(ctx, message, ready)
         else:
-            reply = _call(message, setup, files)
+            reply = _call(ctx, message)
         # Plain pickle, which recv reads alike: Connection.send builds a ForkingPickler
         # carrying torch's many reducers for each message, and an answer needs none of them.
         conn.send_bytes(pickle.dumps(reply))
         if isinstance(reply, Failed):
             # Peers blocked in a collective with us fail as soon as we are gone, instead
             # of waiting for the process-group timeout. The world is rebuilt anyway.
-            _exit(cov, 1)
+            ctx.exit(1)
         # What the call changed is put back after the answer: the controller moves on
         # meanwhile, and the next message is only read once this rank is done.
         state.restore()
 
 
-def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
+def _call(ctx: RankContext, call: Call) -> RankMessage:
     """Run one call; whatever happens, answer with exactly one message. (What it changed is
     put back once the answer is sent: see :func:`main`.)"""
     # Groups the previous call created are destroyed now, not when that call returned: by
@@ -165,42 +146,40 @@ def _call(call: Call, setup: RankSetup, files: RankFiles) -> RankMessage:
     # connecting to a group that this rank would tear down under it. Without a harness group
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
-    reset.destroy_groups(_baseline_groups | fixtures.lasting_groups())
+    reset.destroy_groups(ctx.baseline_groups | fixtures.lasting_groups())
     options = call.options
     if options.seed is not None:
         reset.seed_all(options.seed)
     if call.env is not None:
         # The rank's own torchrun variables win over the controller's.
-        protected = setup.env.keys() | set(_LAUNCHER_ONLY)
+        protected = ctx.setup.env.keys() | set(_LAUNCHER_ONLY)
         reset.update_environ({k: v for k, v in call.env.items() if k not in protected})
     if call.rendezvous is not None:
         # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
         reset.update_environ(call.rendezvous)
-    redirection = output.redirect(options.output, files, setup.rank)
+    redirection = ctx.output.redirect(options.output)
     if redirection is None:
-        return _run(call, setup.rank, None, setup.workdir)
+        return _run(ctx, call, None)
     redirection.start()
     try:
-        return _run(call, setup.rank, redirection, setup.workdir)
+        return _run(ctx, call, redirection)
     finally:
         redirection.stop()
 
 
-def _run(
-    call: Call, rank: int, redirection: output.Redirection | None, workdir: str
-) -> RankMessage:
+def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -> RankMessage:
     """Unpickle and run the call's function, with the leak watch and the recording of its
-    collectives; the answer (``workdir``: the directory of the rank's own files)."""
+    collectives; the answer."""
+    rank = ctx.rank
     try:
         fn, args, kwargs = pickle.loads(call.payload)
     except BaseException as exc:
         context = f"could not unpickle the call sent to rank {rank}"
-        return Failed(_failure(exc, rank, context), time.monotonic())
-    global _running, _failing
+        return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
-    watch = leaks.Watch(enabled=call.check_leaks, own=workdir)
-    recorder = trace.Recorder(_plan(call, rank))
-    _running = (rank, recorder)  # _failing is None: reset after every call
+    watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir)
+    recorder = trace.Recorder(_plan(ctx, call))
+    running = ctx.running = Running(recorder)
     try:
         # The call's warning filters end with it; so does the watch on its threads, and
         # the recording of its collectives.
@@ -208,22 +187,23 @@ def _run(
             value = fn(*args, **kwargs)
     except BaseException as exc:
         # When report_failing sent it, before the teardown that came after; else now.
-        at = _failing[1] if _failing is not None and _failing[0] is exc else time.monotonic()
-        skip, issued = _skip_kind(exc), recorder.trace()
+        failing = running.failing
+        at = failing[1] if failing is not None and failing[0] is exc else time.monotonic()
+        skip, issued = skip_kind(exc), recorder.trace()
         if skip:
             reason = str(getattr(exc, "msg", None) or exc)
             phase = getattr(exc, PHASE_ATTR, "call")
             return Skipped(reason, skip, at, phase, issued, sites.raised_at(exc))
         fault = recorder.plan is not None and recorder.plan.caused(exc)
-        return Failed(_failure(exc, rank), at, issued, fault=fault)
+        return Failed(failure(exc, rank), at, issued, fault=fault)
     finally:
-        _running = _failing = None
+        ctx.running = None
     try:
         blob = pickle.dumps(value)
     except BaseException as exc:
         what = f"the return value of rank {rank} ({type(value).__qualname__} object)"
         context = f"could not pickle {what}"
-        return Failed(_failure(exc, rank, context), time.monotonic(), recorder.trace())
+        return Failed(failure(exc, rank, context), time.monotonic(), recorder.trace())
     return Done(
         blob,
         # A collective that raised (an error the test caused and handled) may have left its
@@ -231,7 +211,7 @@ def _run(
         reusable=not recorder.raised,
         group_count=compat.process_group_count(),
         # Whether the default group is still the harness's (not destroyed, not replaced).
-        grouped=dist.is_initialized() and dist.group.WORLD in _baseline_groups,
+        grouped=dist.is_initialized() and dist.group.WORLD in ctx.baseline_groups,
         leaks=watch.findings(),
         collectives=recorder.fingerprint() if call.options.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
@@ -240,82 +220,51 @@ def _run(
     )
 
 
-def _plan(call: Call, rank: int) -> inject.Plan | None:
+def _plan(ctx: RankContext, call: Call) -> inject.Plan | None:
     """The faults of ``call`` placed on this rank, None where there are none."""
     faults = call.options.faults
     if not faults:
         return None
-
-    def fire(index: int, what: str, ends: bool) -> None:
-        running, conn = _running, _conn
-        issued = running[1].trace() if running is not None else None
-        if conn is not None:
-            conn.send(Fired(index, what, time.monotonic(), ends, issued))
-        flush_std_streams()
-
-    return inject.Plan(faults, rank, fire, lambda code: _exit(_cov, code)) or None
+    return inject.Plan(faults, ctx.rank, ctx.fire, ctx.exit) or None
 
 
 def report_failing(exc: BaseException) -> None:
     """Tell the controller now (``Failing``) that the call in progress fails with ``exc``
     (what the test body or a fixture's setup raised, marked with its phase), before the rank
     runs what must follow (the teardown of a pytest test's rank-side fixtures, which may take
-    long); the call's ``Failed`` still follows, dated alike. Nothing outside a call, for a
-    skip, or for a call that already reported one."""
-    global _failing
-    running, conn = _running, _conn
-    if running is None or conn is None or _failing is not None or _skip_kind(exc):
-        return
-    at = time.monotonic()
-    rank, recorder = running
-    if recorder.plan is not None and recorder.plan.caused(exc):
-        return  # a fault's error: no failure by itself, so no grace period for the peers
-    try:
-        conn.send(Failing(_failure(exc, rank), at, recorder.trace()))
-    except Exception:
-        return  # the call's Failed says it, later
-    _failing = (exc, at)
+    long); the call's ``Failed`` still follows, dated alike. Nothing outside a call or a
+    rank, for a skip, or for a call that already reported one."""
+    ctx = current
+    if ctx is not None:
+        ctx.report_failing(exc)
 
 
-def _regroup(message: Regroup, setup: RankSetup, ready: Ready) -> RankMessage:
+def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:
     """Make a fresh harness default group: the last call destroyed the old one on every rank."""
     # Every rank has answered that call, so no peer still uses a group destroyed here: what
     # the call left (a default group of its own, say) must not outlive the harness's.
     reset.destroy_groups()
     try:
-        _make_default_group(setup, message.store)
+        _make_default_group(ctx, message.store)
     except BaseException as exc:
-        context = f"rank {setup.rank} could not make a fresh default process group"
-        return Failed(_failure(exc, setup.rank, context), time.monotonic())
+        context = f"rank {ctx.rank} could not make a fresh default process group"
+        return Failed(failure(exc, ctx.rank, context), time.monotonic())
     return ready
 
 
-def _make_default_group(setup: RankSetup, store: str) -> None:
+def _make_default_group(ctx: RankContext, store: str) -> None:
     """Initialize the harness's default group on a FileStore at ``store``; it becomes the
     group every call keeps."""
+    setup = ctx.setup
     file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
     fhelium.distributed.init(
         backend=setup.backend, store=file_store, world_size=setup.world_size, rank=setup.rank
     )
-    _baseline_groups.clear()
-    _baseline_groups.update(compat.live_process_groups())
+    ctx.baseline_groups.clear()
+    ctx.baseline_groups.update(compat.live_process_groups())
 
 
-def _skip_kind(exc: BaseException) -> str | None:
-    if isinstance(exc, unittest.SkipTest):
-        return "unittest"
-    # pytest is only imported where a test imported it: then its skip is what was raised.
-    pytest = sys.modules.get("pytest")
-    if pytest is not None and isinstance(exc, pytest.skip.Exception):
-        return "pytest"
-    return None
-
-
-def _failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
-    return RankFailure.from_exception(exc, rank, hidden_dir=CODE_DIR, context=context)
-
-
-def _watch(lifeline: Connection, cov: Any, files: RankFiles, main_thread: int) -> NoReturn:
+def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn:
     """Watchdog thread: answer trace requests (``TRACE_REQUEST``) while the main thread is
     busy or blocked; end the rank when the controller closes the lifeline or dies."""
     while True:
@@ -326,10 +275,10 @@ def _watch(lifeline: Connection, cov: Any, files: RankFiles, main_thread: int) -
         if request != TRACE_REQUEST:
             break
         try:
-            files.write_trace(trace.snapshot(main_thread))
+            ctx.files.write_trace(trace.snapshot(main_thread))
         except Exception:
             pass  # the controller reads no trace for this rank, and says so
-    _exit(cov, 0)
+    ctx.exit(0)
 
 
 def _own_process_group() -> None:
@@ -358,12 +307,3 @@ def _die_with_parent() -> None:
         return
     if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
-
-
-def _exit(cov: Any, code: int) -> NoReturn:
-    """Leave the process at once: no atexit handlers, no destructors that could hang."""
-    _exiting.acquire()  # a second caller waits here until the first one's os._exit
-    flush_std_streams()
-    coverage.save(cov)
-    leaks.kill_children()
-    exits.real_exit(code)

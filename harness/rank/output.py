@@ -79,20 +79,24 @@ class PrefixedOutput:
 Redirection = OutputCapture | PrefixedOutput
 """A call's redirection of its rank's output (``start`` before the call, ``stop`` after)."""
 
-# This rank's capture into its files, made at its first captured call and kept (with the
-# files open, in place between captured calls).
-_capture: OutputCapture | None = None
 
+class Router:
+    """Where a rank's calls send their output: one per rank, which makes its capture into
+    its files (:meth:`harness.protocol.rank_files.RankFiles.capture`) at its first captured
+    call and keeps it (with the files open, in place between captured calls)."""
 
-def redirect(output: str, files: RankFiles, rank: int) -> Redirection | None:
-    """The redirection a call asked for, not yet started; None for ``inherit``."""
-    global _capture
-    if output == OUTPUT_CAPTURE:
-        if _capture is None:
-            _capture = files.capture()
-        return _capture
-    if _capture is not None:
-        _capture.release()  # kept in place since the last captured call
-    if output == OUTPUT_PREFIX:
-        return PrefixedOutput(rank)
-    return None
+    def __init__(self, files: RankFiles, rank: int) -> None:
+        self._files, self._rank = files, rank
+        self._capture: OutputCapture | None = None
+
+    def redirect(self, output: str) -> Redirection | None:
+        """The redirection a call asked for, not yet started; None for ``inherit``."""
+        if output == OUTPUT_CAPTURE:
+            if self._capture is None:
+                self._capture = self._files.capture()
+            return self._capture
+        if self._capture is not None:
+            self._capture.release()  # kept in place since the last captured call
+        if output == OUTPUT_PREFIX:
+            return PrefixedOutput(self._rank)
+        return None

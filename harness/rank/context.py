@@ -1,0 +1,108 @@
+"""One rank's state, made once by :func:`harness.rank.loop.main` and passed to what serves
+its calls: who it is, its pipe, files and coverage, the process groups that outlive every
+call, and the call in progress (:class:`Running`)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import unittest
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn, TextIO
+
+from harness.protocol.failures import RankFailure
+from harness.protocol.messages import Failing, Fired, RankSetup
+from harness.protocol.rank_files import RankFiles, flush_std_streams
+from harness.rank import CODE_DIR, coverage, exits, leaks, output, trace
+
+
+@dataclass
+class Running:
+    """The call in progress: its recorder, and the exception :meth:`RankContext.report_failing`
+    sent for it with when that was raised (None until then)."""
+
+    recorder: trace.Recorder
+    failing: tuple[BaseException, float] | None = None
+
+
+class RankContext:
+    """A rank's state for its life.
+
+    Args:
+        setup: The rank's identity and settings, as the controller started it.
+        conn: Its pipe to the controller.
+        files: Its files in the world's directory.
+        cov: Its coverage measurement (None when the controller is not measured).
+        dumps: The files faulthandler writes to from a signal handler: held open here for
+            the rank's life.
+    """
+
+    def __init__(
+        self,
+        setup: RankSetup,
+        conn: Connection,
+        files: RankFiles,
+        cov: Any = None,
+        dumps: tuple[TextIO, TextIO] | None = None,
+    ) -> None:
+        self.setup, self.conn, self.files, self.cov, self.dumps = setup, conn, files, cov, dumps
+        self.rank = setup.rank
+        # Where a call's output goes; its capture is made once and kept.
+        self.output = output.Router(files, setup.rank)
+        # The process groups that outlive every call: the harness's default group (made at
+        # start-up or by the last Regroup); none in a world without a harness group.
+        self.baseline_groups: set[Any] = set()
+        # The call in progress (None between calls).
+        self.running: Running | None = None
+        # Held by the thread that ends the process (main or watchdog), so the other cannot
+        # call os._exit while coverage data is still being written.
+        self._exiting = threading.Lock()
+
+    def report_failing(self, exc: BaseException) -> None:
+        """Tell the controller now (``Failing``) that the call in progress fails with
+        ``exc``: see :func:`harness.rank.loop.report_failing`."""
+        running = self.running
+        if running is None or running.failing is not None or skip_kind(exc):
+            return
+        at = time.monotonic()
+        recorder = running.recorder
+        if recorder.plan is not None and recorder.plan.caused(exc):
+            return  # a fault's error: no failure by itself, so no grace period for the peers
+        try:
+            self.conn.send(Failing(failure(exc, self.rank), at, recorder.trace()))
+        except Exception:
+            return  # the call's Failed says it, later
+        running.failing = (exc, at)
+
+    def fire(self, index: int, what: str, ends: bool) -> None:
+        """Tell the controller that fault ``index`` of the call in progress acts (``Fired``)."""
+        running = self.running
+        issued = running.recorder.trace() if running is not None else None
+        self.conn.send(Fired(index, what, time.monotonic(), ends, issued))
+        flush_std_streams()
+
+    def exit(self, code: int) -> NoReturn:
+        """Leave the process at once: no atexit handlers, no destructors that could hang."""
+        self._exiting.acquire()  # a second caller waits here until the first one's os._exit
+        flush_std_streams()
+        coverage.save(self.cov)
+        leaks.kill_children()
+        exits.real_exit(code)
+
+
+def skip_kind(exc: BaseException) -> str | None:
+    """``"unittest"`` or ``"pytest"`` where ``exc`` skips the test; else None."""
+    if isinstance(exc, unittest.SkipTest):
+        return "unittest"
+    # pytest is only imported where a test imported it: then its skip is what was raised.
+    pytest = sys.modules.get("pytest")
+    if pytest is not None and isinstance(exc, pytest.skip.Exception):
+        return "pytest"
+    return None
+
+
+def failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
+    """``exc`` as this rank's failure, the rank side's own frames left out."""
+    return RankFailure.from_exception(exc, rank, hidden_dir=CODE_DIR, context=context)
