@@ -102,14 +102,16 @@ def exit_code(rows: Sequence[Row]) -> int:
 
 
 def summary(rows: Sequence[Row]) -> str:
-    """The report's last line: ``"all N collectives ok"`` (noting how many were unsupported
-    or n/a) when nothing failed, else ``"K problems: name, name, ..."``."""
+    """The report's last line: ``"all N collectives ok"`` (``"1 collective ok"``; noting how
+    many were unsupported or n/a) when nothing failed, else ``"K problems: name, ..."``."""
     kinds = [kind(row.status) for row in rows]
     failed = [row.name for row, k in zip(rows, kinds, strict=True) if k == FAIL]
     if failed:
         return f"{len(failed)} problem{'s' if len(failed) > 1 else ''}: {', '.join(failed)}"
     notes = [f"{kinds.count(k)} {k}" for k in (UNSUPPORTED, NOT_APPLICABLE) if k in kinds]
-    return f"all {kinds.count(OK)} collectives ok" + (f" ({', '.join(notes)})" if notes else "")
+    ok = kinds.count(OK)
+    counted = "1 collective ok" if ok == 1 else f"all {ok} collectives ok"
+    return counted + (f" ({', '.join(notes)})" if notes else "")
 
 
 def format_table(rows: Sequence[Row]) -> str:

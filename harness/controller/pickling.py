@@ -8,6 +8,7 @@ from typing import Any
 
 from harness import validate
 from harness.errors import DistributedError
+from harness.protocol.failures import ranks_phrase
 
 short_repr = validate.short_repr  # also imported from here
 
@@ -33,7 +34,8 @@ def pickle_call(
         parts += [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
         name, obj = next(((name, obj) for name, obj in parts if not picklable(obj)), ("call", fn))
         raise DistributedError(
-            f"could not pickle {name} ({short_repr(obj)}) to send it to ranks 0..{n - 1}: "
+            f"could not pickle {name} ({short_repr(obj)}) to send it to "
+            f"{ranks_phrase(range(n))}: "
             f"{type(exc).__name__}: {exc}. Functions must be defined at module level."
         ) from exc
 

@@ -215,7 +215,10 @@ def test_merge_unsupported_and_na_are_not_failures() -> None:
     merged = merge_rows(per_rank)
     assert [row.status for row in merged] == ["ok", unsupported, "n/a: needs >= 2 ranks"]
     assert exit_code(merged) == 0
-    assert summary(merged) == "all 1 collectives ok (1 unsupported, 1 n/a)"
+    assert summary(merged) == "1 collective ok (1 unsupported, 1 n/a)"
+    assert summary([Row("all_reduce", "ok", 0.5), Row("barrier", "ok", 0.1)]) == (
+        "all 2 collectives ok"
+    )
 
 
 def test_a_row_that_hangs_for_certain_is_no_timeout() -> None:
@@ -371,7 +374,7 @@ def test_numpy_status_is_one_decision_for_every_rank() -> None:
     assert cli.kind(partial) == "n/a"
     rows = [Row("all_reduce", "ok", 1.0), Row("gather_object", partial, None)]
     assert exit_code(rows) == 0
-    assert summary(rows) == "all 1 collectives ok (1 n/a)"
+    assert summary(rows) == "1 collective ok (1 n/a)"
 
 
 def test_needs_numpy_names_the_object_rows() -> None:

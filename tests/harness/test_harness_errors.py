@@ -16,6 +16,7 @@ import pytest
 from harness_testutil import fast_bound
 
 import harness
+from harness.controller.pickling import pickle_call
 
 # ---------------------------------------------------------------- RankError
 
@@ -237,10 +238,16 @@ def test_lambda_is_named_when_it_cannot_be_pickled(world2: harness.World) -> Non
     text = str(excinfo.value)
     assert "could not pickle fn" in text
     assert "<lambda>" in text
-    assert "ranks 0..1" in text
+    assert "to send it to ranks 0, 1: " in text
     # Nothing was sent: the world is untouched.
     assert world2.pids == pids
     assert world2.run(fns.getpid) == pids
+
+
+def test_a_pickling_failure_names_the_one_rank_of_a_world_of_one() -> None:
+    with pytest.raises(harness.DistributedError) as excinfo:
+        pickle_call(lambda: 1, (), None, 1)
+    assert "to send it to rank 0: " in str(excinfo.value)
 
 
 def test_local_function_is_named_when_it_cannot_be_pickled(world2: harness.World) -> None:
