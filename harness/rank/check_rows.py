@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from fhelium.distributed import local_device
-from harness.rank.collective_kinds import Ctx, Kind, find
+from harness.rank.collective_kinds import CollectiveKind, Ctx, find_row
 from harness.rank.collective_kinds import needs_numpy as needs_numpy
 from harness.rank.collective_kinds import row_names as row_names
 
@@ -106,12 +106,12 @@ def check_row(name: str, repeats: int = DEFAULT_REPEATS) -> Row:
         raise RuntimeError("checking collectives needs an initialized default process group")
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats must be an int >= 1, got {repeats!r}")
-    kind, async_op = find(name)
+    kind, async_op = find_row(name)
     ctx = Ctx(dist.get_rank(), dist.get_world_size(), local_device(), str(dist.get_backend()))
     return _measure(ctx, kind, async_op, name, repeats)
 
 
-def _measure(c: Ctx, kind: Kind, async_op: bool, name: str, repeats: int) -> Row:
+def _measure(c: Ctx, kind: CollectiveKind, async_op: bool, name: str, repeats: int) -> Row:
     """Warm up, time and verify one collective in one mode on this rank."""
     if c.world_size < kind.min_ranks:
         return Row(name, f"{NOT_APPLICABLE}: needs >= {kind.min_ranks} ranks", None)

@@ -57,7 +57,7 @@ class Trial:
 
 
 @dataclass(frozen=True)
-class Kind:
+class CollectiveKind:
     """A collective kind.
 
     Attributes:
@@ -230,26 +230,28 @@ def _scatter_object_list(c: Ctx, async_op: bool) -> Trial:
 
 _SYNC_ONLY = (False,)
 
-KINDS: tuple[Kind, ...] = (
-    Kind("all_reduce", _all_reduce),
-    Kind("broadcast", _broadcast),
-    Kind("all_gather", _all_gather),
-    Kind(_ALL_GATHER_TENSOR, functools.partial(_all_gather, joined=True)),
-    Kind("reduce_scatter", _reduce_scatter),
-    Kind(_REDUCE_SCATTER_TENSOR, functools.partial(_reduce_scatter, joined=True)),
-    Kind("all_to_all", _all_to_all),
-    Kind("all_to_all_single", functools.partial(_all_to_all, joined=True)),
-    Kind("gather", _gather),
-    Kind("scatter", _scatter),
-    Kind("send/recv", _send_recv, min_ranks=2, async_name="isend/irecv (async)"),
+KINDS: tuple[CollectiveKind, ...] = (
+    CollectiveKind("all_reduce", _all_reduce),
+    CollectiveKind("broadcast", _broadcast),
+    CollectiveKind("all_gather", _all_gather),
+    CollectiveKind(_ALL_GATHER_TENSOR, functools.partial(_all_gather, joined=True)),
+    CollectiveKind("reduce_scatter", _reduce_scatter),
+    CollectiveKind(_REDUCE_SCATTER_TENSOR, functools.partial(_reduce_scatter, joined=True)),
+    CollectiveKind("all_to_all", _all_to_all),
+    CollectiveKind("all_to_all_single", functools.partial(_all_to_all, joined=True)),
+    CollectiveKind("gather", _gather),
+    CollectiveKind("scatter", _scatter),
+    CollectiveKind("send/recv", _send_recv, min_ranks=2, async_name="isend/irecv (async)"),
     # batch_isend_irecv has no blocking form: it always returns Work handles.
-    Kind("batch_isend_irecv", _batch_isend_irecv, modes=(True,), min_ranks=2),
-    Kind("barrier", _barrier),
+    CollectiveKind("batch_isend_irecv", _batch_isend_irecv, modes=(True,), min_ranks=2),
+    CollectiveKind("barrier", _barrier),
     # The object collectives have no async_op parameter, and need numpy.
-    Kind("broadcast_object_list", _broadcast_object_list, modes=_SYNC_ONLY, needs_numpy=True),
-    Kind("all_gather_object", _all_gather_object, modes=_SYNC_ONLY, needs_numpy=True),
-    Kind("gather_object", _gather_object, modes=_SYNC_ONLY, needs_numpy=True),
-    Kind("scatter_object_list", _scatter_object_list, modes=_SYNC_ONLY, needs_numpy=True),
+    CollectiveKind(
+        "broadcast_object_list", _broadcast_object_list, modes=_SYNC_ONLY, needs_numpy=True
+    ),
+    CollectiveKind("all_gather_object", _all_gather_object, modes=_SYNC_ONLY, needs_numpy=True),
+    CollectiveKind("gather_object", _gather_object, modes=_SYNC_ONLY, needs_numpy=True),
+    CollectiveKind("scatter_object_list", _scatter_object_list, modes=_SYNC_ONLY, needs_numpy=True),
 )
 """Every collective kind, in report order."""
 
@@ -263,16 +265,16 @@ def row_names() -> list[str]:
 def needs_numpy(name: str) -> bool:
     """Whether the row ``name`` runs an object collective, which needs numpy; ValueError
     when ``name`` is not a row name."""
-    return find(name)[0].needs_numpy
+    return find_row(name)[0].needs_numpy
 
 
-def _row_name(kind: Kind, async_op: bool) -> str:
+def _row_name(kind: CollectiveKind, async_op: bool) -> str:
     if async_op and False in kind.modes:
         return kind.async_name or f"{kind.name} (async)"
     return kind.name
 
 
-def find(name: str) -> tuple[Kind, bool]:
+def find_row(name: str) -> tuple[CollectiveKind, bool]:
     """The kind and mode (``async_op``) of a row; ValueError when ``name`` is none."""
     for kind in KINDS:
         for async_op in kind.modes:

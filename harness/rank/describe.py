@@ -3,7 +3,7 @@ flight recorder holds: INSIDE each rank, for :mod:`harness.rank.trace`. It may i
 stdlib, torch, the protocol and ``harness.compat`` (the flight recorder is private).
 
 Each recorded function has a row in :data:`_COLLECTIVES` or :data:`_P2P`: the arguments that
-describe a call, each of a :class:`Kind`. Where each one is in the function's parameters is
+describe a call, each of an :class:`ArgKind`. Where each one is in the function's parameters is
 read from its signature (:func:`spec`), which differs between torch releases
 (``group_src`` is new in 2.6).
 """
@@ -33,7 +33,7 @@ class _Facts:
         self.tensors: list[str] = []
 
 
-class Kind(NamedTuple):
+class ArgKind(NamedTuple):
     """How one kind of argument reads (a tensor, a reduce op, a root...).
 
     Attributes:
@@ -146,70 +146,76 @@ def _text_p2p(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
     return text, text
 
 
-TENSOR = Kind(_raw_tensor, _text_tensor)
-TENSORS = Kind(lambda value: tuple(map(_raw_tensor, value)), _text_tensors)
-DTYPES = Kind(_raw_dtypes, _text_dtypes)  # of a tensor or a list: only their dtypes
-OBJECTS = Kind(len, _text_objects)  # a list: its length
-REDUCE_OP = Kind(_raw_reduce_op, _text_reduce_op)
-ROOT = Kind(lambda value: value, _text_root)  # src/dst, or group_src/group_dst in the group
-P2P = Kind(_raw_p2p, _text_p2p)  # batch_isend_irecv's list of P2POp
+TENSOR = ArgKind(_raw_tensor, _text_tensor)
+TENSORS = ArgKind(lambda value: tuple(map(_raw_tensor, value)), _text_tensors)
+DTYPES = ArgKind(_raw_dtypes, _text_dtypes)  # of a tensor or a list: only their dtypes
+OBJECTS = ArgKind(len, _text_objects)  # a list: its length
+REDUCE_OP = ArgKind(_raw_reduce_op, _text_reduce_op)
+ROOT = ArgKind(lambda value: value, _text_root)  # src/dst, or group_src/group_dst in the group
+P2P = ArgKind(_raw_p2p, _text_p2p)  # batch_isend_irecv's list of P2POp
 
 
-class Arg(NamedTuple):
+class OpArg(NamedTuple):
     """One argument that describes a call: its parameter, its kind, whether it is shown (in
     ``Op.text``) and compared (in ``Op.key``, what must be equal on every member rank; never
     for a point-to-point op)."""
 
     param: str
-    kind: Kind
+    kind: ArgKind
     shown: bool = True
     compared: bool = True
 
 
-_SRC = (Arg("src", ROOT), Arg("group_src", ROOT))
-_DST = (Arg("dst", ROOT), Arg("group_dst", ROOT))
-_OP = Arg("op", REDUCE_OP)
+_SRC = (OpArg("src", ROOT), OpArg("group_src", ROOT))
+_DST = (OpArg("dst", ROOT), OpArg("group_dst", ROOT))
+_OP = OpArg("op", REDUCE_OP)
 
-_COLLECTIVES: dict[str, tuple[Arg, ...]] = {
-    "all_reduce": (_OP, Arg("tensor", TENSOR)),
-    "all_reduce_coalesced": (_OP, Arg("tensors", TENSORS)),
-    "broadcast": (*_SRC, Arg("tensor", TENSOR)),
-    "reduce": (*_DST, _OP, Arg("tensor", TENSOR)),
+_COLLECTIVES: dict[str, tuple[OpArg, ...]] = {
+    "all_reduce": (_OP, OpArg("tensor", TENSOR)),
+    "all_reduce_coalesced": (_OP, OpArg("tensors", TENSORS)),
+    "broadcast": (*_SRC, OpArg("tensor", TENSOR)),
+    "reduce": (*_DST, _OP, OpArg("tensor", TENSOR)),
     # all_gather's inputs may differ in size by rank where the backend allows it; the list
     # of outputs is the same on every rank.
-    "all_gather": (Arg("tensor", TENSOR, compared=False), Arg("tensor_list", TENSORS, shown=False)),
-    "all_gather_into_tensor": (Arg("output_tensor", TENSOR), Arg("input_tensor", TENSOR)),
-    "all_gather_single": (Arg("output_tensor", TENSOR), Arg("input_tensor", TENSOR)),
-    "all_gather_coalesced": (Arg("input_tensor_list", TENSORS),),
+    "all_gather": (
+        OpArg("tensor", TENSOR, compared=False),
+        OpArg("tensor_list", TENSORS, shown=False),
+    ),
+    "all_gather_into_tensor": (OpArg("output_tensor", TENSOR), OpArg("input_tensor", TENSOR)),
+    "all_gather_single": (OpArg("output_tensor", TENSOR), OpArg("input_tensor", TENSOR)),
+    "all_gather_coalesced": (OpArg("input_tensor_list", TENSORS),),
     # gather_list / scatter_list exist on the root only.
-    "gather": (*_DST, Arg("tensor", TENSOR)),
-    "scatter": (*_SRC, Arg("tensor", TENSOR)),
-    "reduce_scatter": (_OP, Arg("output", TENSOR), Arg("input_list", TENSORS)),
-    "reduce_scatter_tensor": (_OP, Arg("output", TENSOR), Arg("input", TENSOR)),
-    "reduce_scatter_single": (_OP, Arg("output", TENSOR), Arg("input", TENSOR)),
+    "gather": (*_DST, OpArg("tensor", TENSOR)),
+    "scatter": (*_SRC, OpArg("tensor", TENSOR)),
+    "reduce_scatter": (_OP, OpArg("output", TENSOR), OpArg("input_list", TENSORS)),
+    "reduce_scatter_tensor": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR)),
+    "reduce_scatter_single": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR)),
     # Split sizes differ by rank: only the dtype and the number of chunks must agree.
     "all_to_all": (
-        Arg("input_tensor_list", TENSORS, compared=False),
-        Arg("input_tensor_list", DTYPES, shown=False),
+        OpArg("input_tensor_list", TENSORS, compared=False),
+        OpArg("input_tensor_list", DTYPES, shown=False),
     ),
-    "all_to_all_single": (Arg("input", TENSOR, compared=False), Arg("input", DTYPES, shown=False)),
+    "all_to_all_single": (
+        OpArg("input", TENSOR, compared=False),
+        OpArg("input", DTYPES, shown=False),
+    ),
     "barrier": (),
     "monitored_barrier": (),
-    "broadcast_object_list": (*_SRC, Arg("object_list", OBJECTS)),
-    "all_gather_object": (Arg("object_list", OBJECTS),),
+    "broadcast_object_list": (*_SRC, OpArg("object_list", OBJECTS)),
+    "all_gather_object": (OpArg("object_list", OBJECTS),),
     "gather_object": _DST,
     "scatter_object_list": _SRC,
 }
 """The collectives recorded, and the arguments that describe a call of each."""
 
-_P2P: dict[str, tuple[Arg, ...]] = {
-    "send": (*_DST, Arg("tensor", TENSOR)),
-    "recv": (*_SRC, Arg("tensor", TENSOR)),
-    "isend": (*_DST, Arg("tensor", TENSOR)),
-    "irecv": (*_SRC, Arg("tensor", TENSOR)),
-    "send_object_list": (*_DST, Arg("object_list", OBJECTS)),
-    "recv_object_list": (*_SRC, Arg("object_list", OBJECTS)),
-    "batch_isend_irecv": (Arg("p2p_op_list", P2P),),
+_P2P: dict[str, tuple[OpArg, ...]] = {
+    "send": (*_DST, OpArg("tensor", TENSOR)),
+    "recv": (*_SRC, OpArg("tensor", TENSOR)),
+    "isend": (*_DST, OpArg("tensor", TENSOR)),
+    "irecv": (*_SRC, OpArg("tensor", TENSOR)),
+    "send_object_list": (*_DST, OpArg("object_list", OBJECTS)),
+    "recv_object_list": (*_SRC, OpArg("object_list", OBJECTS)),
+    "batch_isend_irecv": (OpArg("p2p_op_list", P2P),),
 }
 """The point-to-point ops recorded: not numbered among a group's collectives, nor compared."""
 
@@ -224,7 +230,7 @@ class Spec(NamedTuple):
 
     name: str
     p2p: bool
-    params: tuple[tuple[int, Any, Arg], ...]
+    params: tuple[tuple[int, Any, OpArg], ...]
     group_at: int
 
 

@@ -30,14 +30,14 @@ def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoRet
 
 
 def run_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
-    """Run a pytest test on this rank: :func:`harness.rank.pytest_body.run_test`."""
+    """Run a pytest test on this rank: :func:`harness.rank.pytest_body.run_pytest_test`."""
     from harness.rank import pytest_body
 
-    return pytest_body.run_test(ref, plan)
+    return pytest_body.run_pytest_test(ref, plan)
 
 
 def end_scopes(scope_keys: list[str] | None) -> None:
-    """End rank-side fixture scopes: :func:`harness.rank.fixtures.end_scopes`."""
+    """End rank-side fixture scopes: :func:`harness.rank.fixtures.end_fixture_scopes`."""
     from harness.rank import fixtures
 
-    fixtures.end_scopes(scope_keys)
+    fixtures.end_fixture_scopes(scope_keys)

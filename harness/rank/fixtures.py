@@ -7,7 +7,7 @@ requests) in a ``FixturePlan``. Each is set up from its arguments as pytest woul
 function's return value, or a generator's first ``yield`` with the rest run at teardown.
 Function-scoped fixtures end with the call that runs the test; wider ones stay alive in
 this process, keyed by the node id of their scope, until the controller ends that scope
-(:func:`end_scopes`, a call of its own) or the process ends. A fixture that raises marks
+(:func:`end_fixture_scopes`, a call of its own) or the process ends. A fixture that raises marks
 the exception with its phase (``PHASE_ATTR``): the test's setup or teardown error.
 """
 
@@ -166,7 +166,7 @@ def lasting_groups() -> set[Any]:
     return set().union(*(live.groups for live in _wide.values()))
 
 
-def end_scopes(scope_keys: list[str] | None) -> None:
+def end_fixture_scopes(scope_keys: list[str] | None) -> None:
     """End the wider-scoped fixtures of these scopes (all of them for None), newest first:
     a call of its own, when pytest finishes a module, class, package or the session.
 

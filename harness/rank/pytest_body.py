@@ -1,4 +1,4 @@
-"""Where a pytest test body runs: this module's ``run_test`` executes INSIDE each rank.
+"""Where a pytest test body runs: this module's ``run_pytest_test`` executes INSIDE each rank.
 
 The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
 (:class:`~harness.protocol.pytest_calls.TestRef`), never the function object, and a
@@ -33,7 +33,7 @@ from harness.protocol.pytest_calls import FixturePlan, FunctionRef, TestRef
 from harness.rank import fixtures, logs
 
 
-def run_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
+def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
     """Set up the test's rank-side fixtures, call the referenced test, tear them down, its
     log records captured (:mod:`harness.rank.logs`); raises what the test raised, or what a
     fixture raised marked with its phase.
