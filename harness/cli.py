@@ -18,9 +18,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
-import torch
+with warnings.catch_warnings():
+    # Where torch cannot use numpy, its import warns "Failed to initialize NumPy: ...". The
+    # check's report says so itself, with what to do about it (and the forkserver, which
+    # shares this stderr, keeps quiet too: harness.rank.server).
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
+    import torch
 
 from harness import validate
 from harness.controller import forkserver
