@@ -5,6 +5,7 @@
 * :mod:`~harness.rank.server`       the forkserver's first preload: its name, torch's warnings
 * :mod:`~harness.rank.title`        process titles (``harness rank 1/4 (gloo)``)
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
+* :mod:`~harness.rank.context`      a rank's state, passed to what serves it; the call in progress
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
@@ -23,12 +24,16 @@
 * :mod:`~harness.rank.collective_kinds` how each kind it checks is called, what it produces
 * :mod:`~harness.rank.coverage`     coverage measured inside the rank
 
-What it may import: the standard library, ``torch``, ``fhelium.distributed``, the protocol
-(:mod:`harness.protocol`), ``harness.compat`` and ``harness.faults``; pytest only when the
-rank runs a pytest test. Never the controller (``harness.controller``), the plugin or the
-command line: a rank never spawns ranks through the controller's machinery. An
-import-linter contract in ``pyproject.toml`` enforces this. The modules are preloaded into
-the forkserver, so none may touch CUDA at import time.
+What these modules may import, said here once for all of them: the standard library,
+``torch``, ``fhelium.distributed``, the protocol (:mod:`harness.protocol`),
+``harness.compat`` and ``harness.faults``, and each other. Private APIs (of torch, pytest,
+CPython) and pytest itself only through ``harness.compat``, and pytest only when the rank
+runs a pytest test. Never the controller (``harness.controller``), the plugin or the command
+line: a rank never spawns ranks through the controller's machinery. An import-linter
+contract in ``pyproject.toml`` enforces the sides. Stricter still, ``check_rows`` and
+``collective_kinds`` use the standard library, torch, ``fhelium.distributed`` and each other
+alone, so that ``python -m harness check`` tests torch.distributed and not the harness. The
+modules are preloaded into the forkserver, so none may touch CUDA at import time.
 """
 
 import os

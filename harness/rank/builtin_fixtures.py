@@ -7,8 +7,7 @@ controller's base directory, for a rank-side fixture or body that asks for it); 
 is :class:`harness.rank.fixtures.RankRequest`.
 
 pytest builds its own from objects that exist only in the controller (the test item, the
-capture manager), so these are small equivalents with the same public methods. What it may
-import: see :mod:`harness.rank`; pytest only through ``harness.compat``.
+capture manager), so these are small equivalents with the same public methods.
 """
 
 from __future__ import annotations

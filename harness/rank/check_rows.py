@@ -1,8 +1,6 @@
 """The rank half of ``python -m harness check``: one row (a collective kind in one mode),
-run, verified and timed; this module runs INSIDE each rank. It may import the standard
-library, torch, :mod:`fhelium.distributed` and :mod:`harness.rank.collective_kinds` (how
-each kind is called and what it must produce) only, so that it tests torch.distributed and
-not the harness.
+run, verified and timed (:mod:`harness.rank.collective_kinds`: how each kind is called and
+what it must produce).
 
 The command line (:mod:`harness.cli`) sends its ranks :func:`rank_info` once, then
 :func:`check_row` once per row, each as its own call: a row that raises on some ranks only,

@@ -1,7 +1,5 @@
 """Every collective kind ``python -m harness check`` runs: how it is called on this rank, and
-what it must leave there. Runs INSIDE each rank (:mod:`harness.rank.check_rows` runs, times
-and verifies one row); it may import the standard library and torch only, so that it tests
-torch.distributed and not the harness.
+what it must leave there (:mod:`harness.rank.check_rows` runs, times and verifies one row).
 
 A kind is one torch.distributed function (or pair: ``send``/``recv``), checked in the modes
 it has (blocking, and ``async_op=True``); a row is one kind in one mode. Each rank's inputs

@@ -1,6 +1,6 @@
 """How a recorded call of ``torch.distributed`` reads (its :class:`Op`), and what torch's
-flight recorder holds: INSIDE each rank, for :mod:`harness.rank.trace`. It may import the
-stdlib, torch, the protocol and ``harness.compat`` (the flight recorder is private).
+flight recorder holds (a private API, through ``harness.compat``), for
+:mod:`harness.rank.trace`.
 
 Each recorded function has a row in :data:`_COLLECTIVES` or :data:`_P2P`: the arguments that
 describe a call, each of an :class:`ArgKind`. Where each one is in the function's parameters is

@@ -1,4 +1,4 @@
-"""Where a rank left through ``os._exit``: runs INSIDE each rank, never in the controller.
+"""Where a rank left through ``os._exit``, recorded for the controller.
 
 ``os._exit`` ends the process at once, with no exception and no crash dump: without a record,
 the controller could only say that the rank exited with some code. :func:`install` replaces

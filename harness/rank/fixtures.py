@@ -1,6 +1,5 @@
 """Fixtures that run inside the ranks: set up, cached by scope, torn down; and the
-``request`` view they get. Runs INSIDE a rank (see :mod:`harness.rank` for what it may
-import).
+``request`` view they get.
 
 The controller sends a test's rank-side fixtures (``RankFixture``, each after those it
 requests) in a ``FixturePlan``. Each is set up from its arguments as pytest would: a plain

@@ -1,6 +1,6 @@
-"""Who this rank is: the values of the plugin's rank-side fixtures, INSIDE a rank, or in
-pytest's own process under an external launcher (:mod:`harness.plugin.launcher`), where
-pytest runs in a rank. What it may import: see :mod:`harness.rank`.
+"""Who this rank is: the values of the plugin's rank-side fixtures, in a rank, or in pytest's
+own process under an external launcher (:mod:`harness.plugin.launcher`), where pytest runs
+in a rank.
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""Faults placed at collectives, acted out: runs INSIDE each rank. It may import the stdlib,
-torch and the shared :mod:`harness.faults`; never the controller, nor pytest.
+"""Faults placed at collectives (:mod:`harness.faults`), acted out in the rank.
 
 The recorder (:mod:`harness.rank.trace`) numbers each collective per process group as a
 report does; where one of this rank's faults is placed at that number, it hands the call to

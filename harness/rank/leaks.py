@@ -1,6 +1,6 @@
 """What a call leaves running or open in its rank that no reset can undo, reported rather
-than put back (:mod:`harness.rank.reset` puts back what it can): runs INSIDE a rank. Each
-finding is one line, which the controller shows with the call and the rank:
+than put back (:mod:`harness.rank.reset` puts back what it can). Each finding is one line,
+which the controller shows with the call and the rank:
 
 * **threads** the call started (``threading.Thread.start``, daemon or not) that are still
   alive when it returns, with where each was started: the first frame outside the standard

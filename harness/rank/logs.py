@@ -1,5 +1,4 @@
-"""The log records of a pytest test in a rank, for pytest's ``Captured log`` sections: runs
-INSIDE a rank (see :mod:`harness.rank` for what it may import).
+"""The log records of a pytest test in a rank, for pytest's ``Captured log`` sections.
 
 While a test runs (:func:`captured`), a handler on the root logger takes the records that
 pytest's own would take in-process (its ``log_level``; else the loggers' levels, WARNING by

@@ -1,6 +1,5 @@
-"""Where a ``MultiProcessTestCase`` test runs on a reused rank (``--dist-mptc``): INSIDE a rank
-(see :mod:`harness.rank` for what it may import; torch's test classes only through
-:mod:`harness.compat`).
+"""Where a ``MultiProcessTestCase`` test runs on a reused rank (``--dist-mptc``); torch's test
+classes come through :mod:`harness.compat`.
 
 A native run starts one process per rank, each calling the class's own
 ``cls._run(rank, test_name, file_name, pipe)`` and exiting; the parent judges the test by

@@ -1,4 +1,4 @@
-"""A rank's output during a call, as the controller asked for it: runs inside a rank.
+"""A rank's output during a call, as the controller asked for it.
 
 * ``capture``: file descriptors 1 and 2 go to the rank's capture files
   (:meth:`harness.protocol.rank_files.RankFiles.capture`), read by the controller afterwards;

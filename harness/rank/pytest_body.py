@@ -1,4 +1,4 @@
-"""Where a pytest test body runs: this module's ``run_pytest_test`` executes INSIDE each rank.
+"""Where a pytest test body runs in a rank: :func:`run_pytest_test`.
 
 The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
 (:class:`~harness.protocol.pytest_calls.TestRef`), never the function object, and a
@@ -7,9 +7,6 @@ imported it in the controller, the class (if any) is instantiated, the rank-side
 are set up (:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when
 the body (or a fixture's setup) raised, only after the controller heard of it
 (:func:`harness.rank.loop.report_failing`), since a teardown may take long.
-
-What it may import: see :mod:`harness.rank`; pytest's assertion rewriter through
-:mod:`harness.compat`.
 """
 
 from __future__ import annotations

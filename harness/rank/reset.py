@@ -1,4 +1,4 @@
-"""What one call may change in its rank, put back before the next: runs INSIDE a rank.
+"""What one call may change in its rank, put back before the next.
 
 A reused rank must look to each call as a fresh one would. :class:`ProcessState` is taken
 once when the rank is up and restored after every call (``--dist-mptc`` tests included):

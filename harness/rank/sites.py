@@ -1,7 +1,6 @@
 """Where in the user's code a rank is, as a reader of a failure names it: the call site of a
-collective, the position of a blocked thread, the line that raised a skip. Runs INSIDE each
-rank; it may import the stdlib, torch and ``harness.compat`` (frames are CPython's private
-API).
+collective, the position of a blocked thread, the line that raised a skip (frames are
+CPython's private API, read through ``harness.compat``).
 
 A reader wants the first frame outside the libraries between their code and the collective:
 torch's implementation, the harness and :mod:`multiprocessing` (:func:`is_call_site`); for a

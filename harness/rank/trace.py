@@ -1,6 +1,4 @@
-"""Which collectives a call issues, recorded per process group: runs INSIDE each rank. It may
-import the stdlib, torch, the protocol and ``harness.compat``; never the controller, nor
-pytest.
+"""Which collectives a call issues, recorded per process group.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
 ``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank, in
