@@ -43,12 +43,9 @@ if TYPE_CHECKING:
 
 def __getattr__(name: str) -> Any:
     # World and run need torch; importing them on first use keeps `import harness` (and the
-    # pytest plugin, loaded into every pytest run of the environment) free of it.
+    # pytest plugin, loaded into every pytest run of the environment) free of it. Reading
+    # them starts nothing: the forkserver starts with the first World.
     if name in ("World", "run"):
-        from harness.controller import forkserver
-
-        # The forkserver imports torch while we do: the first world comes up sooner.
-        forkserver.warm_up()
         return getattr(importlib.import_module("harness.controller.world"), name)
     if name == "FaultFired":
         return importlib.import_module("harness.faults").FaultFired
