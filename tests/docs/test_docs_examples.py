@@ -107,7 +107,7 @@ BLOCKS = [block for page in PAGES for block in parse(page)]
 
 
 _KEY_LINE = re.compile(
-    r"^(?:RankError|WorldTimeout|CollectiveMismatch|RankCrash|RankLeak): "
+    r"^(?:RankError|WorldTimeout|WorldHang|CollectiveMismatch|RankCrash|RankLeak): "
     r"|^rank \d+ never reached |^run \(|^confirmed on fresh processes; |^The deadline was "
     r"|^\S+ (?:failed|passed) (?:after|on a reused world) "
 )
