@@ -3,6 +3,10 @@
 They are raised in the controller, carry every failing rank's :class:`RankFailure`, and read
 as :func:`harness.protocol.failures.sections` lays failures out. Importing this module costs
 no torch import (the pytest plugin needs them in every pytest run).
+
+A run stopped by Ctrl-C ends with the ``KeyboardInterrupt`` itself, not an error of these: the
+helpers at the end (:func:`note_interrupt` and its readers) carry the ranks' stacks on it,
+from the controller that notes them to whoever shows them (the interpreter, the plugin).
 """
 
 from __future__ import annotations
@@ -207,10 +211,8 @@ def note_interrupt(
     """
     setattr(interrupt, _INTERRUPT_ATTR, (summary, dict(stacks), collectives))
     parts = [summary]
-    if collectives:
-        parts += ["---------- collectives ----------", collectives]
-    for rank, text in sorted(stacks.items()):
-        parts += [f"---------- rank {rank} ----------", _stack_text(text)]
+    for heading, text in _sections(stacks, collectives):
+        parts += [f"---------- {heading} ----------", text]
     note = "\n".join(parts)
     notes = getattr(interrupt, "__notes__", None)
     if isinstance(notes, list):
@@ -234,6 +236,14 @@ def interrupt_collectives(exc: BaseException) -> str:
     return str(found[2]) if isinstance(found, tuple) else ""
 
 
+def interrupt_sections(exc: BaseException) -> list[tuple[str, str]]:
+    """What a ``KeyboardInterrupt`` carries from a run it stopped (see :func:`note_interrupt`)
+    as its note shows it after the summary: ``("collectives", text)`` when any was issued,
+    then ``("rank N", its stacks)`` for each rank; empty when it stopped none."""
+    found = getattr(exc, _INTERRUPT_ATTR, None)
+    return _sections(found[1], found[2]) if isinstance(found, tuple) else []
+
+
 def forget_interrupt_note(exc: BaseException) -> None:
     """Drop the note :func:`note_interrupt` added, once the stacks were shown otherwise
     (pytest folds an exception's notes into its one-line KeyboardInterrupt summary)."""
@@ -244,6 +254,12 @@ def forget_interrupt_note(exc: BaseException) -> None:
     notes[:] = [note for note in notes if not (isinstance(note, str) and note.startswith(found[0]))]
     if not notes:
         del exc.__notes__  # type: ignore[attr-defined]
+
+
+def _sections(stacks: dict[int, str], collectives: str) -> list[tuple[str, str]]:
+    parts = [("collectives", collectives)] if collectives else []
+    parts += [(f"rank {rank}", _stack_text(text)) for rank, text in sorted(stacks.items())]
+    return parts
 
 
 def _stack_text(text: str) -> str:

@@ -10,7 +10,7 @@ harness's supervision loop (``selectors.py poll``), nothing of the ranks.
   is then armed again for what is left, so a hanging teardown is still caught; the same
   holds where a wider-scoped rank fixture ends, in whichever test's teardown.
 * **Ctrl-C.** ``World.call`` attaches the ranks' stacks to the ``KeyboardInterrupt``
-  (:func:`harness.errors.interrupt_stacks`); they are printed before pytest's summary, and
+  (:func:`harness.errors.interrupt_sections`); they are printed before pytest's summary, and
   the session then ends without work that would only delay its exit.
 """
 
@@ -33,7 +33,7 @@ from harness.errors import (
     WorldHang,
     WorldTimeout,
     forget_interrupt_note,
-    interrupt_collectives,
+    interrupt_sections,
     interrupt_stacks,
 )
 
@@ -72,12 +72,9 @@ class Hooks:
         # would walk every object torch has made: what exists now is out of their reach
         # (the process ends from here; a cycle left then is freed with the process).
         gc.freeze()
-        summary, stacks = found
-        collectives = interrupt_collectives(interrupt)
+        summary = found[0]
+        blocks = interrupt_sections(interrupt)  # as the note reads: collectives, then ranks
         forget_interrupt_note(interrupt)
-        blocks = [(f"rank {rank}", _text(text)) for rank, text in sorted(stacks.items())]
-        if collectives:
-            blocks.insert(0, ("collectives", collectives))
         reporter = self._config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None or hasattr(self._config, "workerinput"):
             # A pytest-xdist worker's terminal output goes nowhere (its stdout is the channel to
@@ -171,7 +168,3 @@ def _summary_entry_only(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
     shown = excinfo.traceback.filter(excinfo)  # the summary names the last entry shown
     if shown:
         excinfo.traceback = shown[-1:]
-
-
-def _text(stack: str) -> str:
-    return stack.rstrip("\n") if stack.strip() else "(no stack: the process had already ended)"
