@@ -103,7 +103,10 @@ class Fault:
         if self.when not in WHEN:
             raise ValueError(f"unknown when {self.when!r}; valid: {', '.join(map(repr, WHEN))}")
         try:
-            _signal.Signals(self.signal)
+            if not isinstance(self.signal, int) or isinstance(self.signal, bool):
+                raise TypeError  # Signals() would take 9.0 or True as a signal
+            # A plain int: Signals members travel as the number they stand for.
+            object.__setattr__(self, "signal", int(_signal.Signals(self.signal)))
         except (ValueError, TypeError):
             raise ValueError(
                 f"signal must be a signal number such as signal.SIGKILL, not {self.signal!r}"
@@ -224,7 +227,7 @@ def kill(
     strict: bool = True,
 ) -> Fault:
     """Kill ``rank`` with ``signal`` before, during or after its collective ``#at``."""
-    return Fault("kill", rank, at, group, when=when, signal=int(signal), strict=strict)
+    return Fault("kill", rank, at, group, when=when, signal=signal, strict=strict)
 
 
 def exit(

@@ -142,12 +142,7 @@ def test_a_bad_fault_fails_when_made_naming_the_value(make, error, message: str)
     assert message in str(info.value)
 
 
-@pytest.mark.xfail(
-    reason="kill() converts signal with int() before the check: 'KILL' raises int()'s own "
-    "message, 9.5 passes as 9 (Fault's check then sees an int)",
-    raises=AssertionError,
-)
-@pytest.mark.parametrize("value", ["KILL", 9.5, None])
+@pytest.mark.parametrize("value", ["KILL", 9.5, 9.0, True, None])
 def test_kill_names_a_bad_signal_as_the_spec_does(value: object) -> None:
     try:
         faults.kill(0, 1, signal=value)
