@@ -57,7 +57,7 @@ _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 """How bad each kind of status is: the merged row shows the worst."""
 
 
-def kind(status: str) -> str:
+def status_kind(status: str) -> str:
     """The kind of a ``Row.status``: the part before the first colon (``"ok"``, ``"FAIL"``,
     ``"unsupported"`` or ``"n/a"``), or ``"FAIL"`` for anything else (a status this module
     does not know cannot be trusted to mean success)."""
@@ -88,10 +88,12 @@ def _merge_one(name: str, reports: list[Row | None]) -> Row:
     if missing:
         return Row(name, f"{FAIL}: not reported by {ranks_phrase(missing)}", latency)
     statuses = [row.status for row in reports if row is not None]
-    worst = max(_SEVERITY[kind(status)] for status in statuses)
-    culprits = [rank for rank, status in enumerate(statuses) if _SEVERITY[kind(status)] == worst]
+    worst = max(_SEVERITY[status_kind(status)] for status in statuses)
+    culprits = [
+        rank for rank, status in enumerate(statuses) if _SEVERITY[status_kind(status)] == worst
+    ]
     first, status = culprits[0], statuses[culprits[0]]
-    if kind(status) == FAIL:
+    if status_kind(status) == FAIL:
         detail = status.split(":", 1)[1].strip() if ":" in status else status
         also = f" (also failed on {ranks_phrase(culprits[1:])})" if culprits[1:] else ""
         return Row(name, f"{FAIL}: rank {first}: {detail}{also}", latency)
@@ -104,13 +106,13 @@ def _merge_one(name: str, reports: list[Row | None]) -> Row:
 
 def exit_code(rows: Sequence[Row]) -> int:
     """1 if a merged row failed, else 0 (``unsupported`` and ``n/a`` are not failures)."""
-    return 1 if any(kind(row.status) == FAIL for row in rows) else 0
+    return 1 if any(status_kind(row.status) == FAIL for row in rows) else 0
 
 
 def summary(rows: Sequence[Row]) -> str:
     """The report's last line: ``"all N collectives ok"`` (``"1 collective ok"``; noting how
     many were unsupported or n/a) when nothing failed, else ``"K problems: name, ..."``."""
-    kinds = [kind(row.status) for row in rows]
+    kinds = [status_kind(row.status) for row in rows]
     failed = [row.name for row, k in zip(rows, kinds, strict=True) if k == FAIL]
     if failed:
         return f"{len(failed)} problem{'s' if len(failed) > 1 else ''}: {', '.join(failed)}"

@@ -1,5 +1,6 @@
 """Hangs that can never end, found while a call runs: the ranks' traces, asked for every
-:data:`PROBE_EVERY_S` once a call has run that long, judged by :func:`verdicts.certain`.
+:data:`PROBE_EVERY_S` once a call has run that long, judged by
+:func:`verdicts.can_never_finish`.
 
 A call that returns sooner costs nothing. The request is answered by each rank's watchdog
 thread (as at a deadline), and read back without blocking: the supervisor keeps reading
@@ -33,7 +34,8 @@ class HangWatch:
 
     Args:
         ranks: The call's ranks.
-        desync_check: Whether the call's desync check is on (see :func:`verdicts.certain`).
+        desync_check: Whether the call's desync check is on (see
+            :func:`verdicts.can_never_finish`).
         deadline: The call's timeout in seconds (None: none).
     """
 
@@ -80,7 +82,7 @@ class HangWatch:
         if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
             return False
         found: dict[int, RankTrace | None] = dict(traces)
-        return verdicts.certain(
+        return verdicts.can_never_finish(
             found,
             states,
             len(self._ranks),

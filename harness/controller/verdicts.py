@@ -1,8 +1,8 @@
 """Which collective went wrong: the ranks' traces compared, one verdict line per finding.
 
 Pure logic on plain data, for every failed call and, as the desync check, every call that
-returned on all ranks; while a call runs, :func:`certain` says whether the traces already
-prove it can never finish. Per process group, only its members are compared:
+returned on all ranks; while a call runs, :func:`can_never_finish` says whether the traces
+already prove it can never finish. Per process group, only its members are compared:
 
 * the first collective whose op, reduce op, root, shapes or dtypes differ between members
   (``collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
@@ -101,7 +101,7 @@ def find(
     return verdicts
 
 
-def certain(
+def can_never_finish(
     traces: Mapping[int, RankTrace | None],
     states: Mapping[int, str],
     world_size: int,
@@ -170,7 +170,7 @@ def _ends_itself(
     deadline: float | None,
 ) -> bool:
     """Whether the collectives ranks are ``inside`` on ``group`` raise by themselves before
-    the deadline (see :func:`certain`)."""
+    the deadline (see :func:`can_never_finish`)."""
     if any(last.op.name == "monitored_barrier" for last in inside.values()):
         return True
     bounds = [t for r in inside if (t := known[r].groups[group].timeout) is not None]

@@ -373,7 +373,7 @@ def test_numpy_status_is_one_decision_for_every_rank() -> None:
     # Some ranks only: the object rows are n/a on all of them, and the row says where.
     partial = cli._numpy_status([info("cpu", None), info("cpu", missing)])
     assert partial == "n/a: needs numpy (missing on rank 1)"
-    assert cli.kind(partial) == "n/a"
+    assert cli.status_kind(partial) == "n/a"
     rows = [Row("all_reduce", "ok", 1.0), Row("gather_object", partial, None)]
     assert exit_code(rows) == 0
     assert summary(rows) == "1 collective ok (1 n/a)"

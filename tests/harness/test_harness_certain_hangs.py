@@ -140,9 +140,9 @@ def test_a_rank_slow_in_python_code_is_not_failed_early(
     judged: list[bool] = []
     blocked: list[None] = []  # the rounds that saw ranks 0 and 2 waiting, rank 1 running
     seen = threading.Event()
-    real = verdicts.certain
+    real = verdicts.can_never_finish
 
-    def certain(traces: Any, states: Any, world_size: int, **kwargs: Any) -> bool:
+    def can_never_finish(traces: Any, states: Any, world_size: int, **kwargs: Any) -> bool:
         found = real(traces, states, world_size, **kwargs)
         judged.append(found)
         waiting = [traces.get(rank) for rank in (0, 2)]
@@ -154,7 +154,7 @@ def test_a_rank_slow_in_python_code_is_not_failed_early(
                 seen.set()
         return found
 
-    monkeypatch.setattr(verdicts, "certain", certain)
+    monkeypatch.setattr(verdicts, "can_never_finish", can_never_finish)
     path = str(tmp_path / "go")
     result: list[Any] = []
     runner = threading.Thread(
@@ -171,7 +171,7 @@ def test_a_rank_slow_in_python_code_is_not_failed_early(
     assert not any(judged)
 
 
-# ---------------------------------------------------------------- verdicts.certain on data
+# ---------------------------------------------------------------- verdicts.can_never_finish on data
 
 _AR = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce SUM float32[4]", "SUM")
 _BC = Op("broadcast", "broadcast(src=0, float32[4])", "broadcast src=0 float32[4]", root="src=0")
@@ -221,19 +221,21 @@ def test_certain_on_plain_data(
         for rank, (ops, state) in enumerate(zip(traces, states, strict=True))
     }
     by_rank = dict(enumerate(states))
-    assert verdicts.certain(found, by_rank, 2, desync_check=desync_check) is expected
+    assert verdicts.can_never_finish(found, by_rank, 2, desync_check=desync_check) is expected
 
 
 def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
     inside = {0: _trace([_AR]), 1: _trace([_BC])}
     running = {0: RUN, 1: RUN}
-    assert verdicts.certain(inside, running, 2)
+    assert verdicts.can_never_finish(inside, running, 2)
     # A rank whose trace is unknown proves nothing; nor does a third member not inside.
-    assert not verdicts.certain({0: inside[0], 1: None}, running, 2)
-    assert not verdicts.certain({**inside, 2: _trace([], COMPLETED)}, {**running, 2: RUN}, 3)
+    assert not verdicts.can_never_finish({0: inside[0], 1: None}, running, 2)
+    assert not verdicts.can_never_finish(
+        {**inside, 2: _trace([], COMPLETED)}, {**running, 2: RUN}, 3
+    )
     # A collective that raised on the group: the test may handle such errors.
     raised = {0: _trace([_AR], raised=1), 1: inside[1]}
-    assert not verdicts.certain(raised, running, 2)
+    assert not verdicts.can_never_finish(raised, running, 2)
 
 
 _MB = Op("monitored_barrier", "monitored_barrier()", "monitored_barrier")
@@ -245,13 +247,15 @@ def test_certain_not_where_the_waiting_collective_raises_before_the_deadline() -
     # expect that error (a rank that skips a barrier on purpose).
     states = {0: RUN, 1: DONE}
     returned = _trace([_AR], COMPLETED)
-    assert verdicts.certain({0: _trace([_AR, _AR]), 1: returned}, states, 2, deadline=120)
-    assert not verdicts.certain({0: _trace([_AR, _MB]), 1: returned}, states, 2, deadline=120)
+    assert verdicts.can_never_finish({0: _trace([_AR, _AR]), 1: returned}, states, 2, deadline=120)
+    assert not verdicts.can_never_finish(
+        {0: _trace([_AR, _MB]), 1: returned}, states, 2, deadline=120
+    )
     short = {0: _trace([_AR, _AR], timeout=5.0), 1: _trace([_AR], COMPLETED, timeout=5.0)}
-    assert not verdicts.certain(short, states, 2, deadline=120)
-    assert not verdicts.certain(short, states, 2, deadline=None)  # it raises, in time
+    assert not verdicts.can_never_finish(short, states, 2, deadline=120)
+    assert not verdicts.can_never_finish(short, states, 2, deadline=None)  # it raises, in time
     long = {0: _trace([_AR, _AR], timeout=1800.0), 1: _trace([_AR], COMPLETED, timeout=1800.0)}
-    assert verdicts.certain(long, states, 2, deadline=120)
+    assert verdicts.can_never_finish(long, states, 2, deadline=120)
 
 
 def test_a_returned_rank_and_a_group_timeout_the_test_handles_pass(
