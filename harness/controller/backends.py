@@ -25,7 +25,8 @@ def unavailable_reason(backend: str, world_size: int) -> str | None:
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:
-            return f"needs {world_size} CUDA devices, found {found}"
+            devices = "1 CUDA device" if world_size == 1 else f"{world_size} CUDA devices"
+            return f"needs {devices}, found {found}"
     check = getattr(dist, "is_backend_available", None)
     available = check(backend) if check else getattr(dist, f"is_{backend}_available", bool)()
     if not dist.is_available() or not available:

@@ -9,13 +9,13 @@ import sys
 import pytest
 import torch
 
-from harness.controller.backends import resolve_backend
+from harness.controller.backends import resolve_backend, unavailable_reason
 
 SCRIPT = """
 import torch.distributed as dist
 
 import fhelium.distributed as fd
-from harness.controller.backends import resolve_backend
+from harness.controller.backends import resolve_backend, unavailable_reason
 
 fd.init(world_size=1, rank=0)
 print(dist.get_backend(), resolve_backend("auto"))
@@ -45,3 +45,14 @@ def test_auto_follows_whether_cuda_is_available(
     assert resolve_backend("auto") == expected
     assert resolve_backend("AUTO") == expected
     assert resolve_backend("Gloo") == "gloo"
+
+
+@pytest.mark.parametrize(
+    ("world_size", "reason"),
+    [(1, "needs 1 CUDA device, found 0"), (2, "needs 2 CUDA devices, found 0")],
+)
+def test_nccl_without_devices_says_how_many_it_needs(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, reason: str
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert unavailable_reason("nccl", world_size) == reason
