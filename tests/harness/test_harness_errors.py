@@ -267,6 +267,20 @@ def test_unpicklable_argument_is_named(world2: harness.World) -> None:
     assert world2.run(fns.rank_and_size) == [(0, 2), (1, 2)]
 
 
+def test_args_and_kwargs_of_the_wrong_type_are_named(world2: harness.World) -> None:
+    pids = world2.run(fns.getpid)
+    with pytest.raises(TypeError) as excinfo:
+        world2.run(fns.echo, args=10.0)  # type: ignore[arg-type]
+    assert str(excinfo.value) == (
+        "args must be a tuple (or list) of positional arguments for fn, not 10.0 (float); "
+        "for a single argument write args=(10.0,)"
+    )
+    with pytest.raises(TypeError, match=r"^kwargs must be a mapping \(a dict\) of keyword "):
+        world2.run(fns.echo, kwargs=[("key", 1)])  # type: ignore[arg-type]
+    # Nothing was sent: the world is untouched.
+    assert world2.run(fns.getpid) == pids
+
+
 def test_argument_that_cannot_be_unpickled_in_the_rank(world2: harness.World) -> None:
     with pytest.raises(harness.RankError) as excinfo:
         world2.run(fns.echo, args=(fns.Unloadable(),))
