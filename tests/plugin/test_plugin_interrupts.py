@@ -52,6 +52,14 @@ def test_after(rank):
     pass
 """
 
+NO_CONFIRMATION = ("-o", "dist_confirm=off")
+"""The hang fails on a reused world (``test_before`` ran on it), so by default it runs again
+on fresh processes, under the same deadline, before it is reported: a second wait of the
+whole limit. The tests below check the deadline and the report of the reused world's run;
+the ``option`` case keeps the confirmation, and checks that the fresh run's deadline and
+report are pytest-timeout's too (which source set the limit does not matter there: the
+deadline is worked out once, for both runs)."""
+
 
 @pytest.mark.parametrize("how", ["option", "marker", "env", "ini", "func_only"])
 def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
@@ -61,6 +69,8 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     path = pytester.makepyfile(test_hang=HANG.format(dist="", marks=marks))
     hang_line = path.read_text().splitlines().index("    threading.Event().wait()") + 1
     args = ["-p", "no:randomly", "--dist-timeout", "3600"]
+    if how != "option":
+        args += NO_CONFIRMATION
     if how == "option":
         args += ["--timeout", str(LIMIT_S)]
     elif how == "env":
@@ -81,6 +91,7 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
         assert f'test_hang.py", line {hang_line}, in test_hang' in section, text
         assert "threading.Event().wait()" in section, text
     assert f"pytest-timeout's limit of {LIMIT_S} s" in text
+    assert ("confirmed on fresh processes" in text) == (how == "option"), text
     assert_no_internal_frames(text)
     # pytest-timeout itself never fired: no dump of the pytest process's threads.
     output = result.stdout.str()
@@ -139,7 +150,7 @@ def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytest
     pytester.makepyfile(test_hang=HANG.format(dist="", marks=""))
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--dist-timeout", "3600", "--timeout", str(LIMIT_S),
-        "--timeout-method", "thread",
+        "--timeout-method", "thread", *NO_CONFIRMATION,
     )  # fmt: skip
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(
@@ -160,7 +171,7 @@ def test_pytest_timeout_below_the_harness_timeout_leaves_the_harnesss_own(
     # The harness's own timeout is the smaller one here: it is the deadline, as without
     # pytest-timeout, and the report says nothing about pytest-timeout.
     pytester.makepyfile(test_hang=HANG.format(dist=", timeout=2", marks=""))
-    result = pytester.runpytest("-p", "no:randomly", "--timeout", "3600")
+    result = pytester.runpytest("-p", "no:randomly", "--timeout", "3600", *NO_CONFIRMATION)
     result.assert_outcomes(passed=2, failed=1)
     text = reports(result)["test_hang"].longreprtext
     assert text.startswith("WorldTimeout: the run did not finish within 2 s"), text
