@@ -38,8 +38,7 @@ def local_device() -> torch.device:
 def default_backend() -> str:
     """The backend ``init`` uses when none is given: NCCL when CUDA is available, else Gloo.
 
-    Not part of the public API; the harness resolves its ``"auto"`` backend with it, so
-    that the two can never disagree.
+    Not part of the public API.
     """
     return "nccl" if torch.cuda.is_available() else "gloo"
 

@@ -10,8 +10,6 @@ from harness import validate
 from harness.errors import DistributedError
 from harness.protocol.failures import ranks_phrase
 
-short_repr = validate.short_repr  # also imported from here
-
 
 def pickle_call(
     fn: Callable[..., Any], args: Iterable[Any], kwargs: Mapping[str, Any] | None, n: int
@@ -34,7 +32,7 @@ def pickle_call(
         parts += [(f"kwargs[{key!r}]", value) for key, value in kwargs.items()]
         name, obj = next(((name, obj) for name, obj in parts if not picklable(obj)), ("call", fn))
         raise DistributedError(
-            f"could not pickle {name} ({short_repr(obj)}) to send it to "
+            f"could not pickle {name} ({validate.short_repr(obj)}) to send it to "
             f"{ranks_phrase(range(n))}: "
             f"{type(exc).__name__}: {exc}. Functions must be defined at module level."
         ) from exc

@@ -107,7 +107,7 @@ class World:
         self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
         reason = unavailable_reason(self.backend, self.world_size)
         if reason:
-            raise RuntimeError(f"cannot start a world of {world_size} ranks: {reason}")
+            raise RuntimeError(f"cannot start a world of {_ranks(world_size)}: {reason}")
         self._generations = spawn.Generations(tempfile.mkdtemp(prefix="harness-"))
         self._finalizer = weakref.finalize(self, self._generations.release)
         _open_worlds.add(self)
@@ -171,8 +171,9 @@ class World:
         Raises:
             RankError: Code raised on one or more ranks (root cause first).
             WorldTimeout: The run did not finish in time (its message says how to change
-                the bound), or its collectives can never complete; carries every rank's
-                stack.
+                the bound); carries every rank's stack.
+            WorldHang: The ranks' collectives can never complete (a ``WorldTimeout``
+                raised before the deadline); carries every rank's stack.
             RankCrash: A rank process died during the run.
             CollectiveMismatch: Every rank returned, but their collectives differ; with
                 ``check_collectives=False`` the values are returned instead.
@@ -182,8 +183,9 @@ class World:
             unittest.SkipTest, pytest.skip.Exception: Every rank skipped.
             KeyboardInterrupt: Ctrl-C while the ranks ran, re-raised once the ranks were
                 stopped, with every rank's stack attached as a note (printed after it).
-            TypeError, ValueError: ``check_collectives`` is not a bool, or ``faults`` is not
-                a list of faults that fit this world.
+            TypeError, ValueError: ``args`` is not a tuple or list, ``kwargs`` not a
+                mapping, ``check_collectives`` not a bool, or ``faults`` not a list of
+                faults that fit this world.
         """
         # Checked before the record is made of them: a bad value is named as it was given.
         placed = checked(faults, self.world_size)
@@ -289,7 +291,7 @@ class World:
         # What the ranks inherit; calls send only changes.
         self._environ = dict(compat.environ_bytes())
         self._generations.start(self.world_size, self.backend, init=self.init)
-        world = f"a world of {self.world_size} ranks ({self.backend})"
+        world = f"a world of {_ranks(self.world_size)} ({self.backend})"
         outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:
             raise outcome.error
@@ -375,15 +377,18 @@ def run(
 
     Raises:
         RankError: Code raised on one or more ranks (root cause first).
-        WorldTimeout: The run did not finish in time, or its collectives can never complete.
+        WorldTimeout: The run did not finish in time.
+        WorldHang: Its collectives can never complete.
         RankCrash: A rank process died during the run.
         CollectiveMismatch: Every rank returned, but their collectives differ.
         FaultNotFired: A fault never acted.
         DistributedError: Something could not be pickled, or a rank did not start.
-        TypeError: An argument of the wrong type (``world_size``, ``init``, ...).
+        TypeError: An argument of the wrong type (``world_size``, ``args``, ``init``, ...).
         ValueError: An argument out of range (``world_size``, ``backend``, ``timeout``).
         RuntimeError: The backend cannot run here.
     """
+    # Before the ranks start: a mistake here needs no world to be found.
+    args, kwargs = validate.call_args(args), validate.call_kwargs(kwargs)
     with World(world_size, backend=backend, timeout=timeout, init=init) as world:
         return world.run(
             fn, args=args, kwargs=kwargs, check_collectives=check_collectives, faults=faults
@@ -396,6 +401,10 @@ def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
     if isinstance(reply, Done) and not reply.output_written:
         return "", ""
     return proc.files.output()
+
+
+def _ranks(count: int) -> str:
+    return f"{count} rank" + ("" if count == 1 else "s")
 
 
 def _timeout(value: float | None) -> float | None:

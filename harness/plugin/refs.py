@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from harness import compat
-from harness.controller.pickling import pickle_problem, short_repr
+from harness.controller.pickling import pickle_problem
 from harness.protocol.pytest_calls import FunctionRef, TestRef
+from harness.validate import short_repr
 
 
 def reference(item: pytest.Function, function: str, *, state: bool = False) -> TestRef:

@@ -4,14 +4,12 @@
 from __future__ import annotations
 
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
 import harness
 from harness import compat
-from harness.rank import title
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process titles are read from /proc (Linux)"
@@ -23,7 +21,6 @@ def _command(pid: int | str) -> str:
 
 
 def test_each_rank_and_the_forkserver_are_named(world2: harness.World) -> None:
-    pytest.importorskip("setproctitle")
     # A rank reads its own command line: Path.read_bytes pickles by reference.
     commands = world2.run(Path.read_bytes, args=(Path("/proc/self/cmdline"),))
     assert [c.rstrip(b"\0").decode() for c in commands] == [
@@ -33,19 +30,3 @@ def test_each_rank_and_the_forkserver_are_named(world2: harness.World) -> None:
     server = compat.forkserver_pid()
     assert server is not None
     assert _command(server) == "harness forkserver"
-
-
-def test_without_setproctitle_the_short_name_is_set(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The short name (comm) belongs to a thread: set in a thread of ours, it renames nothing
-    # of this process.
-    monkeypatch.setitem(sys.modules, "setproctitle", None)  # its import now fails
-    names = []
-
-    def name_this_thread() -> None:
-        title.set_title("harness rank 1/4 (gloo)")
-        names.append(Path(f"/proc/self/task/{threading.get_native_id()}/comm").read_text())
-
-    thread = threading.Thread(target=name_this_thread)
-    thread.start()
-    thread.join()
-    assert names == ["harness rank 1/\n"]  # the kernel keeps 15 bytes of it

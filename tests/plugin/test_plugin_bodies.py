@@ -390,7 +390,7 @@ def test_nccl_without_enough_gpus_is_a_skip(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             f"SKIPPED [[]1[]] test_nccl_without_enough_gpus_is_a_skip.py:3: "
-            f"needs {found + 1} CUDA devices, found {found}"
+            f"needs {found + 1} CUDA device{'s' if found + 1 != 1 else ''}, found {found}"
         ]
     )
 
