@@ -46,6 +46,8 @@ class _Live:
 
 
 # Wider-than-function fixtures alive in this process, in setup order, by (key, scope_key).
+# Per process by nature (their values live here until their scope ends), and module-level
+# because end_fixture_scopes runs as a call of its own, named by the controller.
 _wide: dict[tuple[str, str], _Live] = {}
 
 

@@ -43,7 +43,8 @@ _CHILDREN_FILES = _PROC and os.path.exists(f"{_TASK_DIR}/{os.getpid()}/children"
 _THREADING_FILE = threading.__file__
 _OWN_FILE = __file__
 
-# The watch of the call in progress (see Watch.threads), for lasting().
+# The watch of the call in progress (see Watch.threads), for lasting(). Module-level: a
+# fixture's setup (harness.rank.fixtures) calls lasting() from code that gets no context.
 _current: Watch | None = None
 
 

@@ -24,10 +24,6 @@ from harness.protocol.rank_files import write_all
 # pytest's default log_format, for a caplog outside a test's capture.
 DEFAULT_FORMAT = "%(levelname)-8s %(name)s:%(filename)s:%(lineno)d %(message)s"
 
-# The settings of the test in progress (None between tests), and its phase.
-_settings: LogSettings | None = None
-_phase = "setup"
-
 
 class _Handler(logging.Handler):
     """Writes each record's lines, marked, to a file descriptor. One per rank, set up anew
@@ -50,19 +46,31 @@ class _Handler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = self.format(record)
-            marked = "".join(f"{LOG_MARK}{_phase} {line}\n" for line in text.split("\n"))
+            phase = _state.phase
+            marked = "".join(f"{LOG_MARK}{phase} {line}\n" for line in text.split("\n"))
             write_all(self._fd, marked.encode("utf-8", "replace"))
         except Exception:
             self.handleError(record)
 
 
-_handler: _Handler | None = None
+class _State:
+    """The rank's log capture: the settings of the test in progress (None between tests), its
+    phase, and the handler (made at the first test that captures, then kept)."""
+
+    def __init__(self) -> None:
+        self.settings: LogSettings | None = None
+        self.phase = "setup"
+        self.handler: _Handler | None = None
+
+
+# The one module-level state, per rank process: read by the handler's emit (called by
+# logging) and by caplog (builtin_fixtures), set by the test body: none gets an argument.
+_state = _State()
 
 
 @contextmanager
 def captured(settings: LogSettings | None) -> Iterator[None]:
     """Capture the block's log records as the module's docstring says (nothing for None)."""
-    global _settings, _phase, _handler
     if settings is None:
         yield
         return
@@ -73,8 +81,8 @@ def captured(settings: LogSettings | None) -> Iterator[None]:
         return
     root = logging.getLogger()
     level = root.level
-    _settings, _phase = settings, "setup"
-    handler = _handler = _handler or _Handler()
+    _state.settings, _state.phase = settings, "setup"
+    handler = _state.handler = _state.handler or _Handler()
     handler.prepare(settings, fd)
     if settings.level is not None and settings.level < level:
         root.setLevel(settings.level)  # as pytest: records of that level reach the handlers
@@ -86,22 +94,23 @@ def captured(settings: LogSettings | None) -> Iterator[None]:
         if root.level != level:  # setLevel clears every logger's cache: only when needed
             root.setLevel(level)
         os.close(fd)
-        _settings = None
+        _state.settings = None
 
 
 def phase(name: str) -> None:
     """The test in progress enters its phase ``name`` (``"call"``, ``"teardown"``)."""
-    global _phase
-    _phase = name
+    _state.phase = name
 
 
 def level() -> int | None:
     """``log_level`` of the test in progress, None where unset (or between tests)."""
-    return _settings.level if _settings is not None else None
+    settings = _state.settings
+    return settings.level if settings is not None else None
 
 
 def formatter() -> logging.Formatter:
     """A formatter of the test in progress's ``log_format`` (pytest's default between tests)."""
-    if _settings is None:
+    settings = _state.settings
+    if settings is None:
         return logging.Formatter(DEFAULT_FORMAT)
-    return logging.Formatter(_settings.format, _settings.date_format)
+    return logging.Formatter(settings.format, settings.date_format)

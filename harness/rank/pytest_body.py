@@ -126,7 +126,8 @@ def import_test_module(ref: TestRef) -> ModuleType:
 
 
 # The module found for each (name, file): looked for once, not at every test of it
-# (checking that a module comes from a file costs two ``stat`` calls).
+# (checking that a module comes from a file costs two ``stat`` calls). A cache of this
+# process's imports, as ``sys.modules`` is: module-level.
 _imported: dict[tuple[str, str], ModuleType] = {}
 
 

@@ -294,7 +294,9 @@ def _ended(result: Any) -> str:
 
 
 # The recorder of the call in progress (None between calls: wrappers then call through),
-# and that of the last call that ended.
+# and that of the last call that ended. Module-level: the wrappers installed into
+# torch.distributed, called by user code, and snapshot, called by the watchdog thread, get
+# no arguments of the harness's.
 _current: Recorder | None = None
 _last: Recorder | None = None
 
