@@ -58,10 +58,11 @@ class RankFailure:
             frames; for a crash, the fatal-error dump if Python wrote one; for a timeout,
             the rank's stacks at the deadline.
         phase: For a pytest test, ``"setup"`` or ``"teardown"`` when a fixture that runs in
-            the ranks raised (see ``PHASE_ATTR``); ``"call"`` otherwise.
-        exitcode: The exit code the exception stands for (see ``EXIT_CODE_ATTR``), or None.
+            the ranks raised; ``"call"`` otherwise.
+        exitcode: The exit code the exception stands for (a test that called ``os._exit``),
+            or None.
         times: For a pytest test, the seconds this rank spent in its setup, call and
-            teardown (see ``TIMES_ATTR``), or None.
+            teardown, or None.
     """
 
     rank: int
