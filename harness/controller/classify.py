@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from harness.controller import verdicts
-from harness.controller.outcome import Died, Faulted, Outcome, Reply
+from harness.controller.outcome import Classified, Died, Faulted, Reply
 from harness.errors import (
     CollectiveMismatch,
     DistributedError,
@@ -45,7 +45,7 @@ def classify(
     fired: Mapping[int, Fired] | None = None,
     stopped: float = 0.0,
     certain: bool = False,
-) -> Outcome:
+) -> Classified:
     """Decide what a call (or the start of a world) amounts to.
 
     Args:
@@ -100,7 +100,7 @@ def classify(
             outcome.suspect = not verdicts.agree(prints, world_size)
         return outcome
     if len(skipped) == world_size:
-        return Outcome(skip=min(skipped.values(), key=lambda m: m.at))
+        return Classified(skip=min(skipped.values(), key=lambda m: m.at))
     outcome = _failed(
         replies, world_size, timeout, stacks, skipped, fired or {}, stopped, certain=certain
     )
@@ -109,7 +109,9 @@ def classify(
     return outcome
 
 
-def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size: int) -> Outcome:
+def desync(
+    outcome: Classified, traces: Mapping[int, RankTrace | None], world_size: int
+) -> Classified:
     """The desync check's second half, for a ``suspect`` outcome: compare the ranks' whole
     traces, taken after the call (None where one could not be read).
 
@@ -135,7 +137,9 @@ def desync(outcome: Outcome, traces: Mapping[int, RankTrace | None], world_size:
     )
     error.collectives = dict(traces)
     error.verdicts = found
-    return Outcome(error=error, outputs=outcome.outputs, notice=outcome.notice, leaks=outcome.leaks)
+    return Classified(
+        error=error, outputs=outcome.outputs, notice=outcome.notice, leaks=outcome.leaks
+    )
 
 
 def leak_report(leaks: Mapping[int, tuple[str, ...]], call: str) -> str:
@@ -145,7 +149,7 @@ def leak_report(leaks: Mapping[int, tuple[str, ...]], call: str) -> str:
     return f"{call} left behind what the harness cannot undo in a reused rank: {items}"
 
 
-def leak_error(outcome: Outcome, call: str) -> Outcome:
+def leak_error(outcome: Classified, call: str) -> Classified:
     """A successful outcome with ``leaks`` made a ``RankLeak`` (``leaks="error"``): the call,
     the ranks and the first finding, each rank's findings as its failure; not reusable
     (stopping the ranks ends what they leaked)."""
@@ -158,7 +162,7 @@ def leak_error(outcome: Outcome, call: str) -> Outcome:
         rank: RankFailure(rank, "RankLeak", "; ".join(found), "".join(f"{f}\n" for f in found))
         for rank, found in sorted(leaks.items())
     }
-    return Outcome(
+    return Classified(
         error=RankLeak(summary, failures),
         outputs=outcome.outputs,
         reusable=False,
@@ -176,7 +180,7 @@ def _grouped(leaks: Mapping[int, tuple[str, ...]]) -> list[tuple[str, str]]:
     return [(line, ranks_phrase(ranks)) for line, ranks in ranks_of.items()]
 
 
-def _values(done: dict[int, Done], init: bool) -> Outcome:
+def _values(done: dict[int, Done], init: bool) -> Classified:
     values = []
     for rank in sorted(done):
         try:
@@ -186,7 +190,7 @@ def _values(done: dict[int, Done], init: bool) -> Outcome:
                 f"could not unpickle the return value of rank {rank}: {type(exc).__name__}: {exc}"
             )
             failure = RankFailure(rank, type(exc).__name__, message, message + "\n")
-            return Outcome(error=RankError(message, {rank: failure}))
+            return Classified(error=RankError(message, {rank: failure}))
     # A call that destroyed the default group on some ranks only, or made groups on some
     # ranks only, leaves its result valid but the world unfit for the next call. Without a
     # harness group none of this matters: every group is destroyed before the next call,
@@ -211,7 +215,7 @@ def _values(done: dict[int, Done], init: bool) -> Outcome:
     reusable = all(reply.reusable for reply in done.values()) and not notice
     regroup = init and reusable and len(gone) == len(done)
     leaks = {rank: reply.leaks for rank, reply in sorted(done.items()) if reply.leaks}
-    return Outcome(values=values, reusable=reusable, notice=notice, regroup=regroup, leaks=leaks)
+    return Classified(values=values, reusable=reusable, notice=notice, regroup=regroup, leaks=leaks)
 
 
 def _failed(
@@ -224,7 +228,7 @@ def _failed(
     stopped: float,
     *,
     certain: bool,
-) -> Outcome:
+) -> Classified:
     silent = [rank for rank in range(world_size) if rank not in replies]
     # What the faults did, for the summary: the reader needs it to judge the survivors.
     by_time = sorted(fired.items(), key=lambda item: item[1].at)
@@ -246,7 +250,7 @@ def _failed(
             codes = {r: m.exitcode or 0 for r, m in replies.items() if isinstance(m, Died)}
             error = RankCrash(summary, failures, codes)
         returned = {r: m.value for r, m in replies.items() if isinstance(m, Done)}
-        return Outcome(error=error, returned=returned)
+        return Classified(error=error, returned=returned)
     if skipped:
         reasons = "; ".join(skip_line(r, m.reason, m.site) for r, m in sorted(skipped.items()))
         others = [rank for rank in range(world_size) if rank not in skipped]
@@ -258,7 +262,7 @@ def _failed(
         failures = {
             rank: RankFailure.skipped(rank, skip.reason, skip.site) for rank, skip in in_order
         }
-        return Outcome(error=RankError(summary, failures))
+        return Classified(error=RankError(summary, failures))
     every_stack = {rank: stacks.get(rank, "") for rank in range(world_size)}
     if certain:
         what = "blocked in a collective that can never complete"
@@ -268,7 +272,7 @@ def _failed(
             f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
             "(their stacks follow; the ranks were then killed)"
         )
-        return Outcome(error=WorldHang(summary, failures, every_stack))
+        return Classified(error=WorldHang(summary, failures, every_stack))
     bound = f" within {timeout:g} s" if timeout is not None else ""
     what = f"still running after {timeout:g} s" if timeout is not None else "still running"
     failures = {
@@ -278,7 +282,7 @@ def _failed(
     if by_time:
         rank, first = by_time[0]
         after = f" {max(stopped - first.at, 0.0):.1f} s after rank {rank} {first.what}"
-    return Outcome(
+    return Classified(
         error=WorldTimeout(
             f"the run did not finish{bound}: {ranks_phrase(silent)} still running{after} "
             "(their stacks at the deadline follow; the ranks were then killed)",
@@ -353,9 +357,9 @@ def _start(
     timeout: float | None,
     stacks: Mapping[int, str],
     world: str,
-) -> Outcome:
+) -> Classified:
     if all(isinstance(replies.get(rank), Ready) for rank in range(world_size)):
-        return Outcome(values=[])
+        return Classified(values=[])
     bound = f" after {timeout:g} s" if timeout is not None else ""
     failures: dict[int, RankFailure] = {}
     for rank in range(world_size):
@@ -371,7 +375,7 @@ def _start(
         isinstance(reply, Died) and reply.exitcode == EXIT_MAIN_REIMPORTED
         for reply in replies.values()
     )
-    return Outcome(
+    return Classified(
         error=DistributedError(
             f"{world} did not start: {names} did not come up",
             failures,

@@ -10,7 +10,7 @@ from harness import compat
 from harness.controller import spawn, supervise
 from harness.controller.certain import HangWatch
 from harness.controller.classify import classify, desync, leak_error
-from harness.controller.outcome import Outcome, Reply
+from harness.controller.outcome import Classified, Reply
 from harness.controller.spawn import RankProcess
 from harness.errors import note_interrupt
 from harness.protocol.messages import Call, CallOptions, Done, Fired, Regroup
@@ -56,7 +56,7 @@ def exchange(
     *,
     init: bool,
     leaks: str,
-) -> tuple[Outcome, dict[int, Reply]]:
+) -> tuple[Classified, dict[int, Reply]]:
     """Send ``message`` (None: nothing, the ranks are starting) to every rank, gather their
     replies within ``timeout`` and classify them; ``what`` names the call (``"the call of
     fn"``) or what starts. With ``leaks="error"`` what a call left is its failure. Returns

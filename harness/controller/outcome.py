@@ -56,16 +56,6 @@ class Outcome:
         error: The error, when it did not.
         skip: The skip, when every rank skipped.
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
-        reusable: False when the world must be rebuilt although the call succeeded (it
-            destroyed the default group on some ranks only, left the ranks' group counters
-            out of step, or a collective raised and the test handled the error).
-        notice: Why a successful call left the world unfit, when the caller should hear it
-            ('' otherwise).
-        regroup: The call destroyed the harness's default process group on every rank: the
-            world makes a fresh one, on the same processes, before the next call.
-        leaks: What a successful call left that no reset undoes: findings by rank.
-        suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
-            their traces and completes the desync check (``classify.desync``).
         returned: When the call failed, the pickled return values of the ranks that had
             returned, by rank (the ``--dist-mptc`` check judges ranks one by one).
     """
@@ -74,11 +64,6 @@ class Outcome:
     error: DistributedError | None = None
     skip: Skipped | None = None
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
-    reusable: bool = True
-    notice: str = ""
-    regroup: bool = False
-    leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
-    suspect: bool = False
     returned: dict[int, bytes] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
@@ -91,3 +76,32 @@ class Outcome:
                 compat.skip_at_test(self.skip.reason)
             raise unittest.SkipTest(self.skip.reason)
         return list(self.values or [])
+
+
+@dataclass
+class Classified(Outcome):
+    """A call's outcome as the controller classified it, with what it means for the world
+    that ran it (the World's to act on; ``World.call`` returns the plain :class:`Outcome`).
+
+    Attributes:
+        reusable: False when the world must be rebuilt although the call succeeded (it
+            destroyed the default group on some ranks only, left the ranks' group counters
+            out of step, or a collective raised and the test handled the error).
+        notice: Why a successful call left the world unfit, when the caller should hear it
+            ('' otherwise).
+        regroup: The call destroyed the harness's default process group on every rank: the
+            world makes a fresh one, on the same processes, before the next call.
+        leaks: What a successful call left that no reset undoes: findings by rank.
+        suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
+            their traces and completes the desync check (``classify.desync``).
+    """
+
+    reusable: bool = True
+    notice: str = ""
+    regroup: bool = False
+    leaks: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    suspect: bool = False
+
+    def outcome(self) -> Outcome:
+        """The outcome alone, as the World's caller sees it."""
+        return Outcome(self.values, self.error, self.skip, self.outputs, self.returned)

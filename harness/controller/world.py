@@ -21,7 +21,7 @@ from harness.controller import forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
-from harness.controller.outcome import Outcome, Reply
+from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
 from harness.errors import WorldTimeout
@@ -240,15 +240,15 @@ class World:
         name = options.name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
         message = call_message(payload, options, self._environ, rendezvous, self.leaks != "off")
-        outcome, replies = self._exchange(message, options.timeout, name)
-        if outcome.regroup:
-            outcome.notice = self._regroup()
-            outcome.reusable = not outcome.notice
-        if outcome.notice:
+        classified, replies = self._exchange(message, options.timeout, name)
+        if classified.regroup:
+            classified.notice = self._regroup()
+        if classified.notice:
             # A warning: under pytest it is listed with the test that caused it.
-            warnings.warn(outcome.notice, RuntimeWarning, stacklevel=3)
-        if outcome.leaks and self.leaks == "warn":
-            warnings.warn(leak_report(outcome.leaks, name), RuntimeWarning, stacklevel=3)
+            warnings.warn(classified.notice, RuntimeWarning, stacklevel=3)
+        if classified.leaks and self.leaks == "warn":
+            warnings.warn(leak_report(classified.leaks, name), RuntimeWarning, stacklevel=3)
+        outcome = classified.outcome()
         if options.output == OUTPUT_CAPTURE:
             ranks = self._generations.ranks
             outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
@@ -311,7 +311,7 @@ class World:
 
     def _exchange(
         self, message: Call | Regroup | None, timeout: float | None, what: str
-    ) -> tuple[Outcome, dict[int, Reply]]:
+    ) -> tuple[Classified, dict[int, Reply]]:
         """:func:`~harness.controller.exchange.exchange` with the live ranks, stopped when
         it fails or is interrupted."""
         failed = True
