@@ -114,7 +114,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
     from harness.protocol.pytest_calls import CaseCall
-    from harness.rank.mptc_body import run_case as rank_body
+    from harness.rank.mptc_body import run_mptc_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
     call = CaseCall(
@@ -185,7 +185,7 @@ class _CaseTest:
         self._case, self._fn, self._world_size = case, fn, world_size
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, _Ended]:
-        from harness.rank.mptc_body import FreshAfter  # imported with run_case's body
+        from harness.rank.mptc_body import FreshAfter  # imported with run_mptc_case
 
         started = time.time()
         outcome = self.step.call(world)

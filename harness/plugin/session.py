@@ -244,7 +244,7 @@ def _log_settings(config: pytest.Config) -> LogSettings | None:
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
     """How long the ranks spent in the test's setup, call and teardown: the phases of the
-    slowest rank that said (:func:`harness.rank.pytest_body.run_test`). One rank's, not
+    slowest rank that said (:func:`harness.rank.pytest_body.run_pytest_test`). One rank's, not
     each phase's longest: those of several ranks could add up to more than the test took."""
     said = [value for value in outcome.values or () if isinstance(value, tuple)]
     if outcome.error is not None:

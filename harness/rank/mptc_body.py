@@ -3,7 +3,7 @@ classes come through :mod:`harness.compat`.
 
 A native run starts one process per rank, each calling the class's own
 ``cls._run(rank, test_name, file_name, pipe)`` and exiting; the parent judges the test by
-their exit codes and what they sent through their pipes. :func:`run_case` makes that same
+their exit codes and what they sent through their pipes. :func:`run_mptc_case` makes that same
 call on a rank of a reused world, and turns how it ended into what the controller feeds the
 class's own check (:mod:`harness.plugin.mptc`): exit code 0 or one of the class's skip codes
 is a :class:`~harness.protocol.messages.CaseExit`, and the rank stays up for the next test;
@@ -74,7 +74,7 @@ class ProcessExit(Exception):
         self.exitcode = exitcode
 
 
-def run_case(call: CaseCall) -> CaseExit:
+def run_mptc_case(call: CaseCall) -> CaseExit:
     """Run one test of a ``MultiProcessTestCase`` class as its process for this rank would.
 
     Returns:
