@@ -20,6 +20,14 @@ from plugin_testutil import descendants, new_processes
 
 if not sys.platform.startswith("linux"):
     collect_ignore_glob = ["test_*.py"]  # the leftover-process checks read /proc
+else:
+    # torch's test utilities, imported while this file is collected: before any test of
+    # this process starts the forkserver, which then preloads them and the harness's
+    # --dist-mptc rank module, as it does in a --dist-mptc session. Else every rank of the
+    # many fresh worlds of the --dist-mptc tests here imports them itself (seconds each on
+    # a loaded machine) and learns torch's default thread count from a fresh interpreter.
+    # They stay imported for the whole process (see torch_test_modules).
+    importlib.import_module("torch.testing._internal.common_distributed")
 
 
 @pytest.fixture(autouse=True)

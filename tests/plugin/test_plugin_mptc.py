@@ -115,9 +115,9 @@ class TestThree(Base):
         pass
 """,
     )
-    native = pytester.runpytest_subprocess("-rs", "-p", "no:randomly")
+    native = pytester.runpytest("-rs", "-p", "no:randomly")
     native.assert_outcomes(passed=1, failed=1, skipped=1)
-    reused = pytester.runpytest_subprocess("-rs", "-p", "no:randomly", "--dist-mptc")
+    reused = pytester.runpytest("-rs", "-p", "no:randomly", "--dist-mptc")
     reused.assert_outcomes(passed=1, failed=1, skipped=1)
     assert _skip_reasons(reused) == _skip_reasons(native) == ["Need at least 8 CUDA devices"]
     # The harness's report: which rank failed, its traceback first.
@@ -305,7 +305,10 @@ class TestHang(Base):
         record("after", self.rank)
 """,
     )
-    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc")
+    # dist_confirm=off: the report is the reused ranks' run's. A confirmation on fresh
+    # processes would wait out the class's 5 s a second time (test_plugin_confirm.py checks
+    # confirmations, test_plugin_interrupts.py one of a hang).
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-o", "dist_confirm=off")
     result.assert_outcomes(passed=2, failed=1)
     failure = _failure(result, "test_2_hangs")
     assert failure.startswith("WorldTimeout: the run did not finish within 5 s"), failure
