@@ -58,6 +58,20 @@ def positive_int(value: object, where: str, *, text: bool = False) -> int:
     return value
 
 
+def whole(value: object, where: str) -> int:
+    """Check an integer that must be at least 0 (GPUs per rank), and return it.
+
+    Raises:
+        TypeError: It is not an int (``True`` and ``1.0`` are not).
+        ValueError: It is negative.
+    """
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{where} must be an int >= 0, not {value!r}")
+    if value < 0:
+        raise ValueError(f"{where} must be >= 0, got {value}")
+    return value
+
+
 def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
     """Check a positive, finite duration in seconds, and return it as a float.
 

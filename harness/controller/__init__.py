@@ -4,6 +4,7 @@
 * :mod:`~harness.controller.world`       ``World`` and ``run``: a world's life and its calls
 * :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
 * :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
+* :mod:`~harness.controller.supervision` the rules of that wait, one state per rank (pure logic)
 * :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
@@ -12,6 +13,7 @@
 * :mod:`~harness.controller.forkserver`  the warm server ranks are forked from
 * :mod:`~harness.controller.stacks`      faulthandler dumps made readable
 * :mod:`~harness.controller.backends`    which backend, and whether it can run here
+* :mod:`~harness.controller.gpus`        the run's GPUs, and exclusive leases on them
 * :mod:`~harness.controller.pickling`    sending a call by pickle, naming what does not pickle
 * :mod:`~harness.controller.coverage`    the ranks' coverage settings, and merging their data
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from harness.controller import coverage
 from harness.controller.forkserver import context
-from harness.protocol.messages import TRACE_REQUEST, RankSetup
+from harness.controller.gpus import Lease
+from harness.protocol.messages import GPUS_PER_RANK, TRACE_REQUEST, RankSetup
 from harness.protocol.rank_files import RankFiles
 from harness.rank import CODE_DIR, entry
 
@@ -54,8 +55,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def rank_env(rank: int, world_size: int, master_port: int) -> dict[str, str]:
-    """The torchrun environment of one rank of a single-node world."""
+def rank_env(
+    rank: int, world_size: int, master_port: int, gpus: tuple[str, ...] = ()
+) -> dict[str, str]:
+    """The torchrun environment of one rank of a single-node world; with ``gpus``, the
+    world's GPUs: every rank sees all of them, in rank order, as under torchrun."""
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -79,6 +83,9 @@ def rank_env(rank: int, world_size: int, master_port: int) -> dict[str, str]:
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         if name not in os.environ:
             env[name] = loopback
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        env[GPUS_PER_RANK] = str(len(gpus) // world_size)
     return env
 
 
@@ -122,8 +129,10 @@ def start_ranks(
     coverage: dict[str, Any] | None,
     *,
     init: bool = True,
+    gpus: tuple[str, ...] = (),
 ) -> list[RankProcess]:
-    """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``)."""
+    """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``),
+    each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``; none: as the controller does)."""
     ctx = context()
     port = free_port()
     inherited = dict(os.environ)
@@ -136,7 +145,7 @@ def start_ranks(
                 backend=backend,
                 init=init,
                 inherited=inherited,
-                env=rank_env(rank, world_size, port),
+                env=rank_env(rank, world_size, port, gpus),
                 workdir=workdir,
                 coverage=coverage,
             )
@@ -210,9 +219,11 @@ class Generations:
         ranks: The live generation's ranks (after a failure: those torn down).
         workdir: The live generation's directory (None before the first).
         count: How many generations were started.
+        lease: The GPUs the World holds for every generation, given back with its files.
     """
 
     root: str
+    lease: Lease | None = None
     ranks: list[RankProcess] = field(default_factory=list)
     workdir: str | None = None
     count: int = 0
@@ -225,7 +236,10 @@ class Generations:
         self.count += 1
         self.workdir = os.path.join(self.root, f"g{self.count}")
         os.mkdir(self.workdir, 0o700)
-        self.ranks = start_ranks(world_size, backend, self.workdir, coverage.settings(), init=init)
+        gpus = self.lease.ids if self.lease is not None else ()
+        self.ranks = start_ranks(
+            world_size, backend, self.workdir, coverage.settings(), init=init, gpus=gpus
+        )
 
     def stop(self, *, interrupted: bool = False) -> None:
         """Stop the live generation's ranks and fold their coverage into ours (after Ctrl-C,
@@ -237,8 +251,10 @@ class Generations:
             coverage.merge(self.workdir)
 
     def release(self) -> None:
-        """Stop the ranks and remove every file of the World."""
+        """Stop the ranks, remove every file of the World and give its GPUs back."""
         try:
             self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+            if self.lease is not None:
+                self.lease.release()

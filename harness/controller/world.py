@@ -21,6 +21,7 @@ from harness.controller import forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
+from harness.controller.gpus import Lease
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.spawn import RankProcess
@@ -78,10 +79,16 @@ class World:
             :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the call,
             the ranks and each finding), ``"error"`` (the call fails with a ``RankLeak``
             and the ranks are stopped, ending what they leaked) or ``"off"`` (no look).
+        gpus: GPUs the World holds while it lives (a lease of
+            :mod:`harness.controller.gpus`, ``world_size`` times the GPUs per rank), given
+            back when it closes, also when it fails to start. Every rank sees exactly
+            them as ``CUDA_VISIBLE_DEVICES``, in rank order; rank ``r``'s first is
+            ``cuda:r * gpus_per_rank``. None: the ranks see what this process sees.
 
     Raises:
         TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,
-            ``init`` (which must be a bool) or ``leaks``.
+            ``init`` (which must be a bool), ``leaks`` or ``gpus`` (not a whole number
+            of GPUs per rank).
         RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
             fewer CUDA devices than ranks).
         DistributedError: If a rank does not come up within 60 s or fails to initialize.
@@ -95,20 +102,31 @@ class World:
         timeout: float | None = validate.DEFAULT_TIMEOUT_S,
         init: bool = True,
         leaks: str = "warn",
+        gpus: Lease | None = None,
     ):
         if compat.bootstrapping():
             # A rank re-importing a main module that starts a world at import time: end this
             # process quietly; the controller says what to do (MAIN_GUARD_HINT).
             os._exit(EXIT_MAIN_REIMPORTED)
-        self.world_size: int = validate.positive_int(world_size, "world_size")
-        self.backend: str = resolve_backend(backend)
-        self.timeout: float | None = _timeout(timeout)
-        self.init: bool = validate.flag(init, "init")
-        self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
-        reason = unavailable_reason(self.backend, self.world_size)
-        if reason:
-            raise RuntimeError(f"cannot start a world of {_ranks(world_size)}: {reason}")
-        self._generations = spawn.Generations(tempfile.mkdtemp(prefix="harness-"))
+        try:
+            self.world_size: int = validate.positive_int(world_size, "world_size")
+            self.backend: str = resolve_backend(backend)
+            self.timeout: float | None = _timeout(timeout)
+            self.init: bool = validate.flag(init, "init")
+            self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
+            reason = unavailable_reason(self.backend, self.world_size)
+            if reason:
+                raise RuntimeError(f"cannot start a world of {_ranks(world_size)}: {reason}")
+            if gpus is not None and (not gpus.ids or len(gpus.ids) % self.world_size):
+                raise ValueError(
+                    f"gpus must hold a whole number of GPUs for each of {_ranks(self.world_size)},"
+                    f" not {len(gpus.ids)} ({gpus.visible_devices or 'none'})"
+                )
+        except BaseException:
+            if gpus is not None:
+                gpus.release()  # the World owns them from here on, also when it fails
+            raise
+        self._generations = spawn.Generations(tempfile.mkdtemp(prefix="harness-"), gpus)
         self._finalizer = weakref.finalize(self, self._generations.release)
         _open_worlds.add(self)
         self._rendezvous = 0  # how many fresh rendezvous files the World has named

@@ -80,6 +80,9 @@ _FLAGS = {
     "--dist-verify": "run every distributed test on its reused world and again on fresh "
     "processes; a differing outcome is reported (an order dependence), the fresh one is the "
     "verdict",
+    "--dist-require-gpus": "fail, instead of skipping, a distributed test that needs more GPUs "
+    "than this run has (default: ini dist_require_gpus), so that a GPU job cannot pass by "
+    "skipping",
 }
 # Their defaults are settings.py's, where an unset key ('') is read.
 _INI = {
@@ -96,6 +99,9 @@ _INI = {
     "files behind in a rank: warn (default), error (fail the test, rebuild the world) or off",
     "dist_marker": f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
     f"where the project has a '{MARKER}' marker of its own)",
+    "dist_gpus": "the GPUs this run may use, as --dist-gpus",
+    "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
+    "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
 }
 
 
@@ -114,10 +120,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="default time limit of one distributed test (default: ini dist_timeout, "
         f"else {settings.DEFAULT_TIMEOUT_S:g})",
     )
+    group.addoption(
+        "--dist-gpus",
+        metavar="IDS",
+        help="the GPUs this run may use, as CUDA_VISIBLE_DEVICES names them (0,1,2,3 or "
+        "UUIDs): each world that needs GPUs leases them exclusively across every xdist "
+        "worker and pytest process of the machine (default: ini dist_gpus, else every GPU "
+        "CUDA shows)",
+    )
     for flag, text in _FLAGS.items():
         group.addoption(flag, action="store_true", default=False, help=text)
     for name, text in _INI.items():
         parser.addini(name, help=text)
+    parser.addini(
+        "dist_require_gpus",
+        type="bool",
+        help="as --dist-require-gpus (false)",
+        default=False,
+    )
     parser.addini(
         "dist_mptc",
         type="bool",
@@ -141,12 +161,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
-            "init=True, check_collectives=True, faults=()): run the test body on every rank "
+            "init=True, check_collectives=True, faults=(), gpus_per_rank=None): run the test "
+            "body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
             "check_collectives=False: a passing test's collectives are not compared between "
-            "ranks; faults: harness.faults injected at the ranks' collectives)",
+            "ranks; faults: harness.faults injected at the ranks' collectives; "
+            "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
@@ -180,23 +202,30 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    if not settings.read(config).verify:
-        return
-    # Counted from the reports (their user_properties), which pytest-xdist's workers send
-    # back: the controller sees every worker's tests.
-    verified = [
-        value
-        for reports in terminalreporter.stats.values()
-        for made in reports
-        if getattr(made, "when", None) == "setup"
-        for key, value in getattr(made, "user_properties", ())
-        if key == report.VERIFIED
-    ]
-    differ = verified.count("differs")
-    terminalreporter.write_line(
-        f"harness --dist-verify: {_count(len(verified), 'test')} also run on fresh processes, "
-        f"{differ} differ" + (" (each reported as an order dependence)" if differ else "")
-    )
+    # Counted from the reports' user_properties, which pytest-xdist's workers send back:
+    # the controller sees every worker's tests.
+    noted: dict[str, list[str]] = {report.VERIFIED: [], report.GPU_TESTS: []}
+    for reports in terminalreporter.stats.values():
+        for made in reports:
+            if getattr(made, "when", None) == "setup":
+                for key, value in getattr(made, "user_properties", ()):
+                    if key in noted:
+                        noted[key].append(value)
+    if settings.read(config).verify:
+        verified = noted[report.VERIFIED]
+        differ = verified.count("differs")
+        terminalreporter.write_line(
+            f"harness --dist-verify: {_count(len(verified), 'test')} also run on fresh "
+            f"processes, {differ} differ"
+            + (" (each reported as an order dependence)" if differ else "")
+        )
+    gpu_tests = noted[report.GPU_TESTS]
+    if gpu_tests:
+        ran, skipped = gpu_tests.count("ran"), gpu_tests.count("skipped")
+        terminalreporter.write_line(
+            f"harness: {_count(ran, 'distributed test')} ran on GPUs, {skipped} skipped for "
+            "lack of them" + (" (--dist-require-gpus fails them instead)" if skipped else "")
+        )
 
 
 def _count(number: int, noun: str) -> str:
@@ -247,6 +276,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     # Around pytest's own setup: first take the fixtures that run in the ranks out of its
     # hands (it sets up only the others), then, with those up, run the test on its ranks.
+    session = item.config.stash.get(_SESSION, None)
+    if session is not None and session.holds_gpus() and session.leases.wanted():
+        # Before any test, distributed or not: another process waits for GPUs that an idle
+        # world of ours holds, and gets them.
+        session.give_back_gpus()
     if not isinstance(item, pytest.Function) or run_mark(item) is None or launcher_world():
         return (yield)
     from harness.plugin import rank_fixtures

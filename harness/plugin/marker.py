@@ -37,6 +37,7 @@ class MarkSpec:
     init: Any = True
     check_collectives: Any = True
     faults: Any = ()
+    gpus_per_rank: Any = None
 
 
 _CLAIMED = pytest.StashKey["str | None"]()

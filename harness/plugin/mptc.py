@@ -135,7 +135,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     )
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
-    shape = (world_size, "gloo", False)
+    shape = (world_size, "gloo", False, 0)
     isolate = session.settings.isolate or _reads_once(call.environ)
     test = _CaseTest(step, case, fn, world_size)
     checked = session.runner.run(item, test, shape, isolate, "--dist-mptc")

@@ -33,6 +33,10 @@ VERIFIED = "dist_verify"
 """The ``user_properties`` name under which a test run again on fresh processes under
 ``--dist-verify`` notes whether the two verdicts agreed (``"same"``) or not (``"differs"``)."""
 
+GPU_TESTS = "dist_gpus"
+"""The ``user_properties`` name under which a distributed test that needs GPUs notes
+``"ran"`` (it got them) or ``"skipped"`` (the run has fewer than it needs)."""
+
 # The seconds of the ranks' call and teardown that the setup phase's duration holds.
 _MOVED = pytest.StashKey[tuple[float, float]]()
 # The ranks' log records of the test's call and teardown, for those phases' reports.

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
 
-Shape = tuple[int, str, bool]
-"""A world's size, resolved backend and ``init``."""
+Shape = tuple[int, str, bool, int]
+"""A world's size, resolved backend, ``init`` and GPUs per rank."""
 
 
 class Runnable(Protocol[_T_co]):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import builtins
 import functools
 import logging
+import math
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, NoReturn
 
@@ -21,9 +23,11 @@ import pytest
 
 from harness import compat, validate
 from harness.controller.backends import resolve_backend, unavailable_reason
+from harness.controller.gpus import LeaseTimeout
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings
+from harness.plugin.leases import Leases
 from harness.plugin.marker import launcher_world
 from harness.plugin.runner import Runner, Shape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
@@ -52,7 +56,11 @@ class DistSession:
 
             self.launcher = LauncherRank(launched[1], self.settings.timeout)
         self._worlds: dict[Shape, World] = {}
-        self.runner = Runner(self.settings, lambda shape: self.world(*shape), self._new_world)
+        self.runner = Runner(self.settings, self._world, self._new_world)
+        self.leases = Leases(self.settings)
+        # The test whose worlds are being taken, and its deadline: a lease is waited for
+        # under it, and names it to whoever waits behind.
+        self._taking: tuple[str, float | None] = ("", None)
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
@@ -62,15 +70,41 @@ class DistSession:
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
         size, init = validate.positive_int(world_size, "world_size"), validate.flag(init, "init")
-        key = (size, self.resolve_backend(backend), init)
-        world = self._worlds.get(key)
+        return self._world((size, self.resolve_backend(backend), init, 0))
+
+    def _world(self, shape: Shape) -> World:
+        world = self._worlds.get(shape)
         if world is None or world.closed:
-            world = self._worlds[key] = self._new_world(key)
+            world = self._worlds[shape] = self._new_world(shape)
         return world
 
     def _new_world(self, shape: Shape) -> World:
-        size, backend, init = shape
-        return World(size, backend=backend, init=init, leaks=self.settings.leaks)
+        size, backend, init, per_rank = shape
+        lease = None
+        if per_rank:
+            holder, deadline = self._taking
+            lease = self.leases.take(size * per_rank, holder, deadline, self.give_back_gpus)
+        return World(size, backend=backend, init=init, leaks=self.settings.leaks, gpus=lease)
+
+    def give_back_gpus(self) -> None:
+        """End this session's worlds that hold GPUs (none is running a test when this is
+        called), their wider-scoped rank fixtures first: another process waits for GPUs,
+        or this one does."""
+        for shape, world in list(self._worlds.items()):
+            if not shape[3] or world.closed:
+                continue
+            del self._worlds[shape]
+            scoped = [key for key, worlds in self._scopes.items() if world in worlds]
+            if scoped and not world.broken:
+                options = CallOptions(self.settings.timeout, OUTPUT_CAPTURE)
+                world.call(end_scopes, (scoped,), options=options)
+            for key in scoped:
+                self._scopes[key].discard(world)
+            world.close()
+
+    def holds_gpus(self) -> bool:
+        """Whether a world of this session holds GPUs."""
+        return any(shape[3] and not world.closed for shape, world in self._worlds.items())
 
     def resolve_backend(self, backend: object) -> str:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
@@ -99,6 +133,8 @@ class DistSession:
         try:
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
+            per_rank = self.leases.per_rank(test.gpus_per_rank, backend)
+            self.leases.check(item, test.world_size, per_rank)
             key = (test.world_size, backend)
             if key not in self._unavailable:
                 self._unavailable[key] = unavailable_reason(backend, test.world_size)
@@ -113,11 +149,27 @@ class DistSession:
             return
         option = f"--dist-backend={backend}"
         with interrupts.taken_over(item, test.timeout) as deadline:
-            options = replace(test.call, timeout=deadline.seconds)
+            seconds = deadline.seconds
+            shape = (test.world_size, backend, test.init, per_rank)
+            if per_rank:
+                # Its GPUs first: waiting for them counts against the test's deadline.
+                end = time.monotonic() + seconds
+                self._taking = (item.nodeid, end)
+                try:
+                    if not test.isolate:
+                        self._world(shape)
+                except LeaseTimeout as exc:
+                    item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
+                    return
+                seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
+            options = replace(test.call, timeout=seconds)
             step = replay.Step(item.nodeid, run_test, (ref, plan), options)
             marked = _MarkedTest(self, item, plan, step, test.timeout)
-            shape = (test.world_size, backend, test.init)
-            checked = self.runner.run(item, marked, shape, test.isolate, option)
+            try:
+                checked = self.runner.run(item, marked, shape, test.isolate, option)
+            except LeaseTimeout as exc:  # an isolated test's fresh world waited in vain
+                item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
+                return
         outcome = checked.result
         report.add_output_sections(item, outcome.outputs)
         report.keep_times(item, _rank_times(outcome))

@@ -15,6 +15,7 @@ torch, at configure: a bad value is a usage error at once.
 
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import pytest
 
 from harness import validate
+from harness.controller import gpus
 from harness.faults import checked
 from harness.plugin.marker import (
     BACKEND_PARAM,
@@ -63,6 +65,11 @@ class Settings:
         output: Where the ranks' output goes: captured, or under ``-s`` to the terminal,
             each line saying which rank wrote it.
         randomly_seed: pytest-randomly's seed, when that plugin is active.
+        gpus: ``--dist-gpus`` or ini ``dist_gpus``: the GPUs the run may use, as given (None:
+            every GPU CUDA shows; checked against it once torch is imported).
+        gpu_lease_dir: ini ``dist_gpu_lease_dir``: where the GPU leases are kept.
+        require_gpus: ``--dist-require-gpus`` or ini ``dist_require_gpus``: a test that
+            needs more GPUs than the run has fails instead of being skipped.
     """
 
     backend: str = "auto"
@@ -77,6 +84,9 @@ class Settings:
     verify: bool = False
     output: str = OUTPUT_CAPTURE
     randomly_seed: int | None = None
+    gpus: str | None = None
+    gpu_lease_dir: str = ""
+    require_gpus: bool = False
 
 
 def read(config: pytest.Config) -> Settings:
@@ -111,10 +121,28 @@ def read(config: pytest.Config) -> Settings:
             verify=bool(config.getoption("dist_verify", False)),
             output=OUTPUT_CAPTURE if config.getoption("capture", "fd") != "no" else OUTPUT_PREFIX,
             randomly_seed=randomly_seed(config),
+            gpus=_gpus(config),
+            gpu_lease_dir=str(config.getini("dist_gpu_lease_dir") or "").strip()
+            or gpus.default_lease_dir(),
+            require_gpus=bool(
+                config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
+            ),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
     return found
+
+
+def _gpus(config: pytest.Config) -> str | None:
+    """The GPUs given, checked as far as they can be without torch (syntax, and against
+    ``CUDA_VISIBLE_DEVICES``)."""
+    option = config.getoption("dist_gpus", None)
+    given, where = (str(option), "--dist-gpus") if option is not None else (None, "")
+    if given is None:
+        given, where = str(config.getini("dist_gpus") or "").strip() or None, "ini dist_gpus"
+    if given is not None:
+        gpus.inventory(given, os.environ, lambda: 0, "", where)
+    return given
 
 
 def _ini_choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:
@@ -138,6 +166,8 @@ class TestSettings:
             resolves what remains ``"auto"``, with torch).
         isolate: Whether it runs on fresh processes.
         init: Whether its ranks start in a default process group.
+        gpus_per_rank: The GPUs each rank leases; None: the backend's default (1 with
+            NCCL, else 0), for the session to apply once it has resolved the backend.
         call: How its ranks run it: its deadline (bounded further by pytest-timeout's
             limit as the test runs), where their output goes, their seed, whether its
             collectives are compared when it passes, the faults injected at its ranks'
@@ -150,6 +180,7 @@ class TestSettings:
     backend: str
     isolate: bool
     init: bool
+    gpus_per_rank: int | None
     call: CallOptions
 
     @property
@@ -199,6 +230,11 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             backend=validate.backend(backend),
             isolate=bool(spec.isolate) or session.isolate,
             init=validate.flag(spec.init, "init"),
+            gpus_per_rank=(
+                None
+                if spec.gpus_per_rank is None
+                else validate.whole(spec.gpus_per_rank, "gpus_per_rank")
+            ),
             call=call,
         )
     except (TypeError, ValueError) as exc:

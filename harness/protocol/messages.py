@@ -32,6 +32,12 @@ TRACE_REQUEST = b"trace"
 the call in progress has issued so far (between calls: what the last call issued)."""
 
 
+GPUS_PER_RANK = "HARNESS_GPUS_PER_RANK"
+"""Set in the ranks of a world that holds GPUs (``World(gpus=...)``): how many each rank has.
+Every rank sees the world's GPUs as ``CUDA_VISIBLE_DEVICES``, in rank order, so rank ``r``'s
+first is ``cuda:r * N``."""
+
+
 @dataclass(frozen=True)
 class RankSetup:
     """What a rank is told when it starts (the process argument, not a pipe message).

@@ -8,6 +8,22 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from harness.protocol.messages import GPUS_PER_RANK
+
+
+def first_gpu() -> int | None:
+    """The CUDA index of this rank's first GPU in a world that holds GPUs
+    (``LOCAL_RANK * gpus_per_rank`` of the world's ``CUDA_VISIBLE_DEVICES``); None elsewhere,
+    or without CUDA (a lease tried on a machine without GPUs)."""
+    per_rank = os.environ.get(GPUS_PER_RANK)
+    if per_rank is None:
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(os.environ.get("LOCAL_RANK", "0")) * int(per_rank)
+
 
 def rank_value(name: str) -> Any:
     """The value of one of the plugin's rank-side fixtures (``rank``, ``world_size``,
@@ -30,6 +46,8 @@ def rank_value(name: str) -> Any:
         return int(os.environ.get("LOCAL_RANK", "0"))
     if not grouped:
         if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            first = first_gpu()
+            index = int(os.environ.get("LOCAL_RANK", "0")) if first is None else first
+            return torch.device("cuda", index)
         return torch.device("cpu")
     return fhelium.distributed.local_device()

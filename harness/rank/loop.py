@@ -46,6 +46,7 @@ from harness.rank import (
     coverage,
     exits,
     fixtures,
+    identity,
     inject,
     leaks,
     output,
@@ -258,7 +259,11 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
     setup = ctx.setup
     file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
     fhelium.distributed.init(
-        backend=setup.backend, store=file_store, world_size=setup.world_size, rank=setup.rank
+        backend=setup.backend,
+        store=file_store,
+        world_size=setup.world_size,
+        rank=setup.rank,
+        device_id=identity.first_gpu(),
     )
     ctx.baseline_groups.clear()
     ctx.baseline_groups.update(compat.live_process_groups())

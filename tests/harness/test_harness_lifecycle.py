@@ -32,8 +32,6 @@ from harness_testutil import (
 
 import harness
 
-CAPTURE = harness.CallOptions(output="capture")
-
 
 def _our_processes() -> set[int]:
     """Our descendants, less the multiprocessing forkserver and resource tracker."""
@@ -278,13 +276,14 @@ def test_output_between_two_captured_calls_reaches_the_ranks_own_streams(tmp_pat
         if __name__ == "__main__":
             go, done = {str(tmp_path / "go")!r}, {str(tmp_path / "done")!r}
             world = harness.World(2, backend="gloo", leaks="off")
-            first = world.call(fns.print_between_calls, (go, done), options=CAPTURE)
+            capture = harness.CallOptions(output="capture")
+            first = world.call(fns.print_between_calls, (go, done), options=capture)
             open(go, "w").close()
             deadline = time.monotonic() + 60
             while not all(os.path.exists(done + str(r)) for r in (0, 1)):
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-            second = world.call(fns.print_lines, ("second\\n", "2\\n"), options=CAPTURE)
+            second = world.call(fns.print_lines, ("second\\n", "2\\n"), options=capture)
             world.close()
             print(json.dumps([first.outputs, second.outputs]), flush=True)
         """

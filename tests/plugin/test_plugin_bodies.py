@@ -299,7 +299,7 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         pytest.param(
             "world_size=2, workers=3",
             "unknown argument(s) 'workers'; valid: world_size, backend, timeout, isolate, "
-            "init, check_collectives, faults",
+            "init, check_collectives, faults, gpus_per_rank",
             id="unknown-argument",
         ),
         pytest.param(
@@ -385,12 +385,17 @@ def test_nccl_without_enough_gpus_is_a_skip(pytester: pytest.Pytester) -> None:
     else:
         result.assert_outcomes(skipped=2)
         result.stdout.fnmatch_lines(
-            ["SKIPPED [[]1[]] test_nccl_without_enough_gpus_is_a_skip.py:7: needs 2 CUDA*"]
+            [
+                "SKIPPED [[]1[]] test_nccl_without_enough_gpus_is_a_skip.py:7: "
+                f"needs 2 GPUs (2 x 1), this run has {found}"
+            ]
         )
+    # An NCCL rank leases one GPU unless its marker says otherwise.
+    needed = found + 1
     result.stdout.fnmatch_lines(
         [
             f"SKIPPED [[]1[]] test_nccl_without_enough_gpus_is_a_skip.py:3: "
-            f"needs {found + 1} CUDA device{'s' if found + 1 != 1 else ''}, found {found}"
+            f"needs {needed} GPU{'s' if needed != 1 else ''} ({needed} x 1), this run has {found}"
         ]
     )
 
@@ -441,7 +446,7 @@ def test_dist_backend_option_overrides_auto_only(pytester: pytest.Pytester) -> N
     if torch.cuda.device_count() < 2:
         result = pytester.runpytest("--dist-backend", "nccl", "-rs")
         result.assert_outcomes(passed=1, skipped=1)
-        result.stdout.fnmatch_lines(["SKIPPED *: needs 2 CUDA devices, found *"])
+        result.stdout.fnmatch_lines(["SKIPPED *: needs 2 GPUs (2 x 1), this run has *"])
 
 
 def test_a_users_own_rank_or_world_size_wins(pytester: pytest.Pytester) -> None:

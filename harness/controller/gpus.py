@@ -1,0 +1,370 @@
+"""The GPUs a run may use, and exclusive leases on them shared by every process on the machine.
+
+A world that needs GPUs takes all of them at once, as a :class:`Lease`, from the run's
+:class:`Inventory`, and holds them while it lives. Leases are OS file locks (``flock``) on one
+file per GPU in a lease directory that every pytest process and xdist worker of the machine
+shares, so a process that dies, even by SIGKILL, frees its GPUs with no clean-up step.
+
+Waiting is first come, first served: a waiter holds a ticket (a locked file named for when
+it came) and nobody takes GPUs while an earlier ticket is live, so a world that needs many
+GPUs is never starved by a stream of small ones. A process with idle worlds gives their
+leases back when it sees a ticket of another process (:func:`others_waiting`), and before it
+waits itself: no process waits while holding GPUs it is not using.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import getpass
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+POLL_S = 0.05
+"""How often a waiter looks again for free GPUs."""
+
+_TICKET = ".ticket"
+
+
+def default_lease_dir() -> str:
+    """``<temp dir>/harness-gpu-leases-<user>``: one directory per user of the machine."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no name for this uid (a container): the number will do
+        user = str(os.getuid())
+    return os.path.join(tempfile.gettempdir(), f"harness-gpu-leases-{user}")
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The GPUs a run may use, and where their leases are kept.
+
+    Attributes:
+        ids: The GPUs, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), in order.
+        lease_dir: The directory of the lease files, shared by every process that leases
+            these GPUs.
+    """
+
+    ids: tuple[str, ...]
+    lease_dir: str
+
+
+def inventory(
+    given: str | None,
+    environ: Mapping[str, str],
+    cuda_count: Callable[[], int],
+    lease_dir: str,
+    where: str = "--dist-gpus",
+) -> Inventory:
+    """The run's GPUs: ``given`` (``"0,1,2,3"``), else every GPU that CUDA shows.
+
+    Where ``CUDA_VISIBLE_DEVICES`` is set, the run never uses a device outside it: by
+    default its devices are the run's, and ``given`` must name only those. Where CUDA shows
+    no device, the ids given are leased as they are, so that a lease setup can be tried on
+    any machine.
+
+    Args:
+        given: The ids given (``--dist-gpus``, ini ``dist_gpus``), comma-separated; None or
+            '' for the default.
+        environ: The environment (``CUDA_VISIBLE_DEVICES``).
+        cuda_count: How many devices CUDA shows (called only when nothing else says).
+        lease_dir: Where the leases are kept.
+        where: How errors name the setting.
+
+    Raises:
+        ValueError: An id that is empty, given twice, or outside ``CUDA_VISIBLE_DEVICES``
+            (or, without it, not one of the devices CUDA shows, where it shows some).
+    """
+    outer = environ.get("CUDA_VISIBLE_DEVICES")
+    visible = _split(outer, "CUDA_VISIBLE_DEVICES") if outer is not None else None
+    if not given:
+        if visible is not None:
+            return Inventory(tuple(visible), lease_dir)
+        return Inventory(tuple(str(index) for index in range(cuda_count())), lease_dir)
+    ids = _split(given, where)
+    if visible is not None:
+        outside = [gpu for gpu in ids if gpu not in visible]
+        if outside:
+            raise ValueError(
+                f"{where} names GPU {outside[0]!r}, outside CUDA_VISIBLE_DEVICES="
+                f"{outer!r}: valid ids are {', '.join(visible) or 'none'}"
+            )
+    else:
+        count = cuda_count()
+        shown = [str(index) for index in range(count)]
+        unknown = [gpu for gpu in ids if gpu not in shown and not gpu.startswith(("GPU-", "MIG-"))]
+        if count and unknown:
+            raise ValueError(
+                f"{where} names GPU {unknown[0]!r}, which CUDA does not show: valid ids are "
+                f"{', '.join(shown)} (or UUIDs)"
+            )
+    return Inventory(tuple(ids), lease_dir)
+
+
+def _split(text: str, where: str) -> list[str]:
+    ids = [part.strip() for part in text.split(",")]
+    if text.strip() == "":
+        return []
+    for gpu in ids:
+        if not gpu:
+            raise ValueError(f"{where} has an empty GPU id in {text!r}: give ids like 0,1,2,3")
+        if ids.count(gpu) > 1:
+            raise ValueError(f"{where} names GPU {gpu!r} twice in {text!r}")
+    return ids
+
+
+class Lease:
+    """GPUs held exclusively by this process until :meth:`release` (or its death).
+
+    Attributes:
+        ids: The GPUs, in the order the world's ranks use them.
+    """
+
+    def __init__(self, ids: tuple[str, ...], files: list[int]) -> None:
+        self.ids = ids
+        self._files = files
+
+    @property
+    def visible_devices(self) -> str:
+        """``CUDA_VISIBLE_DEVICES`` for every rank of the world that holds it."""
+        return ",".join(self.ids)
+
+    @property
+    def held(self) -> bool:
+        """Whether the GPUs are still held."""
+        return bool(self._files)
+
+    def release(self) -> None:
+        """Give the GPUs back (idempotent)."""
+        files, self._files = self._files, []
+        for fd in files:
+            os.close(fd)  # closing the file ends its lock
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "released"
+        return f"<harness GPU lease {self.visible_devices} {state}>"
+
+
+class LeaseTimeout(Exception):
+    """The GPUs a world needs did not come free in time.
+
+    Attributes:
+        waited: How long the wait lasted, in seconds.
+        count: How many GPUs were wanted.
+        holders: Who held GPUs of the run when the wait ended (``"pid 123: test_x.py::t"``).
+    """
+
+    def __init__(self, waited: float, count: int, holders: list[str]) -> None:
+        self.waited, self.count, self.holders = waited, count, holders
+        gpus = "GPU" if count == 1 else "GPUs"
+        held = "; ".join(holders) or "nobody (they were taken and given back meanwhile)"
+        super().__init__(f"waited {waited:.1f} s for {count} {gpus}; held by: {held}")
+
+
+def acquire(
+    stock: Inventory,
+    count: int,
+    *,
+    holder: str,
+    timeout: float | None,
+    before_waiting: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Lease:
+    """Take ``count`` GPUs of ``stock``, all at once, waiting for them in turn.
+
+    Args:
+        stock: The run's GPUs.
+        count: How many (at least 1, at most ``len(stock.ids)``).
+        holder: Who holds them, for the message of whoever waits (a test id).
+        timeout: The most seconds to wait; None: no bound.
+        before_waiting: Called once, before the first wait: the caller gives back the
+            leases of its own idle worlds there, so that it never waits while holding GPUs.
+        clock, sleep: The monotonic clock and the sleep between looks (for tests).
+
+    Raises:
+        ValueError: ``count`` is out of range.
+        LeaseTimeout: The GPUs did not come free within ``timeout``.
+        OSError: The lease directory cannot be created or locked (its path and why).
+    """
+    if not 1 <= count <= len(stock.ids):
+        raise ValueError(f"cannot lease {count} GPUs from {len(stock.ids)}: {stock.ids}")
+    directory = _directory(stock.lease_dir)
+    started = clock()
+    ticket: tuple[str, int] | None = None
+    gave_back = False
+    try:
+        while True:
+            with _locked(os.path.join(directory, "queue.lock")):
+                if _first_in_line(directory, ticket[0] if ticket else None):
+                    lease = _take(directory, stock.ids, count, holder)
+                    if lease is not None:
+                        return lease
+                if ticket is None:
+                    ticket = _ticket(directory)
+            if not gave_back:
+                before_waiting()  # then look again at once: that may have been enough
+                gave_back = True
+                continue
+            if timeout is not None and clock() - started >= timeout:
+                raise LeaseTimeout(clock() - started, count, holders(stock))
+            sleep(POLL_S)
+    finally:
+        if ticket is not None:
+            _drop_ticket(ticket)
+
+
+def others_waiting(stock: Inventory) -> bool:
+    """Whether a process other than this one waits for GPUs of ``stock`` (a live ticket)."""
+    try:
+        names = os.listdir(stock.lease_dir)
+    except OSError:
+        return False
+    mine = f"-{os.getpid()}{_TICKET}"
+    return any(
+        name.endswith(_TICKET)
+        and not name.endswith(mine)
+        and _live(os.path.join(stock.lease_dir, name))
+        for name in names
+    )
+
+
+def holders(stock: Inventory) -> list[str]:
+    """Who holds each held GPU of ``stock`` (``"GPU 0: pid 123, test_x.py::test_a"``)."""
+    found = []
+    for gpu in stock.ids:
+        path = _lock_path(stock.lease_dir, gpu)
+        if not _live(path):
+            continue
+        try:
+            with open(path + ".owner") as owner:
+                who = owner.read().strip()
+        except OSError:
+            who = "unknown"
+        found.append(f"GPU {gpu}: {who}")
+    return found
+
+
+def _directory(path: str) -> str:
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot create the GPU lease directory {path!r}: {exc.strerror}"
+        ) from None
+    if not os.access(path, os.W_OK):
+        raise OSError(errno.EACCES, f"cannot write in the GPU lease directory {path!r}")
+    return path
+
+
+class _locked:
+    """A blocking exclusive lock on ``path`` while the ``with`` block runs."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fd = -1
+
+    def __enter__(self) -> None:
+        self._fd = _open(self._path)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info: object) -> None:
+        os.close(self._fd)
+
+
+def _open(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise OSError(
+            exc.errno, f"cannot open the GPU lease file {path!r}: {exc.strerror}"
+        ) from None
+
+
+def _lock_path(directory: str, gpu: str) -> str:
+    # A UUID is a safe file name too; a path separator in an id is not.
+    return os.path.join(directory, "gpu-" + gpu.replace(os.sep, "_") + ".lock")
+
+
+def _try_lock(path: str) -> int | None:
+    """An open, exclusively locked ``path``; None where another open file holds it."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _live(path: str) -> bool:
+    """Whether another open file holds ``path`` locked."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease | None:
+    """``count`` free GPUs locked, the first free ones in order; None if fewer are free."""
+    taken: list[tuple[str, int]] = []
+    for gpu in ids:
+        fd = _try_lock(_lock_path(directory, gpu))
+        if fd is None:
+            continue
+        taken.append((gpu, fd))
+        if len(taken) == count:
+            break
+    if len(taken) < count:
+        for _, fd in taken:
+            os.close(fd)
+        return None
+    for gpu, _ in taken:
+        with open(_lock_path(directory, gpu) + ".owner", "w") as owner:
+            owner.write(f"pid {os.getpid()}, {holder}\n")
+    return Lease(tuple(gpu for gpu, _ in taken), [fd for _, fd in taken])
+
+
+def _ticket(directory: str) -> tuple[str, int]:
+    """A live ticket of this process: a locked file whose name sorts by when it was made."""
+    path = os.path.join(directory, f"{time.time_ns():020d}-{os.getpid()}{_TICKET}")
+    fd = _open(path)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return path, fd
+
+
+def _drop_ticket(ticket: tuple[str, int]) -> None:
+    path, fd = ticket
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    os.close(fd)
+
+
+def _first_in_line(directory: str, mine: str | None) -> bool:
+    """Whether no live ticket came before ``mine`` (None: before a newcomer, who has none
+    yet); the stale ones, of processes that died waiting, are removed."""
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(_TICKET):
+            continue
+        path = os.path.join(directory, name)
+        if path == mine:
+            return True
+        if _live(path):
+            return False
+        try:
+            os.unlink(path)  # its process died while waiting
+        except OSError:
+            pass
+    return True

@@ -1,0 +1,103 @@
+"""The plugin's GPUs: the run's inventory, what each test needs, and the leases its worlds hold.
+
+A distributed test needs ``world_size x gpus_per_rank`` GPUs (``gpus_per_rank``: the marker's,
+else 1 with NCCL and 0 with Gloo). A test that needs none takes no lease and costs nothing
+here. One that needs more than the run has is skipped, saying so, or fails under
+``--dist-require-gpus``; the others' worlds lease their GPUs
+(:mod:`harness.controller.gpus`) for as long as they live. Each test notes in its report's
+``user_properties`` whether it ran on GPUs or was skipped for lack of them, so that the
+terminal summary counts them across pytest-xdist's workers too.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+import pytest
+
+from harness.controller import gpus
+from harness.controller.gpus import Inventory, Lease
+from harness.plugin import report
+from harness.plugin.settings import Settings
+
+
+class Leases:
+    """The session's GPUs.
+
+    Args:
+        settings: The session's settings.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._stock: Inventory | None = None
+
+    @property
+    def stock(self) -> Inventory:
+        """The run's GPUs (found on first use: it asks CUDA how many devices it shows).
+
+        Raises:
+            ValueError: ``--dist-gpus`` names a GPU that CUDA does not show.
+        """
+        if self._stock is None:
+            import torch
+
+            def count() -> int:
+                return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+            where = "--dist-gpus or ini dist_gpus"
+            given, lease_dir = self._settings.gpus, self._settings.gpu_lease_dir
+            self._stock = gpus.inventory(given, os.environ, count, lease_dir, where)
+        return self._stock
+
+    def per_rank(self, asked: int | None, backend: str) -> int:
+        """The GPUs each rank of a test leases: ``asked`` (the marker's), else the backend's
+        default."""
+        if asked is not None:
+            return asked
+        return 1 if backend == "nccl" else 0
+
+    def check(self, item: pytest.Item, world_size: int, per_rank: int) -> None:
+        """Skip ``item`` (fail it under ``--dist-require-gpus``) where it needs more GPUs
+        than the run has; note that it runs on GPUs where it needs some.
+
+        Raises:
+            pytest.skip.Exception, pytest.fail.Exception: It needs more GPUs than there are.
+        """
+        if not per_rank:
+            return
+        needed, have = world_size * per_rank, len(self.stock.ids)
+        if needed <= have:
+            item.user_properties.append((report.GPU_TESTS, "ran"))
+            return
+        noun = "GPU" if needed == 1 else "GPUs"
+        message = f"needs {needed} {noun} ({world_size} x {per_rank}), this run has {have}"
+        if self._settings.require_gpus:
+            raise pytest.fail.Exception(
+                f"{message} (--dist-require-gpus: a test is not skipped for lack of GPUs)",
+                pytrace=False,
+            )
+        item.user_properties.append((report.GPU_TESTS, "skipped"))
+        raise pytest.skip.Exception(message, _use_item_location=True)
+
+    def take(
+        self, count: int, holder: str, deadline: float | None, give_back: Callable[[], None]
+    ) -> Lease:
+        """``count`` GPUs for a world of test ``holder``, waited for until ``deadline``
+        (``time.monotonic()``; None: no bound); ``give_back()`` ends this session's idle
+        worlds that hold GPUs before it waits.
+
+        Raises:
+            LeaseTimeout: They did not come free in time.
+            OSError: The lease directory cannot be made or locked.
+        """
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        return gpus.acquire(
+            self.stock, count, holder=holder, timeout=timeout, before_waiting=give_back
+        )
+
+    def wanted(self) -> bool:
+        """Whether another process waits for GPUs of the run."""
+        return self._stock is not None and gpus.others_waiting(self._stock)
