@@ -12,8 +12,10 @@ __all__ = [
     "FLIGHT_RECORDER_VARIABLES",
     "backend_registry",
     "flight_recorder_entries",
+    "group_created_at",
     "group_timeout",
     "live_process_groups",
+    "note_group_creation",
     "process_group_count",
     "restore_backend_registry",
     "rpc_agent_running",
@@ -31,6 +33,51 @@ def live_process_groups() -> set[Any]:
     from torch.distributed import distributed_c10d
 
     return set(distributed_c10d._world.pg_map)
+
+
+class _NotingMap(dict):  # type: ignore[type-arg]
+    """torch's registry of process groups, noting where each group was made as it is added."""
+
+    def __init__(self, entries: dict[Any, Any], where: Callable[[], str]) -> None:
+        super().__init__(entries)
+        self.where = where
+        self.created_at: dict[int, str] = {}
+
+    def __setitem__(self, group: Any, value: Any) -> None:
+        self.created_at[id(group)] = self.where()
+        super().__setitem__(group, value)
+
+    def __delitem__(self, group: Any) -> None:
+        self.created_at.pop(id(group), None)
+        super().__delitem__(group)
+
+    def pop(self, group: Any, *default: Any) -> Any:
+        self.created_at.pop(id(group), None)
+        return super().pop(group, *default)
+
+    def clear(self) -> None:
+        self.created_at.clear()
+        super().clear()
+
+
+def note_group_creation(where: Callable[[], str]) -> None:
+    """From now on, note for each process group made in this process where it was made
+    (``where()`` is called as it is registered). torch keeps no such record and has no hook
+    for it; every group, ``new_group``'s and ``init_process_group``'s, is added to the
+    registry ``distributed_c10d._pg_map``, which this replaces with a dict that notes."""
+    from torch.distributed import distributed_c10d
+
+    registry = distributed_c10d._pg_map
+    if not isinstance(registry, _NotingMap):
+        distributed_c10d._pg_map = _NotingMap(registry, where)
+
+
+def group_created_at(group: Any) -> str | None:
+    """Where ``group`` was made (see :func:`note_group_creation`), or None if not noted."""
+    from torch.distributed import distributed_c10d
+
+    registry = distributed_c10d._pg_map
+    return registry.created_at.get(id(group)) if isinstance(registry, _NotingMap) else None
 
 
 def process_group_count() -> int:
@@ -213,8 +260,20 @@ def _probe_flight_recorder() -> object:
     return None  # a torch without a flight recorder: flight_recorder_entries() is empty
 
 
+def _probe_group_registry() -> None:
+    from torch.distributed import distributed_c10d
+
+    if not isinstance(distributed_c10d._pg_map, dict):
+        raise TypeError("distributed_c10d._pg_map is no longer a dict")
+    if distributed_c10d._world.pg_map is not distributed_c10d._pg_map:
+        raise TypeError("_world.pg_map no longer reads the module's _pg_map")
+
+
 PROBES: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": live_process_groups,
+    "torch.distributed.distributed_c10d._pg_map (where a group is registered)": (
+        _probe_group_registry
+    ),
     "torch.distributed.distributed_c10d._world.group_count": process_group_count,
     "torch.distributed.Backend's registry (class attributes; backend_list, _plugins, ...)": (
         _probe_backend_registry

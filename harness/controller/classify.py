@@ -146,7 +146,7 @@ def leak_report(leaks: Mapping[int, tuple[str, ...]], call: str) -> str:
     """The warning for what ``call`` (``"test test_x.py::test_a"``) left behind: each finding
     once, with the ranks it was found on (a body alike on every rank leaks alike)."""
     items = "; ".join(f"{ranks}: {line}" for line, ranks in _grouped(leaks))
-    return f"{call} left behind what the harness cannot undo in a reused rank: {items}"
+    return f"{call} left behind in a reused rank: {items}"
 
 
 def leak_error(outcome: Classified, call: str) -> Classified:

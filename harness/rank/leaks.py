@@ -8,7 +8,12 @@ which the controller shows with the call and the rank:
 * **child processes** of the rank that were not there before the call and still run
   (zombies run nothing and are left out), with their command line;
 * **file descriptors** opened during the call and still open that point at a file or
-  directory, with its path (a descriptor closed and reopened during the call is not seen).
+  directory, with its path (a descriptor closed and reopened during the call is not seen);
+* **process groups** the call made and did not destroy, in a world with a harness default
+  group, with where each was made (the harness destroys them before the next call, but a
+  library whose own teardown forgets them leaks one per test in a real job);
+* **CUDA memory** allocated during the call and still allocated after it, where CUDA was in
+  use (``torch.cuda.memory_allocated``, after a garbage collection).
 
 Left out on purpose: sockets, pipes and anonymous inodes (epoll, eventfd), which the backends
 open for each process group (Gloo: a self-pipe, an epoll instance and a socket per peer)
@@ -21,9 +26,11 @@ whichever call first needs them. Child processes and file descriptors are read f
 
 from __future__ import annotations
 
+import gc
 import inspect
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +38,8 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from harness.rank.sites import in_stdlib
+from harness import compat
+from harness.rank.sites import call_site, in_stdlib
 
 _FD_DIR = "/proc/self/fd"
 _TASK_DIR = "/proc/self/task"
@@ -66,8 +74,11 @@ class Watch:
     under the directory ``own`` are the harness's.
     """
 
-    def __init__(self, *, enabled: bool = True, own: str = "") -> None:
+    def __init__(self, *, enabled: bool = True, own: str = "", groups: bool = False) -> None:
         self._enabled = enabled
+        # With a harness default group, every other group a call leaves is the call's own.
+        self._groups = compat.live_process_groups() if enabled and groups else None
+        self._cuda = _cuda_allocated() if enabled else None
         # The rank's own files (``own``, a directory): the watchdog thread writes a trace
         # there whenever the controller asks, also while the call runs.
         self._own = os.path.join(own, "") if own else None
@@ -113,9 +124,10 @@ class Watch:
             self._fds |= _open_fds()
             self._children |= _live_children()
 
-    def findings(self) -> tuple[str, ...]:
+    def findings(self, lasting_groups: set[Any] | frozenset[Any] = frozenset()) -> tuple[str, ...]:
         """What the call left behind, one line each: a thread alive now (nothing waits
-        for it) outlives the call."""
+        for it) outlives the call; ``lasting_groups`` are meant to (a wider-scoped
+        fixture's)."""
         if not self._enabled:
             return ()
         found = [
@@ -130,7 +142,65 @@ class Watch:
             target = _file_target(fd)
             if target is not None and not (self._own and target.startswith(self._own)):
                 found.append(f"file descriptor {fd} ({target}) is still open")
+        if self._groups is not None:
+            found += _left_groups(self._groups | lasting_groups)
+        if self._cuda is not None or _cuda_allocated() is not None:
+            found += _left_cuda_memory(self._cuda or 0)
         return tuple(found)
+
+
+def note_group_sites() -> None:
+    """Note where each process group is made from now on (once, as the rank starts)."""
+
+    def where() -> str:
+        path, line = call_site(inspect.currentframe())
+        return f"{_shown(path)}:{line}"
+
+    compat.note_group_creation(where)
+
+
+def _left_groups(before: set[Any]) -> list[str]:
+    """One line per place where the call made groups it left (the default group aside: a
+    call that replaced the harness's is handled as such)."""
+    import torch.distributed as dist
+
+    default = dist.group.WORLD if dist.is_initialized() else None
+    left = [g for g in compat.live_process_groups() - before if g is not default]
+    by_site: dict[str, list[Any]] = {}
+    for group in left:
+        by_site.setdefault(compat.group_created_at(group) or "an unknown place", []).append(group)
+    lines = []
+    for site, groups in sorted(by_site.items()):
+        if len(groups) == 1:
+            ranks = dist.get_process_group_ranks(groups[0])
+            what = f"process group of ranks {ranks} made at {site} was"
+        else:
+            what = f"{len(groups)} process groups made at {site} were"
+        lines.append(f"{what} not destroyed")
+    return lines
+
+
+def _cuda_allocated() -> int | None:
+    """Bytes of CUDA memory allocated on the current device, where CUDA is in use (never
+    initialising it: None then)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_allocated())
+
+
+def _left_cuda_memory(before: int) -> list[str]:
+    now = _cuda_allocated() or 0
+    if now > before:
+        gc.collect()  # tensors held only by reference cycles are no leak
+        now = _cuda_allocated() or 0
+    if now <= before:
+        return []
+    device = sys.modules["torch"].cuda.current_device()
+    return [
+        f"{now - before} bytes of CUDA memory allocated during the call are still allocated "
+        f"on cuda:{device} (torch.cuda.memory_allocated)"
+    ]
 
 
 def kill_children() -> None:
@@ -158,9 +228,13 @@ def _where_started(frame: FrameType | None) -> str:
     chosen = frame or fallback
     if chosen is None:
         return "<unknown>"
-    name = chosen.f_code.co_filename
-    relative = os.path.relpath(name)
-    return f"{name if relative.startswith('..') else relative}:{chosen.f_lineno}"
+    return f"{_shown(chosen.f_code.co_filename)}:{chosen.f_lineno}"
+
+
+def _shown(path: str) -> str:
+    """``path`` relative to the working directory where it is under it."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative
 
 
 def _open_fds() -> set[int]:

@@ -92,6 +92,7 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
+    leaks.note_group_sites()
     watchdog = threading.Thread(
         target=_watch,
         args=(ctx, lifeline, threading.get_ident()),
@@ -178,7 +179,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         context = f"could not unpickle the call sent to rank {rank}"
         return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
-    watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir)
+    watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
     recorder = trace.Recorder(_plan(ctx, call))
     running = ctx.running = Running(recorder)
     try:
@@ -213,7 +214,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         group_count=compat.process_group_count(),
         # Whether the default group is still the harness's (not destroyed, not replaced).
         grouped=dist.is_initialized() and dist.group.WORLD in ctx.baseline_groups,
-        leaks=watch.findings(),
+        leaks=watch.findings(fixtures.lasting_groups()),
         collectives=recorder.fingerprint() if call.options.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),

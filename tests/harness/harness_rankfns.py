@@ -418,11 +418,13 @@ def leak_file(directory: str) -> str:
     return path
 
 
-def use_subgroup() -> float:
-    """Make a group of every rank and all_reduce on it; the harness destroys it later."""
+def use_subgroup(destroy: bool = True) -> float:
+    """Make a group of every rank and all_reduce on it; destroy it, or leave it to the harness."""
     group = dist.new_group(list(range(dist.get_world_size())))
     total = torch.ones(1)
     dist.all_reduce(total, group=group)
+    if destroy:
+        dist.destroy_process_group(group)
     return total.item()
 
 

@@ -43,7 +43,7 @@ def test_a_thread_left_running_is_a_warning_naming_it_where_it_started_and_the_r
     [warning] = record
     message = str(warning.message)
     assert message.startswith(
-        "the call of leak_thread left behind what the harness cannot undo in a reused rank: "
+        "the call of leak_thread left behind in a reused rank: "
         "ranks 0, 1: thread 'worker-1' started at "
     )
     assert message.endswith(f"harness_rankfns.py:{start_line()} is still alive")
@@ -57,8 +57,21 @@ def test_a_joined_thread_and_a_subgroup_made_and_used_leave_nothing(
         warnings.simplefilter("error")
         world.run(fns.join_thread)
         assert world.run(fns.use_subgroup) == [2.0, 2.0]
-        # The subgroup's sockets and pipes are closed as the next call starts: still nothing.
+        # The backend's sockets and pipes of a destroyed group are no leak of the call.
         world.run(fns.getpid)
+
+
+def test_a_process_group_left_is_reported_where_it_was_made(world: harness.World) -> None:
+    with pytest.warns(RuntimeWarning) as record:
+        assert world.run(fns.use_subgroup, args=(False,)) == [2.0, 2.0]
+    assert re.search(
+        r"the call of use_subgroup left behind in a reused rank: ranks 0, 1: process group of "
+        r"ranks \[0, 1\] made at \S*harness_rankfns.py:\d+ was not destroyed$",
+        str(record[0].message),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        world.run(fns.getpid)  # the harness destroyed it: nothing is left for the next call
 
 
 def test_a_file_left_open_is_reported_with_its_path(world: harness.World, tmp_path: Path) -> None:

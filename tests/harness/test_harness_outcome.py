@@ -460,7 +460,7 @@ def test_what_ranks_left_behind_is_kept_by_rank_and_reported_once_per_finding() 
         1: (THREAD,),
     }
     assert leak_report(outcome.leaks, "test test_x.py::test_a") == (
-        "test test_x.py::test_a left behind what the harness cannot undo in a reused rank: "
+        "test test_x.py::test_a left behind in a reused rank: "
         f"ranks 0, 1: {THREAD}; rank 0: child process 41 (sleep 1000) is still running"
     )
     clean = {rank: Done(pickle.dumps(rank)) for rank in (0, 1)}

@@ -46,6 +46,7 @@ def test_makes_and_uses_a_subgroup(rank, world_size):
     total = torch.ones(1)
     dist.all_reduce(total, group=group)
     assert total.item() == world_size
+    dist.destroy_process_group(group)  # its sockets and pipes were the backend's: no leak
 """
 
 
@@ -73,9 +74,45 @@ def test_a_leaked_thread_is_a_warning_naming_the_test_where_it_started_and_the_r
         [
             "*warnings summary*",
             "test_leaks.py::test_leaves_a_thread",
-            "*RuntimeWarning: test test_leaks.py::test_leaves_a_thread left behind what the "
-            "harness cannot undo in a reused rank: ranks 0, 1: thread 'worker-1' started at "
+            "*RuntimeWarning: test test_leaks.py::test_leaves_a_thread left behind in a reused "
+            "rank: ranks 0, 1: thread 'worker-1' started at "
             f"test_leaks.py:{started} is still alive",
+        ]
+    )
+
+
+def test_a_process_group_left_is_a_warning_naming_where_it_was_made(
+    pytester: pytest.Pytester,
+) -> None:
+    path = pytester.makepyfile(
+        test_groups="""
+        import pytest
+        import torch.distributed as dist
+
+        def make_groups(count):
+            return [dist.new_group([0, 1]) for _ in range(count)]
+
+        @pytest.mark.distributed(world_size=2)
+        def test_leaves_groups(rank):
+            make_groups(3)
+            dist.new_group([1])
+
+        @pytest.mark.distributed(world_size=2)
+        def test_destroys_its_group(rank):
+            dist.destroy_process_group(dist.new_group([0, 1]))
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2, warnings=1)
+    source = path.read_text().splitlines()
+    made = 1 + next(i for i, text in enumerate(source) if "dist.new_group([0, 1]) for" in text)
+    single = 1 + next(i for i, text in enumerate(source) if "dist.new_group([1])" in text)
+    result.stdout.fnmatch_lines(
+        [
+            "*RuntimeWarning: test test_groups.py::test_leaves_groups left behind in a reused "
+            f"rank: ranks 0, 1: 3 process groups made at test_groups.py:{made} were not "
+            f"destroyed; rank 1: process group of ranks [[]1[]] made at "
+            f"test_groups.py:{single} was not destroyed",
         ]
     )
 

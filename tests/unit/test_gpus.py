@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -64,8 +63,8 @@ def test_bad_gpu_ids_are_named(
 
 
 @pytest.fixture
-def stock(tmp_path: Path) -> Iterator[Inventory]:
-    yield Inventory(("0", "1", "2", "3"), str(tmp_path / "leases"))
+def stock(tmp_path: Path) -> Inventory:
+    return Inventory(("0", "1", "2", "3"), str(tmp_path / "leases"))
 
 
 class _Clock:
@@ -171,7 +170,7 @@ def test_a_lease_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     stock = Inventory(("0",), str(blocker / "leases"))
-    with pytest.raises(OSError, match="cannot create the GPU lease directory '.*file/leases'"):
+    with pytest.raises(OSError, match=r"cannot create the GPU lease directory '.*file/leases'"):
         _acquire(stock, 1, _Clock())
 
 
