@@ -279,14 +279,13 @@ class TestSkips(Base):
 
 
 def test_a_hang_times_out_at_the_class_timeout_with_every_rank_stack(
-    pytester: pytest.Pytester, pids_dir: str, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, pids_dir: str
 ) -> None:
-    # The class's 5 s start when the ranks get the test. A rank learns torch's default
-    # thread count for the test's environment from a fresh interpreter when its own
-    # differs (this in-process run's forkserver did not preload the --dist-mptc rank
-    # module): seconds on a loaded machine, before the body runs. The same variable as
-    # the ranks' keeps that out of the 5 s.
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    # The class's 5 s start when the ranks get the test. test_2_hangs runs on the ranks
+    # test_1_first ran on (and on no fresh ones: dist_confirm=off below), which imported
+    # the test module and know torch's default thread count for the test's environment
+    # by then (a rank whose forkserver did not preload the --dist-mptc rank module learns
+    # it from a fresh interpreter: seconds on a loaded machine). The 5 s hold the body.
     _suite(
         pytester,
         pids_dir,
@@ -306,8 +305,9 @@ class TestHang(Base):
 """,
     )
     # dist_confirm=off: the report is the reused ranks' run's. A confirmation on fresh
-    # processes would wait out the class's 5 s a second time (test_plugin_confirm.py checks
-    # confirmations, test_plugin_interrupts.py one of a hang).
+    # processes would wait out the class's 5 s a second time, on ranks that have yet to
+    # import the module (test_plugin_confirm.py checks confirmations under --dist-mptc,
+    # test_plugin_interrupts.py the confirmation of a hang).
     result = pytester.runpytest("-p", "no:randomly", "--dist-mptc", "-o", "dist_confirm=off")
     result.assert_outcomes(passed=2, failed=1)
     failure = _failure(result, "test_2_hangs")
