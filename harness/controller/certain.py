@@ -12,10 +12,13 @@ slowly, leaves the call to its deadline.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 
 from harness.controller import verdicts
-from harness.controller.outcome import Reply
+from harness.controller.outcome import Faulted, Reply
 from harness.controller.spawn import RankProcess
+from harness.faults import Fault
 from harness.protocol.messages import Done
 from harness.protocol.traces import RankTrace
 
@@ -32,17 +35,32 @@ class HangWatch:
     """Asks the ranks that are silent or returned for their traces, round after round, and
     says when one round proves the call can never finish.
 
+    A rank that an injected ``hang`` fault holds is judged as one that ended where the fault
+    acted: it never issues another collective. So is one that returned after an injected
+    ``error`` raised in place of a collective: that collective never ran there. A rank a
+    fault killed or made exit is not: its peers fail by themselves as its connections close,
+    and that failure is the verdict.
+
     Args:
         ranks: The call's ranks.
         desync_check: Whether the call's desync check is on (see
             :func:`verdicts.can_never_finish`).
         deadline: The call's timeout in seconds (None: none).
+        faults: The call's faults (``Fired.index`` names one).
     """
 
     def __init__(
-        self, ranks: list[RankProcess], *, desync_check: bool, deadline: float | None = None
+        self,
+        ranks: list[RankProcess],
+        *,
+        desync_check: bool,
+        deadline: float | None = None,
+        faults: Sequence[Fault] = (),
     ) -> None:
         self._ranks = ranks
+        self._faults = faults
+        # The ranks a hang fault holds, with their traces when it acted: known without asking.
+        self._held: dict[int, RankTrace | None] = {}
         self._desync_check = desync_check
         self._deadline = deadline
         self._asked: dict[int, RankProcess] = {}
@@ -81,7 +99,12 @@ class HangWatch:
         # A rank that failed or died meanwhile: the supervisor's to report.
         if any(rank in replies and not isinstance(replies[rank], Done) for rank in asked):
             return False
-        found: dict[int, RankTrace | None] = dict(traces)
+        found: dict[int, RankTrace | None] = {**traces, **self._held}
+        states.update(dict.fromkeys(self._held, verdicts.DIED))
+        for fault in self._faults:
+            trace = found.get(fault.rank)
+            if fault.kind == "error" and trace is not None and states[fault.rank] == verdicts.DONE:
+                found[fault.rank] = _without(trace, fault)
         return verdicts.can_never_finish(
             found,
             states,
@@ -89,6 +112,11 @@ class HangWatch:
             desync_check=self._desync_check,
             deadline=self._deadline,
         )
+
+    def _hangs(self, faulted: Faulted) -> bool:
+        """Whether ``faulted`` is held by a ``hang`` fault (alive, never to go on)."""
+        index = faulted.fired.index
+        return index < len(self._faults) and self._faults[index].kind == "hang"
 
     def settle(self, timeout_s: float = 2.0) -> None:
         """Wait, at most ``timeout_s``, for the answers to a round still out when the call
@@ -105,15 +133,29 @@ class HangWatch:
 
     def _ask(self, replies: dict[int, Reply]) -> None:
         """Ask every rank that is silent or returned (each one alive) for its trace."""
+        self._held = {}
         for proc in self._ranks:
             reply = replies.get(proc.rank)
+            if isinstance(reply, Faulted) and reply.then is None and self._hangs(reply):
+                self._held[proc.rank] = reply.fired.trace
+                continue
             if (reply is not None and not isinstance(reply, Done)) or not proc.ask_trace():
                 continue
             self._asked[proc.rank] = proc
             self._states[proc.rank] = verdicts.DONE if reply is not None else verdicts.RUNNING
-        if len(self._asked) < len(self._ranks):
+        if len(self._asked) + len(self._held) < len(self._ranks):
             # A rank that failed is the supervisor's to report; one we could not ask leaves
             # the round without proof, and the requests sent make the next ones ambiguous.
             self.active = not self._asked
             self._asked.clear()
             self._states.clear()
+
+
+def _without(trace: RankTrace, fault: Fault) -> RankTrace:
+    """``trace`` as though the rank had stopped before the collective where ``fault`` (an
+    ``error``) raised in its place, if it did: the rank never joined it."""
+    groups = dict(trace.groups)
+    for key, history in groups.items():
+        if history.ranks == fault.group and history.raised == fault.at:
+            groups[key] = replace(history, count=fault.at - 1)
+    return replace(trace, groups=groups)

@@ -270,7 +270,7 @@ def _failed(
         waits = "waits in a collective that" if len(silent) == 1 else "wait in collectives that"
         summary = (
             f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
-            "(their stacks follow; the ranks were then killed)"
+            f"(their stacks follow; the ranks were then killed){by_faults}"
         )
         return Classified(error=WorldHang(summary, failures, every_stack))
     bound = f" within {timeout:g} s" if timeout is not None else ""

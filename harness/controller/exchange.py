@@ -77,7 +77,12 @@ def exchange(
         fired: dict[int, Fired] = {}
         watch = None
         if options is not None:
-            watch = HangWatch(ranks, desync_check=options.check_collectives, deadline=timeout)
+            watch = HangWatch(
+                ranks,
+                desync_check=options.check_collectives,
+                deadline=timeout,
+                faults=options.faults,
+            )
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         if watch is not None:
             watch.settle()

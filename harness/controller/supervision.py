@@ -151,7 +151,9 @@ class Supervision:
             past_deadline = self._deadline is not None and now >= self._deadline
             return (DEADLINE if self._grace_end is None or past_deadline else ""), None
         watch = self._watch
-        if watch is not None and watch.active and not self.fired and self._grace_end is None:
+        # Not during a failure's grace: the failure is the verdict. After a fault, yes: the
+        # watch judges what the fault left (a rank it hangs, a rank that handled its error).
+        if watch is not None and watch.active and self._grace_end is None:
             if now >= watch.next_at and watch.step(self.replies):
                 return CERTAIN, None
             limits.append(watch.next_at)

@@ -112,16 +112,35 @@ def test_a_hung_rank_ends_its_part_and_a_monitored_barrier_names_it(
     assert fired(lost, "hung before collective #1 (monitored_barrier) on the default group")
 
 
-def test_a_survivor_blocked_for_good_is_a_timeout_that_names_the_fault(
+def test_a_survivor_blocked_for_good_by_a_hung_peer_ends_at_once_naming_the_fault(
     world: harness.World,
 ) -> None:
-    with pytest.raises(harness.WorldTimeout) as raised:
-        world.run(fns.steps, faults=[faults.hang(1, 2)], timeout=3)
-    summary = raised.value.summary
-    assert summary.startswith("the run did not finish within 3 s: rank 0 still running ")
-    assert " s after rank 1 hung before collective #2 (all_reduce) on the default group" in summary
+    # The hung rank never issues collective #2, which its peer waits in: certain, at once.
+    with pytest.raises(harness.WorldHang) as raised:
+        world.run(fns.steps, faults=[faults.hang(1, 2)], timeout=120)
+    assert raised.value.summary == (
+        "the run can never finish: rank 0 waits in a collective that cannot complete (their "
+        "stacks follow; the ranks were then killed); rank 1 hung before collective #2 "
+        "(all_reduce) on the default group (injected)"
+    )
+    assert raised.value.timeout is None
     assert list(raised.value.failures) == [0]
     assert "all_reduce" in raised.value.stacks[0] or raised.value.collectives
+
+
+def test_a_peer_that_handled_an_injected_error_and_returned_ends_the_run_at_once(
+    world: harness.World,
+) -> None:
+    # Rank 0's collective #2 raised in place of running, and rank 0 went on to return: rank
+    # 1, inside #2, can never finish it.
+    nic_down = faults.error(0, 2, RuntimeError("nic down"))
+    with pytest.raises(harness.WorldHang) as raised:
+        world.run(fns.steps_until_an_error, faults=[nic_down], timeout=120)
+    assert raised.value.summary == (
+        "the run can never finish: rank 1 waits in a collective that cannot complete (their "
+        "stacks follow; the ranks were then killed); rank 0 raised RuntimeError('nic down') "
+        "at collective #2 (all_reduce) on the default group (injected)"
+    )
 
 
 def test_a_straggler_is_waited_for(world: harness.World) -> None:

@@ -299,14 +299,17 @@ def test_an_inactive_watch_is_not_consulted() -> None:
     assert watch.steps == []
 
 
-def test_the_watch_is_not_consulted_once_a_fault_fired() -> None:
+@pytest.mark.parametrize("ends", [False, True])
+def test_the_watch_judges_what_a_fault_left(ends: bool) -> None:
+    # A rank a hang fault holds, or one that handled an injected error: the watch says
+    # whether its peers can still finish.
     clock = Clock()
     watch = FakeWatch(next_at=100.5, proves=True)
-    sup = supervision(clock, deadline=200.0, watch=watch)
-    sup.receive(0, fired(ends=False))
+    sup = supervision(clock, world_size=2, deadline=200.0, watch=watch)
+    sup.receive(0, fired(ends=ends))
     clock.now = 101.0
-    assert sup.wake() == (None, 99.0)
-    assert watch.steps == []
+    assert sup.wake() == (CERTAIN, None)
+    assert len(watch.steps) == 1
 
 
 def test_the_watch_is_not_consulted_during_a_grace() -> None:
