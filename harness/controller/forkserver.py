@@ -15,19 +15,27 @@ torch, and the two imports run side by side.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
 import sys
+import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.context import BaseContext
 
 from harness import compat
+from harness.protocol.messages import PRELOAD_REPORT, PRELOAD_VARIABLE
 
 _context: BaseContext | None = None
+
+# The project's warm-up for the server (see preload_also), and where the server reports
+# what of it failed.
+_project_preload: tuple[str, ...] = ()
+_preload_report: str | None = None
 
 before_stop: list[Callable[[], None]] = []
 """Called at interpreter exit before the server is stopped (the controller closes its worlds,
@@ -50,7 +58,8 @@ def _start_server() -> BaseContext:
     # works, its ranks just import these modules themselves.
     ctx.set_forkserver_preload(_preload())
     try:
-        multiprocessing.forkserver.ensure_running()
+        with _project_warm_up():
+            multiprocessing.forkserver.ensure_running()
     except OSError as exc:
         # For example an AF_UNIX path too long for the socket under a deep TMPDIR.
         warnings.warn(
@@ -77,6 +86,53 @@ def warm_up() -> bool:
     return not running and compat.forkserver_pid() is not None
 
 
+def preload_also(entries: Sequence[str]) -> None:
+    """Have the server run the project's warm-up (ini ``dist_preload``: ``module`` or
+    ``module:function`` entries, see :mod:`harness.rank.preload`) before it forks a rank;
+    effective only before the server starts."""
+    global _project_preload
+    if _context is None:
+        _project_preload = tuple(entries)
+
+
+def preload_problems() -> list[str]:
+    """The entries of the project's warm-up that failed in the server, one line each (read
+    once a rank has been forked: the server runs its warm-up first)."""
+    if _preload_report is None:
+        return []
+    try:
+        with open(_preload_report) as report:
+            return report.read().splitlines()
+    except OSError:
+        return []
+
+
+@contextlib.contextmanager
+def _project_warm_up() -> Iterator[None]:
+    """The server's environment, while it starts, names the project's warm-up and a file
+    for its problems; this process's environment is as it was afterwards."""
+    global _preload_report
+    if not _project_preload:
+        yield
+        return
+    handle, _preload_report = tempfile.mkstemp(prefix="harness-preload-")
+    os.close(handle)
+    atexit.register(_remove, _preload_report)
+    os.environ[PRELOAD_VARIABLE] = ",".join(_project_preload)
+    os.environ[PRELOAD_REPORT] = _preload_report
+    try:
+        yield
+    finally:
+        del os.environ[PRELOAD_VARIABLE], os.environ[PRELOAD_REPORT]
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _preload() -> list[str]:
     # First the server's own set-up, then everything a rank imports before it can run a
     # call; pytest only when we run under it (else each rank of an isolated test would
@@ -96,6 +152,8 @@ def _preload() -> list[str]:
         modules += ["pytest", compat.ASSERT_REWRITER_MODULE, "harness.rank.pytest_body"]
     if "coverage" in sys.modules:
         modules.append("coverage")
+    if _project_preload:
+        modules.append("harness.rank.preload")
     torch = sys.modules.get("torch")
     if compat.MPTC_MODULE in sys.modules and torch is not None and not torch.cuda.is_available():
         # The session runs MultiProcessTestCase classes (--dist-mptc): every rank imports

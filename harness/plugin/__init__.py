@@ -100,6 +100,9 @@ _INI = {
     "dist_marker": f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
     f"where the project has a '{MARKER}' marker of its own)",
     "dist_gpus": "the GPUs this run may use, as --dist-gpus",
+    "dist_preload": "modules (mylib.models) and functions (mylib.testing:warm_up) the "
+    "forkserver imports or calls once, before it forks any rank: every rank, also of a "
+    "world rebuilt after a failure or a fault, starts with them done",
     "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
 }

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NoReturn
 import pytest
 
 from harness import compat, validate
+from harness.controller import forkserver
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.gpus import LeaseTimeout
 from harness.controller.world import World
@@ -61,6 +62,10 @@ class DistSession:
         # The test whose worlds are being taken, and its deadline: a lease is waited for
         # under it, and names it to whoever waits behind.
         self._taking: tuple[str, float | None] = ("", None)
+        # The project's warm-up (ini dist_preload) is the forkserver's to run: given here
+        # too, in case the server starts with the first world rather than earlier.
+        forkserver.preload_also(self.settings.preload)
+        self._preload_failed: str | None = None if self.settings.preload else ""
         # Answers that cannot change during a session, asked for every test otherwise.
         self._resolved: dict[object, str] = {}
         self._unavailable: dict[tuple[int, str], str | None] = {}
@@ -84,7 +89,17 @@ class DistSession:
         if per_rank:
             holder, deadline = self._taking
             lease = self.leases.take(size * per_rank, holder, deadline, self.give_back_gpus)
-        return World(size, backend=backend, init=init, leaks=self.settings.leaks, gpus=lease)
+        world = World(size, backend=backend, init=init, leaks=self.settings.leaks, gpus=lease)
+        if self._preload_failed is None:
+            # The server has run the warm-up by now: it did before it forked these ranks.
+            problems = forkserver.preload_problems()
+            self._preload_failed = (
+                "ini dist_preload failed in the forkserver, which ranks are forked from: "
+                + "; ".join(problems)
+                if problems
+                else ""
+            )
+        return world
 
     def give_back_gpus(self) -> None:
         """End this session's worlds that hold GPUs (none is running a test when this is
@@ -101,6 +116,11 @@ class DistSession:
             for key in scoped:
                 self._scopes[key].discard(world)
             world.close()
+
+    def preload_failure(self) -> str:
+        """What of the project's warm-up (ini ``dist_preload``) failed in the forkserver
+        ('' when nothing did, or before the first world started)."""
+        return self._preload_failed or ""
 
     def holds_gpus(self) -> bool:
         """Whether a world of this session holds GPUs."""
@@ -131,6 +151,8 @@ class DistSession:
         if self.config.option.setuponly or self.config.option.setupplan:
             return
         try:
+            if self.preload_failure():
+                raise pytest.fail.Exception(self.preload_failure(), pytrace=False)
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
             per_rank = self.leases.per_rank(test.gpus_per_rank, backend)
@@ -169,6 +191,9 @@ class DistSession:
                 checked = self.runner.run(item, marked, shape, test.isolate, option)
             except LeaseTimeout as exc:  # an isolated test's fresh world waited in vain
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
+                return
+            if self.preload_failure():  # found as its first world started
+                item.stash[_CALL] = pytest.fail.Exception(self.preload_failure(), pytrace=False)
                 return
         outcome = checked.result
         report.add_output_sections(item, outcome.outputs)

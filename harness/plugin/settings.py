@@ -70,6 +70,8 @@ class Settings:
         gpu_lease_dir: ini ``dist_gpu_lease_dir``: where the GPU leases are kept.
         require_gpus: ``--dist-require-gpus`` or ini ``dist_require_gpus``: a test that
             needs more GPUs than the run has fails instead of being skipped.
+        preload: ini ``dist_preload``: ``module`` and ``module:function`` entries the
+            forkserver imports or calls before it forks any rank.
     """
 
     backend: str = "auto"
@@ -87,6 +89,7 @@ class Settings:
     gpus: str | None = None
     gpu_lease_dir: str = ""
     require_gpus: bool = False
+    preload: tuple[str, ...] = ()
 
 
 def read(config: pytest.Config) -> Settings:
@@ -127,6 +130,7 @@ def read(config: pytest.Config) -> Settings:
             require_gpus=bool(
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
             ),
+            preload=preload_entries(config.getini("dist_preload")),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -143,6 +147,24 @@ def _gpus(config: pytest.Config) -> str | None:
     if given is not None:
         gpus.inventory(given, os.environ, lambda: 0, "", where)
     return given
+
+
+def preload_entries(value: object) -> tuple[str, ...]:
+    """The entries of ini ``dist_preload`` (separated by commas or white space).
+
+    Raises:
+        ValueError: An entry that is not ``module`` or ``module:function`` (dotted names).
+    """
+    entries = tuple(str(value or "").replace(",", " ").split())
+    for entry in entries:
+        module, colon, function = entry.partition(":")
+        dotted = all(part.isidentifier() for part in module.split("."))
+        if not dotted or (colon and not function.isidentifier()):
+            raise ValueError(
+                f"ini option dist_preload has {entry!r}; each entry must be a module "
+                "(mylib.models) or a module and a function in it (mylib.testing:warm_up)"
+            )
+    return entries
 
 
 def _ini_choice(config: pytest.Config, name: str, choices: tuple[str, ...]) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from harness.plugin.marker import choose_marker, launcher_world
+from harness.plugin.settings import preload_entries
 
 _STARTED_EARLY = pytest.StashKey[bool]()
 """Set on the config when :func:`before_conftests` started the server."""
@@ -67,7 +68,7 @@ def before_conftests(early_config: pytest.Config) -> None:
             # pytest-cov (--cov) imports coverage right after this; imported first, it is
             # preloaded by the server too, instead of imported by each rank.
             importlib.import_module("coverage")
-        early_config.stash[_STARTED_EARLY] = _start()
+        early_config.stash[_STARTED_EARLY] = _start(early_config)
 
 
 def at_configure(config: pytest.Config, name: str | None) -> None:
@@ -91,7 +92,7 @@ def at_collect(config: pytest.Config) -> None:
 def at_collection_finish(config: pytest.Config) -> None:
     """Point 4, and what the others come to: start the server unless no test runs here."""
     if not _runs_no_tests(config.option, xdist_worker=hasattr(config, "workerinput")):
-        _start()
+        _start(config)
 
 
 def file_uses(path: Path, name: str) -> bool:
@@ -131,7 +132,11 @@ def _may_deselect(options: argparse.Namespace) -> bool:
     )
 
 
-def _start() -> bool:
+def _start(config: pytest.Config) -> bool:
     from harness.controller import forkserver
 
+    try:
+        forkserver.preload_also(preload_entries(config.getini("dist_preload")))
+    except ValueError:
+        pass  # a usage error, reported at configure
     return forkserver.warm_up()

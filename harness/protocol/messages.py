@@ -32,6 +32,13 @@ TRACE_REQUEST = b"trace"
 the call in progress has issued so far (between calls: what the last call issued)."""
 
 
+PRELOAD_VARIABLE = "HARNESS_PRELOAD"
+"""Set in the forkserver's environment alone: the project's warm-up entries (ini
+``dist_preload``), comma-separated, for :mod:`harness.rank.preload`."""
+
+PRELOAD_REPORT = "HARNESS_PRELOAD_REPORT"
+"""Set beside :data:`PRELOAD_VARIABLE`: the file the server writes each failed entry to."""
+
 GPUS_PER_RANK = "HARNESS_GPUS_PER_RANK"
 """Set in the ranks of a world that holds GPUs (``World(gpus=...)``): how many each rank has.
 Every rank sees the world's GPUs as ``CUDA_VISIBLE_DEVICES``, in rank order, so rank ``r``'s
