@@ -3,6 +3,7 @@
 * :mod:`~harness.rank.entry`        what the controller names (a rank's target, a test
   body's runner), importing the rest only once it runs in the rank
 * :mod:`~harness.rank.server`       the forkserver's first preload: its name, torch's warnings
+* :mod:`~harness.rank.preload`      the forkserver's last: the project's warm-up (``dist_preload``)
 * :mod:`~harness.rank.title`        process titles (``harness rank 1/4 (gloo)``)
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
 * :mod:`~harness.rank.context`      a rank's state, passed to what serves it; the call in progress
