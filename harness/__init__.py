@@ -19,6 +19,7 @@ Which side may import which is a contract checked by import-linter (``pyproject.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import TYPE_CHECKING, Any
 
 from harness.errors import (
@@ -33,25 +34,39 @@ from harness.errors import (
     WorldHang,
     WorldTimeout,
 )
-from harness.protocol.messages import CallOptions
 
 if TYPE_CHECKING:
-    from harness.controller.world import World, run
+    from harness.controller.fresh import run
+    from harness.controller.world import World
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
+    from harness.protocol.messages import CallOptions
 
 
 def __getattr__(name: str) -> Any:
     # World and run need torch; importing them on first use keeps `import harness` (and the
     # pytest plugin, loaded into every pytest run of the environment) free of it. Reading
     # them starts nothing: the forkserver starts with the first World.
-    if name in ("World", "run"):
-        return getattr(importlib.import_module("harness.controller.world"), name)
+    if name == "World":
+        return importlib.import_module("harness.controller.world").World
+    if name == "run":
+        return importlib.import_module("harness.controller.fresh").run
+    if name == "CallOptions":
+        # Here, not at the top: the plugin imports this package before it can keep pytest
+        # from rewriting the harness's modules, which then should be few.
+        return importlib.import_module("harness.protocol.messages").CallOptions
     if name == "FaultFired":
         return importlib.import_module("harness.faults").FaultFired
     if name == "fixture":
         return importlib.import_module("harness.plugin.rank_fixtures").fixture
     raise AttributeError(f"module 'harness' has no attribute {name!r}")
+
+
+def restart_count() -> int:
+    """Which attempt of a run with restarts this rank is in: 0 in the first, 1 after the
+    first restart, ... (``TORCHELASTIC_RESTART_COUNT``, as torchrun's agent sets it; 0 where
+    it is unset). Call it in a rank, to resume from a checkpoint."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 __all__ = [
@@ -69,5 +84,6 @@ __all__ = [
     "WorldHang",
     "WorldTimeout",
     "fixture",
+    "restart_count",
     "run",
 ]

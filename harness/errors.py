@@ -45,6 +45,9 @@ class DistributedError(Exception):
         verdicts: Where the ranks' collectives disagree, one line per finding (``collective
             #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
             test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``).
+        attempts: For a run with restarts, how each attempt before this one ended, one line
+            each (``"attempt 0 (4 ranks): rank 1 killed (SIGKILL) before collective #3 ...
+            (injected)"``); empty otherwise.
     """
 
     root_cause_first = False
@@ -60,6 +63,7 @@ class DistributedError(Exception):
         self.hint = hint
         self.collectives: dict[int, RankTrace | None] = {}
         self.verdicts: list[str] = []
+        self.attempts: list[str] = []
 
     def report(self) -> tuple[list[str], list[tuple[str, str]]]:
         """How the error reads after its summary, for ``str()`` and the pytest report alike.
@@ -67,13 +71,16 @@ class DistributedError(Exception):
         Returns:
             The verdict lines not already in the summary, and the sections: each failing
             rank's traceback (``"rank 1 (root cause)"``, root cause first), then the
-            ``"collectives"`` section (per rank, its last collectives) when any were issued.
+            ``"collectives"`` section (per rank, its last collectives) when any were issued,
+            then the earlier ``"attempts"`` of a run with restarts.
         """
         lines = [verdict for verdict in self.verdicts if verdict not in self.summary]
         parts = sections(self.failures, root_cause_first=self.root_cause_first)
         collectives = render(self.collectives) if self.collectives else ""
         if collectives:
             parts.append(("collectives", collectives))
+        if self.attempts:
+            parts.append(("attempts", "".join(f"{line}\n" for line in self.attempts)))
         return lines, parts
 
     def __str__(self) -> str:

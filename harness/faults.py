@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import pickle
 import signal as _signal
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +67,8 @@ class Fault:
         seconds: ``delay`` only: how long the rank sleeps before entering.
         fn: ``corrupt`` only: called with the rank's input tensor, changes it in place.
         strict: Whether a fault that never fires is an error.
+        attempt: The attempt of a run with restarts it acts in (0: the first), so that the
+            attempts after it run clean.
     """
 
     kind: str
@@ -80,12 +82,14 @@ class Fault:
     seconds: float = 0.0
     fn: Callable[[Any], object] | None = None
     strict: bool = True
+    attempt: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown fault kind {self.kind!r}; valid: {', '.join(KINDS)}")
         _index(self.rank, "rank", minimum=0)
         _index(self.at, "at", minimum=1)
+        _index(self.attempt, "attempt", minimum=0)
         if self.group is not None:
             members = self.group
             if not isinstance(members, tuple) or not members:
@@ -140,7 +144,8 @@ class Fault:
         """The test id of this fault in a sweep, such as ``kill-r1-at3``."""
         kind = f"kill-{self.when}" if self.kind == "kill" and self.when != "before" else self.kind
         group = "" if self.group is None else "-g" + "_".join(map(str, self.group))
-        return f"{kind}-r{self.rank}-at{self.at}{group}"
+        attempt = f"-attempt{self.attempt}" if self.attempt else ""
+        return f"{kind}-r{self.rank}-at{self.at}{group}{attempt}"
 
     def __repr__(self) -> str:
         return f"faults.{self}"
@@ -161,6 +166,8 @@ class Fault:
             details.append(f"fn={getattr(self.fn, '__qualname__', self.fn)!s}")
         if self.group is not None:
             details.append(f"group={self.group}")
+        if self.attempt:
+            details.append(f"attempt={self.attempt}")
         return f"{self.kind}({', '.join(details)})"
 
     @property
@@ -225,16 +232,23 @@ def kill(
     when: str = "before",
     signal: int = _signal.SIGKILL,
     strict: bool = True,
+    attempt: int = 0,
 ) -> Fault:
     """Kill ``rank`` with ``signal`` before, during or after its collective ``#at``."""
-    return Fault("kill", rank, at, group, when=when, signal=signal, strict=strict)
+    return Fault("kill", rank, at, group, when=when, signal=signal, strict=strict, attempt=attempt)
 
 
 def exit(
-    rank: int, at: int, code: int, *, group: tuple[int, ...] | None = None, strict: bool = True
+    rank: int,
+    at: int,
+    code: int,
+    *,
+    group: tuple[int, ...] | None = None,
+    strict: bool = True,
+    attempt: int = 0,
 ) -> Fault:
     """Make ``rank`` exit with status ``code`` (``os._exit``) instead of entering ``#at``."""
-    return Fault("exit", rank, at, group, code=code, strict=strict)
+    return Fault("exit", rank, at, group, code=code, strict=strict, attempt=attempt)
 
 
 def error(
@@ -244,9 +258,10 @@ def error(
     *,
     group: tuple[int, ...] | None = None,
     strict: bool = True,
+    attempt: int = 0,
 ) -> Fault:
     """Make collective ``#at`` raise ``exc`` on ``rank`` instead of running."""
-    return Fault("error", rank, at, group, exc=exc, strict=strict)
+    return Fault("error", rank, at, group, exc=exc, strict=strict, attempt=attempt)
 
 
 def delay(
@@ -256,14 +271,22 @@ def delay(
     *,
     group: tuple[int, ...] | None = None,
     strict: bool = True,
+    attempt: int = 0,
 ) -> Fault:
     """Make ``rank`` sleep ``seconds`` before entering collective ``#at`` (a straggler)."""
-    return Fault("delay", rank, at, group, seconds=seconds, strict=strict)
+    return Fault("delay", rank, at, group, seconds=seconds, strict=strict, attempt=attempt)
 
 
-def hang(rank: int, at: int, *, group: tuple[int, ...] | None = None, strict: bool = True) -> Fault:
+def hang(
+    rank: int,
+    at: int,
+    *,
+    group: tuple[int, ...] | None = None,
+    strict: bool = True,
+    attempt: int = 0,
+) -> Fault:
     """Make ``rank`` block, alive, instead of entering collective ``#at``."""
-    return Fault("hang", rank, at, group, strict=strict)
+    return Fault("hang", rank, at, group, strict=strict, attempt=attempt)
 
 
 def corrupt(
@@ -273,10 +296,11 @@ def corrupt(
     *,
     group: tuple[int, ...] | None = None,
     strict: bool = True,
+    attempt: int = 0,
 ) -> Fault:
     """Call ``fn(tensor)`` on ``rank``'s input tensor of collective ``#at`` before it runs
     (``fn`` changes it in place; it must pickle: a module-level function)."""
-    return Fault("corrupt", rank, at, group, fn=fn, strict=strict)
+    return Fault("corrupt", rank, at, group, fn=fn, strict=strict, attempt=attempt)
 
 
 _MAKERS: dict[str, Callable[..., Fault]] = {
@@ -374,3 +398,20 @@ def _is_exception(value: object) -> bool:
     if isinstance(value, BaseException):
         return True
     return isinstance(value, type) and issubclass(value, BaseException)
+
+
+def check_attempts(faults: Sequence[Fault], sizes: Sequence[int]) -> None:
+    """Check that each fault acts in an attempt the run has, and fits that attempt's world.
+
+    Raises:
+        ValueError: A fault's ``attempt`` is beyond the restarts, or its rank is not in that
+            attempt's world.
+    """
+    for fault in faults:
+        if fault.attempt >= len(sizes):
+            restarts = len(sizes) - 1
+            raise ValueError(
+                f"fault {fault} acts in attempt {fault.attempt}, but the run has "
+                f"{restarts} restart{'' if restarts == 1 else 's'} (attempts 0 to {restarts})"
+            )
+        fault.check(sizes[fault.attempt])

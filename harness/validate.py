@@ -72,6 +72,33 @@ def whole(value: object, where: str) -> int:
     return value
 
 
+def attempt_sizes(restarts: object, world_size: int) -> tuple[int, ...]:
+    """The world size of every attempt, the first included: ``restarts=N`` is N more of
+    ``world_size``; a list of sizes is one more attempt per size.
+
+    Raises:
+        TypeError: ``restarts`` is neither an int nor a list of them.
+        ValueError: A negative count, or a size below 1.
+    """
+    if isinstance(restarts, int) and not isinstance(restarts, bool):
+        if restarts < 0:
+            raise ValueError(f"restarts must be >= 0, got {restarts}")
+        return (world_size,) * (restarts + 1)
+    valid = isinstance(restarts, (list, tuple)) and all(
+        isinstance(size, int) and not isinstance(size, bool) for size in restarts
+    )
+    if not valid:
+        raise TypeError(
+            "restarts must be a number of restarts (an int >= 0) or the world size of each "
+            f"restart (a list of ints >= 1, e.g. [2]), not {restarts!r}"
+        )
+    assert isinstance(restarts, (list, tuple))
+    for size in restarts:
+        if size < 1:
+            raise ValueError(f"restarts has world size {size}; each must be >= 1")
+    return (world_size, *restarts)
+
+
 def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
     """Check a positive, finite duration in seconds, and return it as a float.
 

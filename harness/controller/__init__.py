@@ -1,7 +1,9 @@
 """The controller side: runs in the process that calls ``harness.run`` / ``harness.World``
 (pytest's process, under the plugin). It never runs inside a rank.
 
-* :mod:`~harness.controller.world`       ``World`` and ``run``: a world's life and its calls
+* :mod:`~harness.controller.world`       ``World``: a world's life and its calls
+* :mod:`~harness.controller.fresh`       ``harness.run``: one run on fresh ranks
+* :mod:`~harness.controller.restarts`    runs with restarts, as torchrun's agent restarts them
 * :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
 * :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
 * :mod:`~harness.controller.supervision` the rules of that wait, one state per rank (pure logic)

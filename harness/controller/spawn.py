@@ -56,10 +56,15 @@ def free_port() -> int:
 
 
 def rank_env(
-    rank: int, world_size: int, master_port: int, gpus: tuple[str, ...] = ()
+    rank: int,
+    world_size: int,
+    master_port: int,
+    gpus: tuple[str, ...] = (),
+    restart_count: int = 0,
 ) -> dict[str, str]:
     """The torchrun environment of one rank of a single-node world; with ``gpus``, the
-    world's GPUs: every rank sees all of them, in rank order, as under torchrun."""
+    world's GPUs: every rank sees all of them, in rank order, as under torchrun; its
+    ``restart_count``, as torchrun's agent counts restarts of its worker group."""
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -72,7 +77,7 @@ def rank_env(
         "ROLE_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
         "TORCHELASTIC_MAX_RESTARTS": "0",
         "TORCHELASTIC_RUN_ID": "harness",
     }
@@ -130,6 +135,7 @@ def start_ranks(
     *,
     init: bool = True,
     gpus: tuple[str, ...] = (),
+    restart_count: int = 0,
 ) -> list[RankProcess]:
     """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``),
     each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``; none: as the controller does)."""
@@ -145,7 +151,7 @@ def start_ranks(
                 backend=backend,
                 init=init,
                 inherited=inherited,
-                env=rank_env(rank, world_size, port, gpus),
+                env=rank_env(rank, world_size, port, gpus, restart_count),
                 workdir=workdir,
                 coverage=coverage,
             )
@@ -220,6 +226,7 @@ class Generations:
         workdir: The live generation's directory (None before the first).
         count: How many generations were started.
         lease: The GPUs the World holds for every generation, given back with its files.
+        restart_count: The live generation's ``TORCHELASTIC_RESTART_COUNT``.
     """
 
     root: str
@@ -227,8 +234,9 @@ class Generations:
     ranks: list[RankProcess] = field(default_factory=list)
     workdir: str | None = None
     count: int = 0
+    restart_count: int = 0
 
-    def start(self, world_size: int, backend: str, *, init: bool) -> None:
+    def start(self, world_size: int, backend: str, *, init: bool, restart_count: int = 0) -> None:
         """Start the next generation (the last one stopped), as :func:`start_ranks`; the
         files of the one before are removed."""
         if self.workdir is not None:
@@ -237,8 +245,15 @@ class Generations:
         self.workdir = os.path.join(self.root, f"g{self.count}")
         os.mkdir(self.workdir, 0o700)
         gpus = self.lease.ids if self.lease is not None else ()
+        self.restart_count = restart_count
         self.ranks = start_ranks(
-            world_size, backend, self.workdir, coverage.settings(), init=init, gpus=gpus
+            world_size,
+            backend,
+            self.workdir,
+            coverage.settings(),
+            init=init,
+            gpus=gpus,
+            restart_count=restart_count,
         )
 
     def stop(self, *, interrupted: bool = False) -> None:

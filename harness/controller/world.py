@@ -24,12 +24,15 @@ from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
+from harness.controller.restarts import run as run_attempts
 from harness.controller.spawn import RankProcess
 from harness.errors import WorldTimeout
-from harness.faults import Fault, checked
+from harness.faults import Fault, check_attempts, checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUTS, Call, CallOptions, Done, Regroup
 from harness.protocol.rank_files import rendezvous_path
+
+_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -168,6 +171,7 @@ class World:
         timeout: float | None = None,
         check_collectives: bool = True,
         faults: Sequence[Fault] = (),
+        restarts: int = 0,
     ) -> list[Any]:
         """Run ``fn(*args, **kwargs)`` once on every rank; return the results by rank.
 
@@ -182,9 +186,12 @@ class World:
                 ``#at``. A rank a fault kills, exits, hangs, or whose fault's error escapes
                 ``fn`` is no failure: its slot holds a :class:`~harness.faults.FaultFired`,
                 and the verdict is the other ranks'. The world is rebuilt after such a run.
+            restarts: How many times the run starts again, on fresh ranks of this World,
+                when a rank fails or a fault ends it (see
+                :mod:`harness.controller.restarts`); a fault acts in its own ``attempt``.
 
         Returns:
-            ``[result of rank 0, result of rank 1, ...]``.
+            ``[result of rank 0, result of rank 1, ...]`` of the last attempt.
 
         Raises:
             RankError: Code raised on one or more ranks (root cause first).
@@ -205,18 +212,20 @@ class World:
                 mapping, ``check_collectives`` not a bool, or ``faults`` not a list of
                 faults that fit this world.
         """
+        sizes = validate.attempt_sizes(restarts, self.world_size)
+        if set(sizes) != {self.world_size}:
+            raise ValueError(
+                f"a World restarts at its own size ({self.world_size}), not {list(sizes[1:])}: "
+                "give a schedule of sizes to harness.run or the marker"
+            )
         # Checked before the record is made of them: a bad value is named as it was given.
         placed = checked(faults, self.world_size)
+        check_attempts(placed, sizes)
         options = CallOptions(timeout, check_collectives=check_collectives, faults=placed)
-        outcome = self.call(fn, args, kwargs, options)
-        error = outcome.error
-        if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:
-            error.hint = (
-                f"The bound is the run's timeout ({error.timeout:g} s): pass timeout=<seconds> "
-                "to World.run, World(...) or harness.run to change it; timeout=None on "
-                "World(...) or harness.run waits without bound."
-            )
-        return outcome.result()
+        outcome, _ = run_attempts(
+            lambda _, __, attempt: self.call(fn, args, kwargs, attempt), options, sizes
+        )
+        return result(outcome)
 
     def call(
         self,
@@ -252,9 +261,10 @@ class World:
             raise RuntimeError("this World is closed; create a new one")
         options = self._checked(options)
         payload = pickle_call(fn, args, kwargs, self.world_size)
-        if self._broken:
+        if self._broken or options.attempt != self._generations.restart_count:
+            # An attempt of a run with restarts gets ranks of its own, as under torchrun.
             self._generations.stop()  # done already, unless a Ctrl-C cut it short
-            self._start()
+            self._start(options.attempt)
         name = options.name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
         message = call_message(payload, options, self._environ, rendezvous, self.leaks != "off")
@@ -263,9 +273,10 @@ class World:
             classified.notice = self._regroup()
         if classified.notice:
             # A warning: under pytest it is listed with the test that caused it.
-            warnings.warn(classified.notice, RuntimeWarning, stacklevel=3)
+            warnings.warn(classified.notice, RuntimeWarning, stacklevel=_callers_level())
         if classified.leaks and self.leaks == "warn":
-            warnings.warn(leak_report(classified.leaks, name), RuntimeWarning, stacklevel=3)
+            report = leak_report(classified.leaks, name)
+            warnings.warn(report, RuntimeWarning, stacklevel=_callers_level())
         outcome = classified.outcome()
         if options.output == OUTPUT_CAPTURE:
             ranks = self._generations.ranks
@@ -305,10 +316,12 @@ class World:
         state = "closed" if self.closed else ("broken" if self._broken else "ready")
         return f"<harness.World world_size={self.world_size} backend={self.backend!r} {state}>"
 
-    def _start(self) -> None:
+    def _start(self, restart_count: int = 0) -> None:
         # What the ranks inherit; calls send only changes.
         self._environ = dict(compat.environ_bytes())
-        self._generations.start(self.world_size, self.backend, init=self.init)
+        self._generations.start(
+            self.world_size, self.backend, init=self.init, restart_count=restart_count
+        )
         world = f"a world of {_ranks(self.world_size)} ({self.backend})"
         outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:
@@ -355,64 +368,6 @@ class World:
         return rendezvous_path(self._generations.workdir, self._rendezvous)
 
 
-def run(
-    fn: Callable[..., Any],
-    *,
-    world_size: int,
-    args: Iterable[Any] = (),
-    kwargs: Mapping[str, Any] | None = None,
-    backend: str = "auto",
-    timeout: float | None = validate.DEFAULT_TIMEOUT_S,
-    init: bool = True,
-    check_collectives: bool = True,
-    faults: Sequence[Fault] = (),
-) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks, stopped before
-    this returns.
-
-    Each rank has the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-    ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) and a default process
-    group from ``fhelium.distributed.init``; with ``init=False`` no group, but a private
-    ``INIT_METHOD`` and ``MASTER_PORT`` for ``fn`` to make one (see :class:`World`). A script
-    that calls this at import time needs the ``if __name__ == "__main__":`` guard, as with
-    multiprocessing's spawn and forkserver start methods.
-
-    Args:
-        fn: A picklable (module-level) callable, as for :meth:`World.run`.
-        world_size: Number of ranks (>= 1).
-        args: Positional arguments for ``fn`` (a tuple or other iterable), sent to every rank.
-        kwargs: Keyword arguments for ``fn``, sent to every rank.
-        backend: ``"auto"``, ``"gloo"`` or ``"nccl"``, as for :class:`World`.
-        timeout: Bound in seconds on the run (start-up has its own 60 s bound): 120 s
-            unless given, as for a distributed test; None: none.
-        init: Whether the ranks start in a default process group, as for :class:`World`.
-        check_collectives: Whether the ranks' collectives are compared after a call that
-            returned on every rank, as for :meth:`World.run`.
-        faults: Faults to inject (:mod:`harness.faults`), as for :meth:`World.run`.
-
-    Returns:
-        The return values, index = rank.
-
-    Raises:
-        RankError: Code raised on one or more ranks (root cause first).
-        WorldTimeout: The run did not finish in time.
-        WorldHang: Its collectives can never complete.
-        RankCrash: A rank process died during the run.
-        CollectiveMismatch: Every rank returned, but their collectives differ.
-        FaultNotFired: A fault never acted.
-        DistributedError: Something could not be pickled, or a rank did not start.
-        TypeError: An argument of the wrong type (``world_size``, ``args``, ``init``, ...).
-        ValueError: An argument out of range (``world_size``, ``backend``, ``timeout``).
-        RuntimeError: The backend cannot run here.
-    """
-    # Before the ranks start: a mistake here needs no world to be found.
-    args, kwargs = validate.call_args(args), validate.call_kwargs(kwargs)
-    with World(world_size, backend=backend, timeout=timeout, init=init) as world:
-        return world.run(
-            fn, args=args, kwargs=kwargs, check_collectives=check_collectives, faults=faults
-        )
-
-
 def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
     """What a rank wrote during a captured call: read from its files unless it said it
     wrote nothing (a rank that failed or died says nothing, so its files are read)."""
@@ -421,9 +376,32 @@ def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
     return proc.files.output()
 
 
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first caller outside the harness (of the function that
+    calls this): a warning about a call points at the code that made it."""
+    level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
+    frame = compat.frame(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_HARNESS_DIR):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
 def _ranks(count: int) -> str:
     return f"{count} rank" + ("" if count == 1 else "s")
 
 
 def _timeout(value: float | None) -> float | None:
     return None if value is None else validate.seconds(value, "timeout", optional=True)
+
+
+def result(outcome: Outcome) -> list[Any]:
+    """``outcome.result()``, a timeout saying how to change the bound."""
+    error = outcome.error
+    if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:
+        error.hint = (
+            f"The bound is the run's timeout ({error.timeout:g} s): pass timeout=<seconds> "
+            "to World.run, World(...) or harness.run to change it; timeout=None on "
+            "World(...) or harness.run waits without bound."
+        )
+    return outcome.result()

@@ -164,14 +164,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
-            "init=True, check_collectives=True, faults=(), gpus_per_rank=None): run the test "
-            "body on every rank "
+            "init=True, check_collectives=True, faults=(), gpus_per_rank=None, restarts=0): run "
+            "the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
             "check_collectives=False: a passing test's collectives are not compared between "
             "ranks; faults: harness.faults injected at the ranks' collectives; "
-            "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0)",
+            "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0; restarts: how often the "
+            "run starts again on fresh ranks when a rank fails, or each restart's world size)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)

@@ -39,7 +39,8 @@ class Leases:
         """The run's GPUs (found on first use: it asks CUDA how many devices it shows).
 
         Raises:
-            ValueError: ``--dist-gpus`` names a GPU that CUDA does not show.
+            pytest.fail.Exception: ``--dist-gpus`` names a GPU that CUDA does not show
+                (each test that needs GPUs fails, naming it).
         """
         if self._stock is None:
             import torch
@@ -48,8 +49,12 @@ class Leases:
                 return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
             where = "--dist-gpus or ini dist_gpus"
-            given, lease_dir = self._settings.gpus, self._settings.gpu_lease_dir
-            self._stock = gpus.inventory(given, os.environ, count, lease_dir, where)
+            given = self._settings.gpus
+            lease_dir = self._settings.gpu_lease_dir or gpus.default_lease_dir()
+            try:
+                self._stock = gpus.inventory(given, os.environ, count, lease_dir, where)
+            except ValueError as exc:
+                raise pytest.fail.Exception(str(exc), pytrace=False) from None
         return self._stock
 
     def per_rank(self, asked: int | None, backend: str) -> int:

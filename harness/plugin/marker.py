@@ -38,6 +38,7 @@ class MarkSpec:
     check_collectives: Any = True
     faults: Any = ()
     gpus_per_rank: Any = None
+    restarts: Any = 0
 
 
 _CLAIMED = pytest.StashKey["str | None"]()

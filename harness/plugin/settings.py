@@ -23,8 +23,7 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.controller import gpus
-from harness.faults import checked
+from harness.faults import check_attempts, checked
 from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
@@ -67,7 +66,8 @@ class Settings:
         randomly_seed: pytest-randomly's seed, when that plugin is active.
         gpus: ``--dist-gpus`` or ini ``dist_gpus``: the GPUs the run may use, as given (None:
             every GPU CUDA shows; checked against it once torch is imported).
-        gpu_lease_dir: ini ``dist_gpu_lease_dir``: where the GPU leases are kept.
+        gpu_lease_dir: ini ``dist_gpu_lease_dir``: where the GPU leases are kept ('': a
+            directory of the user's in the system's temporary directory).
         require_gpus: ``--dist-require-gpus`` or ini ``dist_require_gpus``: a test that
             needs more GPUs than the run has fails instead of being skipped.
         preload: ini ``dist_preload``: ``module`` and ``module:function`` entries the
@@ -125,8 +125,7 @@ def read(config: pytest.Config) -> Settings:
             output=OUTPUT_CAPTURE if config.getoption("capture", "fd") != "no" else OUTPUT_PREFIX,
             randomly_seed=randomly_seed(config),
             gpus=_gpus(config),
-            gpu_lease_dir=str(config.getini("dist_gpu_lease_dir") or "").strip()
-            or gpus.default_lease_dir(),
+            gpu_lease_dir=str(config.getini("dist_gpu_lease_dir") or "").strip(),
             require_gpus=bool(
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
             ),
@@ -145,6 +144,9 @@ def _gpus(config: pytest.Config) -> str | None:
     if given is None:
         given, where = str(config.getini("dist_gpus") or "").strip() or None, "ini dist_gpus"
     if given is not None:
+        # Only here: a session that names no GPUs loads nothing of the controller at start.
+        from harness.controller import gpus
+
         gpus.inventory(given, os.environ, lambda: 0, "", where)
     return given
 
@@ -194,6 +196,8 @@ class TestSettings:
             limit as the test runs), where their output goes, their seed, whether its
             collectives are compared when it passes, the faults injected at its ranks'
             collectives (one of a sweep's per case).
+        attempts: With ``restarts``, the world size of each attempt, the first included
+            (its ``world_size``); one attempt otherwise.
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -204,6 +208,7 @@ class TestSettings:
     init: bool
     gpus_per_rank: int | None
     call: CallOptions
+    attempts: tuple[int, ...] = ()
 
     @property
     def timeout(self) -> float:
@@ -232,6 +237,9 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
         world_size = validate.positive_int(size, "world_size")
         faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
+        sizes = validate.attempt_sizes(spec.restarts, world_size)
+        placed = checked(faults, max(sizes))
+        check_attempts(placed, sizes)
         call = CallOptions(
             timeout=(
                 session.timeout
@@ -245,7 +253,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
                 validate.flag(spec.check_collectives, "check_collectives")
                 and session.check_collectives
             ),
-            faults=checked(faults, world_size),
+            faults=placed,
         )
         return TestSettings(
             world_size=world_size,
@@ -258,6 +266,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
                 else validate.whole(spec.gpus_per_rank, "gpus_per_rank")
             ),
             call=call,
+            attempts=sizes,
         )
     except (TypeError, ValueError) as exc:
         problem = f"invalid @pytest.mark.{mark.name}: {exc}"

@@ -100,6 +100,8 @@ class CallOptions:
             returned on every rank (the desync check); they are recorded either way.
         faults: The ``harness.faults.Fault`` specs of the call, every rank's (each rank acts
             out its own; see ``Fired``).
+        attempt: Which attempt of a run with restarts the call is (0: the first): its ranks
+            are started for it, with ``TORCHELASTIC_RESTART_COUNT`` set to it.
     """
 
     timeout: float | None = None
@@ -108,6 +110,7 @@ class CallOptions:
     name: str | None = None
     check_collectives: bool = True
     faults: tuple[Any, ...] = ()
+    attempt: int = 0
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,8 @@ def test_marker_is_registered(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "@pytest.mark.distributed(world_size=2, [*], backend='auto', timeout=None, "
-            "isolate=False, init=True, check_collectives=True, faults=()): run the test body*"
+            "isolate=False, init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
+            "restarts=0): run the test body*"
         ]
     )
     assert result.ret == 0

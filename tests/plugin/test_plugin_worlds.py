@@ -231,15 +231,18 @@ def test_groups_made_on_some_ranks_only_do_not_break_the_next_test(
             total = torch.ones(1)
             dist.all_reduce(total, group=group)
             assert total.item() == 2
+            dist.destroy_process_group(group)
         """
     )
     result = pytester.runpytest("-p", "no:randomly")
-    result.assert_outcomes(passed=2, warnings=1)
+    result.assert_outcomes(passed=2, warnings=2)
     result.stdout.fnmatch_lines(
         [
             "*test_a_subset_group*",
             "*RuntimeWarning: the call left the ranks' process-group counters out of step "
             "(rank 0: *, rank 1: *): new_group was called on some ranks only*",
+            "*RuntimeWarning: test *test_a_subset_group left behind in a reused rank: rank 0: "
+            "process group of ranks [[]0[]] made at *:8 was not destroyed",
         ]
     )
 

@@ -1,0 +1,86 @@
+"""Runs with restarts, as torchrun's agent restarts its worker group: when a rank dies or
+fails, the whole world ends, a fresh one starts (new processes, new rendezvous) and the
+body runs again, up to the number of restarts.
+
+Each attempt's ranks see its number as ``TORCHELASTIC_RESTART_COUNT`` (``restart_count``),
+so that a body resumes from its checkpoint; a fault acts in the attempt it names
+(``faults.kill(..., attempt=0)``, the default), so the attempts after it run clean; and a
+schedule of sizes (``restarts=[2]``) gives each attempt after the first its own world size,
+so that "save at 4, resume at 2" is one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from harness.faults import FaultFired
+from harness.protocol.messages import CallOptions
+
+if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one attempt of a run with restarts ended.
+
+    Attributes:
+        number: From 0 (the first).
+        world_size: Its world's size.
+        ended: ``"passed"``, ``"skipped"``, or what ended it: the failure's summary, or what
+            the faults that ended ranks did (``"rank 1 killed (SIGKILL) before collective #3
+            (all_reduce) on the default group (injected)"``).
+    """
+
+    number: int
+    world_size: int
+    ended: str
+
+    def __str__(self) -> str:
+        ranks = "rank" if self.world_size == 1 else "ranks"
+        return f"attempt {self.number} ({self.world_size} {ranks}): {self.ended}"
+
+
+def why_restart(outcome: Outcome) -> str:
+    """What makes a run start again after ``outcome``: its failure, or the ranks its faults
+    ended ('' when nothing did: the run is over)."""
+    if outcome.error is not None:
+        return outcome.error.summary
+    # A rank whose fault ended its part (killed, exited, hung, or the fault's error escaped
+    # the body): under torchrun its worker failed, and the agent restarts the group.
+    fired = [value for value in outcome.values or () if isinstance(value, FaultFired)]
+    return "; ".join(f"{value} (injected)" for value in fired)
+
+
+def run(
+    attempt: Callable[[int, int, CallOptions], Outcome],
+    options: CallOptions,
+    sizes: Sequence[int],
+) -> tuple[Outcome, list[Attempt]]:
+    """Run attempts until one ends with no rank dead or failed, or none is left.
+
+    Args:
+        attempt: Runs attempt ``number`` on a fresh world of ``world_size`` ranks with the
+            call's options for it: ``attempt(number, world_size, options)``.
+        options: The call's options, with every attempt's faults.
+        sizes: The world size of each attempt (:func:`harness.validate.attempt_sizes`).
+
+    Returns:
+        The last attempt's outcome, and every attempt, in order. An outcome that failed
+        carries the attempts before it in its error's ``attempts``.
+    """
+    attempts: list[Attempt] = []
+    for number, size in enumerate(sizes):
+        faults = tuple(fault for fault in options.faults if fault.attempt == number)
+        outcome = attempt(number, size, replace(options, faults=faults, attempt=number))
+        ended = why_restart(outcome)
+        if not ended:
+            ended = "skipped" if outcome.skip is not None else "passed"
+        attempts.append(Attempt(number, size, ended))
+        if number + 1 == len(sizes) or ended in ("passed", "skipped"):
+            if outcome.error is not None:
+                outcome.error.attempts = [str(earlier) for earlier in attempts[:-1]]
+            return outcome, attempts
+    raise AssertionError("no attempt ran")  # sizes is never empty
