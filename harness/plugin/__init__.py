@@ -360,6 +360,13 @@ def local_rank(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
+def restart_count(request: pytest.FixtureRequest) -> Any:
+    """Which attempt of a test with ``restarts`` this is: 0, then 1 after the first restart,
+    ... (``TORCHELASTIC_RESTART_COUNT``, as torchrun sets it; filled in inside each rank)."""
+    return _rank_side(request, "restart_count")
+
+
+@pytest.fixture
 def local_device(request: pytest.FixtureRequest) -> Any:
     """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank).
 

@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pytest
 
+from harness.controller import restarts
 from harness.errors import OrderDependenceWarning
 from harness.plugin import order, report
 from harness.plugin.replay import FAILED, History, Step, on_fresh
 from harness.plugin.settings import Settings
 
 if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
     from harness.controller.world import World
+    from harness.protocol.messages import CallOptions
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
@@ -85,6 +88,36 @@ class Runner:
         self._world = world
         self._new_world = new_world
         self._history = History()
+
+    def run_attempts(
+        self,
+        item: pytest.Item,
+        test: Callable[[CallOptions], Runnable[Outcome]],
+        options: CallOptions,
+        shape: Shape,
+        sizes: tuple[int, ...],
+    ) -> Checked[Outcome]:
+        """Run a test with restarts: each attempt on a fresh world of its size, until one
+        ends with no rank failed or ended by a fault (:mod:`harness.controller.restarts`).
+        The attempts are listed in the report's ``attempts`` section.
+
+        Args:
+            item: The test.
+            test: Runs the test with the options of one attempt.
+            options: The test's call options, every attempt's faults among them.
+            shape: Its first world's shape (each attempt's size is ``sizes``').
+            sizes: The world size of each attempt.
+        """
+        _, backend, init, per_rank = shape
+
+        def attempt(number: int, size: int, attempt_options: CallOptions) -> Outcome:
+            with self._new_world((size, backend, init, per_rank)) as world:
+                return test(attempt_options).attempt(world, True)[1]
+
+        outcome, attempts = restarts.run(attempt, options, sizes)
+        if len(attempts) > 1:
+            item.add_report_section("call", "attempts", "".join(f"{a}\n" for a in attempts))
+        return Checked(outcome)
 
     def run(
         self,

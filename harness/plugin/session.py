@@ -188,7 +188,15 @@ class DistSession:
             step = replay.Step(item.nodeid, run_test, (ref, plan), options)
             marked = _MarkedTest(self, item, plan, step, test.timeout)
             try:
-                checked = self.runner.run(item, marked, shape, test.isolate, option)
+                if len(test.attempts) > 1:
+
+                    def again(options: CallOptions) -> _MarkedTest:
+                        step = replay.Step(item.nodeid, run_test, (ref, plan), options)
+                        return _MarkedTest(self, item, plan, step, test.timeout)
+
+                    checked = self.runner.run_attempts(item, again, options, shape, test.attempts)
+                else:
+                    checked = self.runner.run(item, marked, shape, test.isolate, option)
             except LeaseTimeout as exc:  # an isolated test's fresh world waited in vain
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                 return
