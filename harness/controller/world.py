@@ -32,7 +32,7 @@ from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUTS, Call, CallOptions, Done, Regroup
 from harness.protocol.rank_files import rendezvous_path
 
-_HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_CONTROLLER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -377,11 +377,12 @@ def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
 
 
 def _callers_level() -> int:
-    """The ``stacklevel`` of the first caller outside the harness (of the function that
-    calls this): a warning about a call points at the code that made it."""
+    """The ``stacklevel`` of the first caller outside the controller (of the function that
+    calls this): a warning about a call points at the code that made it (under the plugin,
+    at the plugin, which moves it to the test)."""
     level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
     frame = compat.frame(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_HARNESS_DIR):
+    while frame is not None and frame.f_code.co_filename.startswith(_CONTROLLER_DIR):
         frame = frame.f_back
         level += 1
     return level

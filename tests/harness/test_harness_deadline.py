@@ -9,6 +9,7 @@ import pytest
 
 import harness
 from harness import validate
+from harness.controller import fresh
 from harness.controller import world as world_module
 from harness.plugin import settings
 
@@ -16,7 +17,7 @@ from harness.plugin import settings
 def test_the_default_deadline_is_the_plugins() -> None:
     assert validate.DEFAULT_TIMEOUT_S == 120.0
     assert settings.DEFAULT_TIMEOUT_S == validate.DEFAULT_TIMEOUT_S
-    for fn in (world_module.run, world_module.World.__init__):
+    for fn in (fresh.run, world_module.World.__init__):
         default = inspect.signature(fn).parameters["timeout"].default
         assert default == validate.DEFAULT_TIMEOUT_S, fn
 

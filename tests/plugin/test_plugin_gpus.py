@@ -73,6 +73,17 @@ def _overlapping(records: list[dict[str, object]]) -> list[tuple[object, object]
     return found
 
 
+def _pytest_in_background(
+    pytester: pytest.Pytester, lease_dir: str, test_file: str
+) -> subprocess.Popen[str]:
+    """A pytest process on ``test_file`` leasing GPUs 0 and 1, its output kept."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
+    command += ["--dist-gpus=0,1", "-o", f"dist_gpu_lease_dir={lease_dir}", test_file]
+    return subprocess.Popen(
+        command, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
 @pytest.fixture
 def lease_dir(tmp_path: Path) -> str:
     return str(tmp_path / "leases")
@@ -190,26 +201,11 @@ def test_a_killed_pytest_process_leaves_no_lease_behind(
             time.sleep(600)
         """
     )
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:randomly",
-            "--dist-gpus=0,1",
-            "-o",
-            f"dist_gpu_lease_dir={lease_dir}",
-            "test_hold.py",
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    holder = _pytest_in_background(pytester, lease_dir, "test_hold.py")
     try:
         deadline = time.monotonic() + 120
         while not started.exists():
-            assert holder.poll() is None, "the holding run ended before its test started"
+            assert holder.poll() is None, holder.communicate()[0]
             assert time.monotonic() < deadline, "the holding test never started"
             time.sleep(0.05)
         stock = gpus.Inventory(("0", "1"), lease_dir)
@@ -325,25 +321,7 @@ def test_an_idle_world_of_another_process_gives_its_gpus_to_a_waiter(
             _wait_for(pathlib.Path({str(done)!r}).exists, "the waiter never got the GPUs")
         """
     )
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "no:randomly",
-            "-p",
-            "no:cacheprovider",
-            "--dist-gpus=0,1",
-            "-o",
-            f"dist_gpu_lease_dir={lease_dir}",
-            "test_holder.py",
-        ],
-        cwd=pytester.path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    holder = _pytest_in_background(pytester, lease_dir, "test_holder.py")
     try:
         deadline = time.monotonic() + 120
         while not idle.exists():

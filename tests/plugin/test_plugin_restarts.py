@@ -64,7 +64,7 @@ def test_out_of_restarts(rank):
 
 
 def test_restarts_resume_resize_and_run_out(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_restarts=RESUMES)
+    pytester.makepyfile(test_restart_examples=RESUMES)
     result = pytester.runpytest("-p", "no:randomly", "-rP")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(

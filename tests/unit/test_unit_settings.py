@@ -356,7 +356,8 @@ def test_parse_mark_reads_world_size_by_position_or_name() -> None:
         (
             _mark(bakend="gloo"),
             "unknown argument(s) 'bakend' (did you mean 'backend'?); valid: world_size, "
-            "backend, timeout, isolate, init, check_collectives, faults, gpus_per_rank",
+            "backend, timeout, isolate, init, check_collectives, faults, gpus_per_rank, "
+            "restarts",
         ),
         (_mark(ranks=2), "unknown argument(s) 'ranks'; valid: world_size, "),
         (
