@@ -367,10 +367,10 @@ def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fau
             f"{where} must be a list of faults made by harness.faults (kill, exit, error, "
             f"delay, hang, corrupt), not {faults!r}"
         )
-    seen: dict[tuple[int, int, tuple[int, ...] | None], Fault] = {}
+    seen: dict[tuple[int, int, tuple[int, ...] | None, int], Fault] = {}
     for fault in faults:
         fault.check(world_size)
-        key = (fault.rank, fault.at, fault.group)
+        key = (fault.rank, fault.at, fault.group, fault.attempt)
         if key in seen:
             raise ValueError(
                 f"{where}: {seen[key]} and {fault} both act at collective #{fault.at} of "

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
 from harness.faults import FaultFired
 from harness.protocol.messages import CallOptions
 
@@ -44,10 +45,13 @@ class Attempt:
 
 
 def why_restart(outcome: Outcome) -> str:
-    """What makes a run start again after ``outcome``: its failure, or the ranks its faults
-    ended ('' when nothing did: the run is over)."""
-    if outcome.error is not None:
-        return outcome.error.summary
+    """What makes a run start again after ``outcome``, as torchrun's agent would restart its
+    workers: a rank that failed, crashed or hung, or that its fault ended ('' when nothing
+    did). Not the harness's own verdicts on a run whose ranks all finished (a collective
+    mismatch, a fault that never fired, a leak): the run is over, with that error."""
+    error = outcome.error
+    if isinstance(error, (RankError, RankCrash, WorldTimeout)) or type(error) is DistributedError:
+        return error.summary
     # A rank whose fault ended its part (killed, exited, hung, or the fault's error escaped
     # the body): under torchrun its worker failed, and the agent restarts the group.
     fired = [value for value in outcome.values or () if isinstance(value, FaultFired)]
@@ -74,12 +78,17 @@ def run(
     attempts: list[Attempt] = []
     for number, size in enumerate(sizes):
         faults = tuple(fault for fault in options.faults if fault.attempt == number)
-        outcome = attempt(number, size, replace(options, faults=faults, attempt=number))
-        ended = why_restart(outcome)
-        if not ended:
+        this = replace(options, faults=faults, attempt=number, restarts=len(sizes) - 1)
+        outcome = attempt(number, size, this)
+        restart = why_restart(outcome)
+        if restart:
+            ended = restart
+        elif outcome.error is not None:
+            ended = outcome.error.summary
+        else:
             ended = "skipped" if outcome.skip is not None else "passed"
         attempts.append(Attempt(number, size, ended))
-        if number + 1 == len(sizes) or ended in ("passed", "skipped"):
+        if number + 1 == len(sizes) or not restart:
             if outcome.error is not None:
                 outcome.error.attempts = [str(earlier) for earlier in attempts[:-1]]
             return outcome, attempts

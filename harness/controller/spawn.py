@@ -60,11 +60,11 @@ def rank_env(
     world_size: int,
     master_port: int,
     gpus: tuple[str, ...] = (),
-    restart_count: int = 0,
+    restarts: tuple[int, int] = (0, 0),
 ) -> dict[str, str]:
     """The torchrun environment of one rank of a single-node world; with ``gpus``, the
     world's GPUs: every rank sees all of them, in rank order, as under torchrun; its
-    ``restart_count``, as torchrun's agent counts restarts of its worker group."""
+    ``restarts``: which restart this is, of how many, as torchrun's agent counts them."""
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -77,8 +77,8 @@ def rank_env(
         "ROLE_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(restarts[0]),
+        "TORCHELASTIC_MAX_RESTARTS": str(restarts[1]),
         "TORCHELASTIC_RUN_ID": "harness",
     }
     # torchrun's default: one intra-op thread per rank, so N ranks do not fight over cores.
@@ -135,7 +135,7 @@ def start_ranks(
     *,
     init: bool = True,
     gpus: tuple[str, ...] = (),
-    restart_count: int = 0,
+    restarts: tuple[int, int] = (0, 0),
 ) -> list[RankProcess]:
     """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``),
     each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``; none: as the controller does)."""
@@ -151,7 +151,7 @@ def start_ranks(
                 backend=backend,
                 init=init,
                 inherited=inherited,
-                env=rank_env(rank, world_size, port, gpus, restart_count),
+                env=rank_env(rank, world_size, port, gpus, restarts),
                 workdir=workdir,
                 coverage=coverage,
             )
@@ -226,7 +226,8 @@ class Generations:
         workdir: The live generation's directory (None before the first).
         count: How many generations were started.
         lease: The GPUs the World holds for every generation, given back with its files.
-        restart_count: The live generation's ``TORCHELASTIC_RESTART_COUNT``.
+        restarts: The live generation's restart and how many the run has
+            (``TORCHELASTIC_RESTART_COUNT``, ``TORCHELASTIC_MAX_RESTARTS``).
     """
 
     root: str
@@ -234,9 +235,11 @@ class Generations:
     ranks: list[RankProcess] = field(default_factory=list)
     workdir: str | None = None
     count: int = 0
-    restart_count: int = 0
+    restarts: tuple[int, int] = (0, 0)
 
-    def start(self, world_size: int, backend: str, *, init: bool, restart_count: int = 0) -> None:
+    def start(
+        self, world_size: int, backend: str, *, init: bool, restarts: tuple[int, int] = (0, 0)
+    ) -> None:
         """Start the next generation (the last one stopped), as :func:`start_ranks`; the
         files of the one before are removed."""
         if self.workdir is not None:
@@ -245,7 +248,7 @@ class Generations:
         self.workdir = os.path.join(self.root, f"g{self.count}")
         os.mkdir(self.workdir, 0o700)
         gpus = self.lease.ids if self.lease is not None else ()
-        self.restart_count = restart_count
+        self.restarts = restarts
         self.ranks = start_ranks(
             world_size,
             backend,
@@ -253,7 +256,7 @@ class Generations:
             coverage.settings(),
             init=init,
             gpus=gpus,
-            restart_count=restart_count,
+            restarts=restarts,
         )
 
     def stop(self, *, interrupted: bool = False) -> None:

@@ -261,10 +261,11 @@ class World:
             raise RuntimeError("this World is closed; create a new one")
         options = self._checked(options)
         payload = pickle_call(fn, args, kwargs, self.world_size)
-        if self._broken or options.attempt != self._generations.restart_count:
+        restarts = (options.attempt, options.restarts)
+        if self._broken or restarts != self._generations.restarts:
             # An attempt of a run with restarts gets ranks of its own, as under torchrun.
             self._generations.stop()  # done already, unless a Ctrl-C cut it short
-            self._start(options.attempt)
+            self._start(restarts)
         name = options.name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
         message = call_message(payload, options, self._environ, rendezvous, self.leaks != "off")
@@ -316,12 +317,10 @@ class World:
         state = "closed" if self.closed else ("broken" if self._broken else "ready")
         return f"<harness.World world_size={self.world_size} backend={self.backend!r} {state}>"
 
-    def _start(self, restart_count: int = 0) -> None:
+    def _start(self, restarts: tuple[int, int] = (0, 0)) -> None:
         # What the ranks inherit; calls send only changes.
         self._environ = dict(compat.environ_bytes())
-        self._generations.start(
-            self.world_size, self.backend, init=self.init, restart_count=restart_count
-        )
+        self._generations.start(self.world_size, self.backend, init=self.init, restarts=restarts)
         world = f"a world of {_ranks(self.world_size)} ({self.backend})"
         outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:

@@ -99,7 +99,8 @@ class Runner:
     ) -> Checked[Outcome]:
         """Run a test with restarts: each attempt on a fresh world of its size, until one
         ends with no rank failed or ended by a fault (:mod:`harness.controller.restarts`).
-        The attempts are listed in the report's ``attempts`` section.
+        The attempts are listed in the report's ``attempts`` section (a failure's report
+        lists those before it).
 
         Args:
             item: The test.
@@ -115,7 +116,7 @@ class Runner:
                 return test(attempt_options).attempt(world, True)[1]
 
         outcome, attempts = restarts.run(attempt, options, sizes)
-        if len(attempts) > 1:
+        if len(attempts) > 1 and outcome.error is None:  # a failure lists them itself
             item.add_report_section("call", "attempts", "".join(f"{a}\n" for a in attempts))
         return Checked(outcome)
 

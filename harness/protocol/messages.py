@@ -102,6 +102,7 @@ class CallOptions:
             out its own; see ``Fired``).
         attempt: Which attempt of a run with restarts the call is (0: the first): its ranks
             are started for it, with ``TORCHELASTIC_RESTART_COUNT`` set to it.
+        restarts: How many restarts the run has (``TORCHELASTIC_MAX_RESTARTS``).
     """
 
     timeout: float | None = None
@@ -111,6 +112,7 @@ class CallOptions:
     check_collectives: bool = True
     faults: tuple[Any, ...] = ()
     attempt: int = 0
+    restarts: int = 0
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,16 @@ class Plan:
     def unfired(self, counts: Mapping[tuple[int, ...] | None, int], rank: int) -> tuple[str, ...]:
         """The error line of each strict fault that never fired; ``counts``: how many
         collectives the call issued on each group (by its sorted ranks; None: default)."""
-        return tuple(
-            f"fault {fault} never fired: rank {rank} made {counts.get(fault.group, 0)} "
-            f"collectives on {fault.group_name}"
-            for _, fault in self._placed.values()
-            if fault.strict
-        )
+        lines = []
+        for _, fault in self._placed.values():
+            if fault.strict:
+                made = counts.get(fault.group, 0)
+                collectives = "collective" if made == 1 else "collectives"
+                lines.append(
+                    f"fault {fault} never fired: rank {rank} made {made} {collectives} on "
+                    f"{fault.group_name}"
+                )
+        return tuple(lines)
 
 
 def bound(fn: Callable[..., Any], args: Any, kwargs: Any) -> Mapping[str, Any]:

@@ -88,3 +88,19 @@ def attempt_steps(n: int = 3) -> tuple[int, int, float]:
 
     sums = steps(n)
     return harness.restart_count(), dist.get_world_size(), sums[-1]
+
+
+def restart_variables() -> tuple[str | None, str | None]:
+    """torchrun's restart variables as this rank sees them."""
+    import os
+
+    return (
+        os.environ.get("TORCHELASTIC_RESTART_COUNT"),
+        os.environ.get("TORCHELASTIC_MAX_RESTARTS"),
+    )
+
+
+def steps_then_restart_variables() -> tuple[str | None, str | None]:
+    """``steps``, then torchrun's restart variables."""
+    steps()
+    return restart_variables()

@@ -85,3 +85,26 @@ def test_bad_restarts_fail_before_any_rank_starts(
     with pytest.raises(error) as raised:
         harness.run(fns.steps, world_size=2, backend="gloo", restarts=restarts, faults=faults_given)  # type: ignore[arg-type]
     assert str(raised.value).startswith(message)
+
+
+def test_the_ranks_see_torchruns_restart_variables() -> None:
+    kill = faults.kill(1, 1)
+    with harness.World(2, backend="gloo") as world:
+        assert world.run(fns.restart_variables) == [("0", "0")] * 2
+        ran = world.run(fns.steps_then_restart_variables, restarts=2, faults=[kill])
+        assert ran == [("1", "2")] * 2
+        assert world.run(fns.restart_variables) == [("0", "0")] * 2, "a new run: fresh ranks"
+
+
+def test_the_harnesss_own_verdicts_end_the_run_without_a_restart() -> None:
+    # A fault that never fired is no failure of a rank: torchrun would not restart for it.
+    never = faults.kill(1, 50)
+    with pytest.raises(harness.FaultNotFired) as raised:
+        harness.run(fns.steps, world_size=2, backend="gloo", restarts=2, faults=[never])
+    assert raised.value.attempts == []
+
+
+def test_faults_of_different_attempts_may_act_at_the_same_place() -> None:
+    twice = [faults.kill(1, 1), faults.exit(1, 1, 3, attempt=1)]
+    values = harness.run(fns.attempt_steps, world_size=2, backend="gloo", restarts=2, faults=twice)
+    assert values == [(2, 2, 3.0)] * 2

@@ -90,6 +90,8 @@ def test_restarts_resume_resize_and_run_out(pytester: pytest.Pytester) -> None:
             "on the default group (injected)",
         ]
     )
+    failure = result.stdout.str().split("_ test_out_of_restarts _", 1)[1].split("PASSES")[0]
+    assert "Captured attempts" not in failure, "a failure lists its earlier attempts once"
 
 
 @pytest.mark.parametrize(
