@@ -77,8 +77,11 @@ def run(
     """
     attempts: list[Attempt] = []
     for number, size in enumerate(sizes):
+        # Without restarts, every fault is the first attempt's: the options as they are.
         faults = tuple(fault for fault in options.faults if fault.attempt == number)
-        this = replace(options, faults=faults, attempt=number, restarts=len(sizes) - 1)
+        this = options
+        if len(sizes) > 1:
+            this = replace(options, faults=faults, attempt=number, restarts=len(sizes) - 1)
         outcome = attempt(number, size, this)
         restart = why_restart(outcome)
         if restart:

@@ -124,6 +124,8 @@ class Supervision:
     def ends_returned(self) -> bool:
         """Whether the ranks that returned should end now: a fault ended a rank while others
         are still waited for, so a peer blocked on a returned rank fails instead of hanging."""
+        if not self.fired:  # as in nearly every call: no fault acted
+            return False
         pending = any(state in _WAITED for state in self._states.values())
         return pending and any(fired.ends for fired in self.fired.values())
 

@@ -221,7 +221,9 @@ class World:
         # Checked before the record is made of them: a bad value is named as it was given.
         placed = checked(faults, self.world_size)
         check_attempts(placed, sizes)
-        options = CallOptions(timeout, check_collectives=check_collectives, faults=placed)
+        # The World's own timeout in the record, so that checking it changes nothing.
+        bound = self.timeout if timeout is None else timeout
+        options = CallOptions(bound, check_collectives=check_collectives, faults=placed)
         outcome, _ = run_attempts(
             lambda _, __, attempt: self.call(fn, args, kwargs, attempt), options, sizes
         )
