@@ -148,7 +148,15 @@ class Lease:
         return f"<harness GPU lease {self.visible_devices} {state}>"
 
 
-class LeaseTimeout(Exception):
+class LeaseError(Exception):
+    """GPUs could not be leased (see the subclasses)."""
+
+
+class LeaseDirectoryError(LeaseError, OSError):
+    """The lease directory, or a file in it, cannot be created or opened (its path and why)."""
+
+
+class LeaseTimeout(LeaseError):
     """The GPUs a world needs did not come free in time.
 
     Attributes:
@@ -188,7 +196,8 @@ def acquire(
     Raises:
         ValueError: ``count`` is out of range.
         LeaseTimeout: The GPUs did not come free within ``timeout``.
-        OSError: The lease directory cannot be created or locked (its path and why).
+        LeaseDirectoryError: The lease directory cannot be created or locked (its path and
+            why).
     """
     if not 1 <= count <= len(stock.ids):
         raise ValueError(f"cannot lease {count} GPUs from {len(stock.ids)}: {stock.ids}")
@@ -252,11 +261,11 @@ def _directory(path: str) -> str:
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
-        raise OSError(
+        raise LeaseDirectoryError(
             exc.errno, f"cannot create the GPU lease directory {path!r}: {exc.strerror}"
         ) from None
     if not os.access(path, os.W_OK):
-        raise OSError(errno.EACCES, f"cannot write in the GPU lease directory {path!r}")
+        raise LeaseDirectoryError(errno.EACCES, f"cannot write in the GPU lease directory {path!r}")
     return path
 
 
@@ -279,7 +288,7 @@ def _open(path: str) -> int:
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise OSError(
+        raise LeaseDirectoryError(
             exc.errno, f"cannot open the GPU lease file {path!r}: {exc.strerror}"
         ) from None
 

@@ -96,7 +96,7 @@ class Leases:
 
         Raises:
             LeaseTimeout: They did not come free in time.
-            OSError: The lease directory cannot be made or locked.
+            LeaseDirectoryError: The lease directory cannot be made or locked.
         """
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         return gpus.acquire(

@@ -24,7 +24,7 @@ import pytest
 from harness import compat, validate
 from harness.controller import forkserver
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.gpus import LeaseTimeout
+from harness.controller.gpus import LeaseError
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings
@@ -180,7 +180,7 @@ class DistSession:
                 try:
                     if not test.isolate:
                         self._world(shape)
-                except LeaseTimeout as exc:
+                except LeaseError as exc:  # waited in vain, or no lease directory
                     item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                     return
                 seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
@@ -197,7 +197,7 @@ class DistSession:
                     checked = self.runner.run_attempts(item, again, options, shape, test.attempts)
                 else:
                     checked = self.runner.run(item, marked, shape, test.isolate, option)
-            except LeaseTimeout as exc:  # an isolated test's fresh world waited in vain
+            except LeaseError as exc:  # an isolated test's fresh world: as above
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                 return
             if self.preload_failure():  # found as its first world started

@@ -349,3 +349,24 @@ def test_an_idle_world_of_another_process_gives_its_gpus_to_a_waiter(
             holder.kill()
             holder.wait()
     assert holder.returncode == 0, output
+
+
+def test_a_lease_directory_that_cannot_be_made_fails_the_test_naming_it(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    pytester.makepyfile(
+        test_dir="""
+        import pytest
+
+        @pytest.mark.distributed(world_size=1, backend="gloo", gpus_per_rank=1)
+        def test_needs_a_gpu(rank):
+            pass
+        """
+    )
+    result = pytester.runpytest("--dist-gpus=0", "-o", f"dist_gpu_lease_dir={blocker}/leases")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [f"*cannot create the GPU lease directory '{blocker}/leases': Not a directory"]
+    )
