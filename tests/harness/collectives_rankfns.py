@@ -95,6 +95,8 @@ def subgroup_only() -> list[float]:
         dist.all_reduce(tensor, group=sub)
         dist.broadcast(tensor, src=1, group=sub)
     dist.all_reduce(tensor)
+    if dist.get_rank() in (0, 1):
+        dist.destroy_process_group(sub)
     return tensor.tolist()
 
 
@@ -106,6 +108,8 @@ def subgroup_mismatch() -> None:
         op = dist.ReduceOp.SUM if dist.get_rank() == 0 else dist.ReduceOp.MAX
         dist.all_reduce(tensor, op=op, group=sub)  # sub-sum-max
     dist.all_reduce(tensor)
+    if dist.get_rank() in (0, 1):
+        dist.destroy_process_group(sub)
 
 
 def point_to_point() -> None:

@@ -263,7 +263,13 @@ def test_a_returned_rank_and_a_group_timeout_the_test_handles_pass(
 ) -> None:
     # Rank 1 returns while rank 0 waits in an all_reduce of a group whose own timeout is
     # 2 s: it raises then, and rank 0 handles it. Nothing is certain to hang.
-    assert world3.run(fns.returned_rank_and_a_group_timeout) == ["timed out", "returned", None]
+    # Neither member destroys the group: reported, as what a real job would keep.
+    with pytest.warns(RuntimeWarning, match=r"process group of ranks \[0, 1\] made at"):
+        assert world3.run(fns.returned_rank_and_a_group_timeout) == [
+            "timed out",
+            "returned",
+            None,
+        ]
 
 
 def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summary() -> None:

@@ -69,7 +69,7 @@ def test_a_marked_fault_that_never_fires_fails_the_test(pytester: pytest.Pyteste
     result = pytester.runpytest("-p", "no:randomly")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
-        ["*FaultNotFired: fault hang(rank=1, at=2) never fired: rank 1 made 1 collectives on*"]
+        ["*FaultNotFired: fault hang(rank=1, at=2) never fired: rank 1 made 1 collective on*"]
     )
 
 
