@@ -79,7 +79,7 @@ def run(
     check_attempts(placed, sizes)
     worlds: dict[int, World] = {}
 
-    def attempt(_: int, size: int, options: CallOptions) -> Outcome:
+    def attempt(size: int, options: CallOptions) -> Outcome:
         world = worlds.get(size)
         if world is None:
             world = worlds[size] = World(size, backend=backend, timeout=timeout, init=init)

@@ -59,15 +59,16 @@ def why_restart(outcome: Outcome) -> str:
 
 
 def run(
-    attempt: Callable[[int, int, CallOptions], Outcome],
+    attempt: Callable[[int, CallOptions], Outcome],
     options: CallOptions,
     sizes: Sequence[int],
 ) -> tuple[Outcome, list[Attempt]]:
     """Run attempts until one ends with no rank dead or failed, or none is left.
 
     Args:
-        attempt: Runs attempt ``number`` on a fresh world of ``world_size`` ranks with the
-            call's options for it: ``attempt(number, world_size, options)``.
+        attempt: Runs one attempt on a fresh world of ``world_size`` ranks, with the call's
+            options for it (its ``attempt`` number, its faults): ``attempt(world_size,
+            options)``.
         options: The call's options, with every attempt's faults.
         sizes: The world size of each attempt (:func:`harness.validate.attempt_sizes`).
 
@@ -77,12 +78,11 @@ def run(
     """
     attempts: list[Attempt] = []
     for number, size in enumerate(sizes):
-        # Without restarts, every fault is the first attempt's: the options as they are.
-        faults = tuple(fault for fault in options.faults if fault.attempt == number)
-        this = options
+        this = options  # without restarts every fault is the first attempt's: as they are
         if len(sizes) > 1:
+            faults = tuple(fault for fault in options.faults if fault.attempt == number)
             this = replace(options, faults=faults, attempt=number, restarts=len(sizes) - 1)
-        outcome = attempt(number, size, this)
+        outcome = attempt(size, this)
         restart = why_restart(outcome)
         if restart:
             ended = restart

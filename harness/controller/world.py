@@ -225,7 +225,7 @@ class World:
         bound = self.timeout if timeout is None else timeout
         options = CallOptions(bound, check_collectives=check_collectives, faults=placed)
         outcome, _ = run_attempts(
-            lambda _, __, attempt: self.call(fn, args, kwargs, attempt), options, sizes
+            lambda _, attempt: self.call(fn, args, kwargs, attempt), options, sizes
         )
         return result(outcome)
 

@@ -111,7 +111,7 @@ class Runner:
         """
         _, backend, init, per_rank = shape
 
-        def attempt(number: int, size: int, attempt_options: CallOptions) -> Outcome:
+        def attempt(size: int, attempt_options: CallOptions) -> Outcome:
             with self._new_world((size, backend, init, per_rank)) as world:
                 return test(attempt_options).attempt(world, True)[1]
 
