@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
+    from harness.protocol.traces import IssuedCollective
+    from harness.rank.trace import collectives
 
 
 def __getattr__(name: str) -> Any:
@@ -55,6 +57,10 @@ def __getattr__(name: str) -> Any:
         # Here, not at the top: the plugin imports this package before it can keep pytest
         # from rewriting the harness's modules, which then should be few.
         return importlib.import_module("harness.protocol.messages").CallOptions
+    if name == "collectives":  # called in a rank, where the rank side is loaded already
+        return importlib.import_module("harness.rank.trace").collectives
+    if name == "IssuedCollective":
+        return importlib.import_module("harness.protocol.traces").IssuedCollective
     if name == "FaultFired":
         return importlib.import_module("harness.faults").FaultFired
     if name == "fixture":
@@ -75,6 +81,7 @@ __all__ = [
     "DistributedError",
     "FaultFired",
     "FaultNotFired",
+    "IssuedCollective",
     "OrderDependenceWarning",
     "RankCrash",
     "RankError",
@@ -83,6 +90,7 @@ __all__ = [
     "World",
     "WorldHang",
     "WorldTimeout",
+    "collectives",
     "fixture",
     "restart_count",
     "run",

@@ -367,6 +367,15 @@ def restart_count(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.fixture
+def collectives(request: pytest.FixtureRequest) -> Any:
+    """The collectives this rank has issued so far in the test, in order across process
+    groups, read anew at each use: records with ``op`` (``"all_reduce"``), ``group_ranks``,
+    ``shapes``, ``dtype``, ``reduce_op`` and ``site`` (``"test_x.py:14"``); point-to-point
+    ops are left out (filled in inside each rank)."""
+    return _rank_side(request, "collectives")
+
+
+@pytest.fixture
 def local_device(request: pytest.FixtureRequest) -> Any:
     """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank).
 

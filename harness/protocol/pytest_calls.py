@@ -12,7 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PLUGIN_FIXTURES = ("rank", "world_size", "local_rank", "local_device", "restart_count")
+PLUGIN_FIXTURES = (
+    "rank",
+    "world_size",
+    "local_rank",
+    "local_device",
+    "restart_count",
+    "collectives",
+)
 """The plugin's own fixtures: values only a rank knows."""
 
 PER_PROCESS_FIXTURES = (

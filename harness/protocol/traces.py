@@ -14,6 +14,7 @@ flight, completed...), which is what a reader of a failure wants to see.
 
 from __future__ import annotations
 
+import re
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,50 @@ class Op:
     tensors: tuple[str, ...] = ()
     device: str = ""
     p2p: bool = False
+
+
+@dataclass(frozen=True)
+class IssuedCollective:
+    """One collective a rank issued, as a test reads it (the ``collectives`` fixture).
+
+    Attributes:
+        op: The function's name: ``"all_reduce"``, ``"all_gather_into_tensor"``, ...
+        group_ranks: The global ranks of its process group.
+        shapes: Each tensor's shape, as described (``(4,)``; ``()`` for a scalar).
+        dtype: The first tensor's dtype (``"float32"``), None where there is no tensor.
+        reduce_op: ``"SUM"``, ``"MAX"``, ... (None where the op has none).
+        site: Its call site, ``"test_x.py:14"``.
+    """
+
+    op: str
+    group_ranks: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtype: str | None
+    reduce_op: str | None
+    site: str
+
+
+_TENSOR = re.compile(r"^(\w+)\[([\d, ]*)\]")
+
+
+def issued(op: Op, group_ranks: tuple[int, ...], site: str) -> IssuedCollective:
+    """``op`` as a test reads it (see :class:`IssuedCollective`)."""
+    shapes, dtypes = [], []
+    for text in op.tensors:
+        match = _TENSOR.match(text)
+        if match is None:  # "3 objects", a list of tensors
+            continue
+        dtypes.append(match.group(1))
+        dims = match.group(2).replace(" ", "")
+        shapes.append(tuple(int(d) for d in dims.split(",")) if dims else ())
+    return IssuedCollective(
+        op.name,
+        group_ranks,
+        tuple(shapes),
+        dtypes[0] if dtypes else None,
+        op.reduce_op or None,
+        site,
+    )
 
 
 @dataclass(frozen=True)

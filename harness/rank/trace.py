@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 import time
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, overload
 
 import torch.distributed as dist
 
@@ -48,8 +49,10 @@ from harness.protocol.traces import (
     Collective,
     Fingerprint,
     GroupHistory,
+    IssuedCollective,
     Op,
     RankTrace,
+    issued,
 )
 from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
@@ -130,6 +133,8 @@ class Recorder:
         self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
         self._ended: list[_Group] | None = None  # the call's groups, once the block ended
         self._recent: deque[_Record] = deque(maxlen=RECENT)
+        # Every collective in the order issued, as the group it was on (see issued()).
+        self._order: list[_Group] = []
 
     def __enter__(self) -> Recorder:
         global _current
@@ -170,6 +175,22 @@ class Recorder:
         """Per group, what the desync check compares (a few microseconds: the ranks send it
         after every passing call)."""
         return tuple(group.fingerprint() for group in self._records() if group.count)
+
+    def issued(self, world_size: int) -> list[IssuedCollective]:
+        """The collectives issued so far, in order, across groups (point-to-point ops left
+        out; at most ``SEQUENCE_CAP`` per group); ``world_size``: the default group's."""
+        found = []
+        seen: dict[int, int] = {}
+        places: dict[int, list[tuple[str, int]]] = {}
+        for group in list(self._order):  # a C-level copy: safe while the main thread records
+            seq = seen[id(group)] = seen.get(id(group), 0) + 1
+            if id(group) not in places:
+                places[id(group)] = list(group.places)
+            op = group.ops[group.op_ids[seq - 1]]
+            file, line = places[id(group)][group.place_ids[seq - 1]]
+            ranks = tuple(range(world_size)) if group.ranks is None else group.ranks
+            found.append(issued(op, ranks, f"{os.path.basename(file)}:{line}"))
+        return found
 
     def counts(self) -> dict[tuple[int, ...] | None, int]:
         """How many collectives the call issued on each group, by its sorted ranks (None:
@@ -253,6 +274,7 @@ class Recorder:
             if group.count <= SEQUENCE_CAP:
                 group.op_ids.append(op_id)
                 group.place_ids.append(place_id)
+                self._order.append(group)
             record = _Record(group, group.count, group.ops[op_id], place)
         self._recent.append(record)
         return record
@@ -266,6 +288,7 @@ class Recorder:
             if group.count <= SEQUENCE_CAP:
                 group.op_ids.pop()
                 group.place_ids.pop()
+                self._order.pop()
             group.count -= 1
 
     def _group(self, handle: Any) -> Any:
@@ -299,6 +322,52 @@ def _ended(result: Any) -> str:
 # no arguments of the harness's.
 _current: Recorder | None = None
 _last: Recorder | None = None
+
+
+def collectives() -> list[IssuedCollective]:
+    """The collectives this rank's call in progress has issued so far (the ``collectives``
+    fixture's value; see :class:`~harness.protocol.traces.IssuedCollective`).
+
+    Raises:
+        RuntimeError: No call is in progress (outside a rank, or between calls).
+    """
+    recorder = _current
+    if recorder is None:
+        raise RuntimeError(
+            "collectives are recorded while a test or a World.run call runs in a rank; "
+            "none is running here"
+        )
+    return recorder.issued(dist.get_world_size() if dist.is_initialized() else 1)
+
+
+class Issued(Sequence[IssuedCollective]):
+    """The ``collectives`` fixture's value: what the call in progress has issued so far,
+    read anew at each use (``len``, indexing, iteration, comparison with a list)."""
+
+    def __len__(self) -> int:
+        return len(collectives())
+
+    @overload
+    def __getitem__(self, index: int) -> IssuedCollective: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[IssuedCollective]: ...
+
+    def __getitem__(self, index: int | slice) -> IssuedCollective | list[IssuedCollective]:
+        return collectives()[index]
+
+    def __iter__(self) -> Iterator[IssuedCollective]:
+        return iter(collectives())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (list, tuple)):
+            return collectives() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(collectives())
 
 
 def snapshot(main_thread: int) -> RankTrace:

@@ -143,3 +143,12 @@ def all_reduce_forever() -> None:
     tensor = torch.ones(1)
     while True:
         dist.all_reduce(tensor)
+
+
+def issued_so_far() -> list[tuple[str, tuple[int, ...], str | None]]:
+    """An all_reduce and a barrier, then what ``harness.collectives()`` says of them."""
+    import harness
+
+    dist.all_reduce(torch.ones(2, dtype=torch.int64))
+    dist.barrier()
+    return [(c.op, c.group_ranks, c.dtype) for c in harness.collectives()]

@@ -516,3 +516,8 @@ def test_a_fingerprint_stops_before_the_collective_that_raised() -> None:
     states = [c.state for c in recorder.trace().recent]
     assert states == [COMPLETED, RAISED, COMPLETED]
     assert recorder.trace().groups[DEFAULT_GROUP].raised == 2
+
+
+def test_a_call_reads_the_collectives_it_issued_so_far(world3: harness.World) -> None:
+    issued = [("all_reduce", (0, 1, 2), "int64"), ("barrier", (0, 1, 2), None)]
+    assert world3.run(fns.issued_so_far) == [issued] * 3
