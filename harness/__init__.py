@@ -45,27 +45,27 @@ if TYPE_CHECKING:
     from harness.rank.trace import collectives
 
 
+# Where each name imported on first use lives. World and run need torch; reading them
+# starts nothing (the forkserver starts with the first World). The others are light, but
+# the plugin imports this package before it can keep pytest from rewriting the harness's
+# modules, which then should be few. collectives is called in a rank, where the rank side
+# is loaded already.
+_LAZY = {
+    "World": "harness.controller.world",
+    "run": "harness.controller.fresh",
+    "CallOptions": "harness.protocol.messages",
+    "IssuedCollective": "harness.protocol.traces",
+    "collectives": "harness.rank.trace",
+    "FaultFired": "harness.faults",
+    "fixture": "harness.plugin.rank_fixtures",
+}
+
+
 def __getattr__(name: str) -> Any:
-    # World and run need torch; importing them on first use keeps `import harness` (and the
-    # pytest plugin, loaded into every pytest run of the environment) free of it. Reading
-    # them starts nothing: the forkserver starts with the first World.
-    if name == "World":
-        return importlib.import_module("harness.controller.world").World
-    if name == "run":
-        return importlib.import_module("harness.controller.fresh").run
-    if name == "CallOptions":
-        # Here, not at the top: the plugin imports this package before it can keep pytest
-        # from rewriting the harness's modules, which then should be few.
-        return importlib.import_module("harness.protocol.messages").CallOptions
-    if name == "collectives":  # called in a rank, where the rank side is loaded already
-        return importlib.import_module("harness.rank.trace").collectives
-    if name == "IssuedCollective":
-        return importlib.import_module("harness.protocol.traces").IssuedCollective
-    if name == "FaultFired":
-        return importlib.import_module("harness.faults").FaultFired
-    if name == "fixture":
-        return importlib.import_module("harness.plugin.rank_fixtures").fixture
-    raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'harness' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def restart_count() -> int:
