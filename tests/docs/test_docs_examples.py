@@ -145,6 +145,8 @@ def _run_tests(block: Block, pytester: pytest.Pytester) -> None:
     name = block.directives.get("file", "test_example.py").removesuffix(".py")
     pytester.makepyfile(**{name: block.code})
     args = ["-p", "no:randomly", *shlex.split(block.directives.get("args", ""))]
+    # An example that leases GPUs does so in a directory of its own, not the user's.
+    args += ["-o", f"dist_gpu_lease_dir={pytester.path / 'gpu-leases'}"]
     if block.directives.get("run") == "subprocess":
         result = pytester.runpytest_subprocess(*args)
     else:

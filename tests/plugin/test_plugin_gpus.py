@@ -79,8 +79,16 @@ def _pytest_in_background(
     """A pytest process on ``test_file`` leasing GPUs 0 and 1, its output kept."""
     command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
     command += ["--dist-gpus=0,1", "-o", f"dist_gpu_lease_dir={lease_dir}", test_file]
+    # Its temporary files under the test's: a World of a process killed by SIGKILL cannot
+    # remove its directory.
+    env = {**os.environ, "TMPDIR": str(pytester.path)}
     return subprocess.Popen(
-        command, cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 
