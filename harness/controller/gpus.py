@@ -105,9 +105,9 @@ def inventory(
 
 
 def _split(text: str, where: str) -> list[str]:
-    ids = [part.strip() for part in text.split(",")]
-    if text.strip() == "":
+    if not text.strip():
         return []
+    ids = [part.strip() for part in text.split(",")]
     for gpu in ids:
         if not gpu:
             raise ValueError(f"{where} has an empty GPU id in {text!r}: give ids like 0,1,2,3")

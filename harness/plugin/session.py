@@ -173,31 +173,26 @@ class DistSession:
         with interrupts.taken_over(item, test.timeout) as deadline:
             seconds = deadline.seconds
             shape = (test.world_size, backend, test.init, per_rank)
-            if per_rank:
-                # Its GPUs first: waiting for them counts against the test's deadline.
-                end = time.monotonic() + seconds
-                self._taking = (item.nodeid, end)
-                try:
+
+            def marked(options: CallOptions) -> _MarkedTest:
+                step = replay.Step(item.nodeid, run_test, (ref, plan), options)
+                return _MarkedTest(self, item, plan, step, test.timeout)
+
+            try:
+                if per_rank:
+                    # Its GPUs first: waiting for them counts against the test's deadline.
+                    end = time.monotonic() + seconds
+                    self._taking = (item.nodeid, end)
                     if not test.isolate:
                         self._world(shape)
-                except LeaseError as exc:  # waited in vain, or no lease directory
-                    item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
-                    return
-                seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
-            options = replace(test.call, timeout=seconds)
-            step = replay.Step(item.nodeid, run_test, (ref, plan), options)
-            marked = _MarkedTest(self, item, plan, step, test.timeout)
-            try:
+                    seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
+                options = replace(test.call, timeout=seconds)
                 if len(test.attempts) > 1:
-
-                    def again(options: CallOptions) -> _MarkedTest:
-                        step = replay.Step(item.nodeid, run_test, (ref, plan), options)
-                        return _MarkedTest(self, item, plan, step, test.timeout)
-
-                    checked = self.runner.run_attempts(item, again, options, shape, test.attempts)
+                    checked = self.runner.run_attempts(item, marked, options, shape, test.attempts)
                 else:
-                    checked = self.runner.run(item, marked, shape, test.isolate, option)
-            except LeaseError as exc:  # an isolated test's fresh world: as above
+                    test_run = marked(options)
+                    checked = self.runner.run(item, test_run, shape, test.isolate, option)
+            except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                 return
             if self.preload_failure():  # found as its first world started
