@@ -3,11 +3,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
+from unit_testutil import fresh_python
 
 from harness.controller.backends import resolve_backend, unavailable_reason
 
@@ -25,15 +23,7 @@ fd.shutdown()
 
 def test_auto_is_the_backend_init_picks_here() -> None:
     # A world of one: init needs no rendezvous (a private store), and no other process.
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,  # a safety bound only
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    picked, auto = result.stdout.split()
+    picked, auto = fresh_python(SCRIPT).split()
     assert auto == picked
 
 

@@ -3,10 +3,10 @@ no forkserver, no other process."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
+from unit_testutil import fresh_python
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="child processes are read from /proc (Linux)"
@@ -45,12 +45,4 @@ print(compat.forkserver_pid(), len(multiprocessing.active_children()), children(
 
 
 def test_reading_world_and_run_starts_no_process() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=300,  # a safety bound only
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "None 0 []\n", result.stdout + result.stderr
+    assert fresh_python(SCRIPT) == "None 0 []\n"
