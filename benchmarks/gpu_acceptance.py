@@ -864,6 +864,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         if _current is not None:
             _kill_group(_current.pid)
+        # An interrupted run still shows what it finished (a bound such as `timeout -s INT`).
+        print(f"interrupted after {time.monotonic() - started:.0f} s; the rows done:")
+        print(table(rows))
         raise
     finally:
         if args.keep:

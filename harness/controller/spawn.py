@@ -61,10 +61,13 @@ def rank_env(
     master_port: int,
     gpus: tuple[str, ...] = (),
     restarts: tuple[int, int] = (0, 0),
+    *,
+    cuda: bool = True,
 ) -> dict[str, str]:
     """The torchrun environment of one rank of a single-node world; with ``gpus``, the
     world's GPUs: every rank sees all of them, in rank order, as under torchrun; its
-    ``restarts``: which restart this is, of how many, as torchrun's agent counts them."""
+    ``restarts``: which restart this is, of how many, as torchrun's agent counts them;
+    without ``cuda``, no GPU at all (an empty ``CUDA_VISIBLE_DEVICES``)."""
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -91,6 +94,8 @@ def rank_env(
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         env[GPUS_PER_RANK] = str(len(gpus) // world_size)
+    elif not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
@@ -138,7 +143,11 @@ def start_ranks(
     restarts: tuple[int, int] = (0, 0),
 ) -> list[RankProcess]:
     """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``),
-    each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``; none: as the controller does)."""
+    each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``). Without ``gpus`` an NCCL world, or one
+    whose calls make their own groups (``init=False``), sees what the controller sees; any
+    other sees no GPU: the harness's ``init`` would bind rank r to ``cuda:r`` wherever CUDA
+    is visible, a GPU that may not exist or may be another world's lease."""
+    cuda = bool(gpus) or not init or "nccl" in backend
     ctx = context()
     port = free_port()
     inherited = dict(os.environ)
@@ -151,7 +160,7 @@ def start_ranks(
                 backend=backend,
                 init=init,
                 inherited=inherited,
-                env=rank_env(rank, world_size, port, gpus, restarts),
+                env=rank_env(rank, world_size, port, gpus, restarts, cuda=cuda),
                 workdir=workdir,
                 coverage=coverage,
             )

@@ -86,7 +86,9 @@ class World:
             :mod:`harness.controller.gpus`, ``world_size`` times the GPUs per rank), given
             back when it closes, also when it fails to start. Every rank sees exactly
             them as ``CUDA_VISIBLE_DEVICES``, in rank order; rank ``r``'s first is
-            ``cuda:r * gpus_per_rank``. None: the ranks see what this process sees.
+            ``cuda:r * gpus_per_rank``. None: the ranks of an NCCL world, or of one with
+            ``init=False``, see what this process sees; those of any other see no GPU
+            (lease GPUs for a Gloo world that works on CUDA tensors).
 
     Raises:
         TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,

@@ -80,6 +80,10 @@ def torchrun_env() -> dict[str, str | None]:
     return {name: os.environ.get(name) for name in TORCHRUN_VARS}
 
 
+def visible_gpus() -> str | None:
+    return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 def getpid() -> int:
     return os.getpid()
 

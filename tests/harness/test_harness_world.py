@@ -291,3 +291,12 @@ def test_nccl_without_enough_gpus_is_refused() -> None:
         pytest.skip("this machine has 64 GPUs")
     with pytest.raises(RuntimeError, match="needs 64 CUDA devices, found"):
         harness.World(64, backend="nccl")
+
+
+def test_a_gloo_world_without_a_lease_sees_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its init would bind rank r to cuda:r: a GPU that may not exist or be another's lease.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    with harness.World(2, backend="gloo") as world:
+        assert world.run(fns.visible_gpus) == ["", ""]
+    with harness.World(2, backend="gloo", init=False) as world:
+        assert world.run(fns.visible_gpus) == ["0", "0"]
