@@ -68,6 +68,14 @@ class LauncherRank:
                 "needs ranks without a process group (init=False); under the launcher the "
                 "test would run inside the launcher's group: run it without the launcher"
             )
+        if test.call.faults or len(test.attempts) > 1:
+            # A fault ends or stalls a rank and a restart starts new ones: here a rank is
+            # this pytest process, which the harness neither owns nor may end.
+            what = "restarts" if len(test.attempts) > 1 else "faults"
+            compat.skip_at_test(
+                f"needs {what}, which end and start the test's ranks; under the launcher "
+                "each rank is a pytest process: run it without the launcher"
+            )
         if test.world_size != self.world_size:
             compat.skip_at_test(
                 f"needs world size {test.world_size}; the launcher's world has {self.world_size}"

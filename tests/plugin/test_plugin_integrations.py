@@ -141,6 +141,7 @@ import os
 import pytest
 import torch
 import torch.distributed as dist
+from harness import faults
 
 @pytest.mark.distributed(world_size=2)
 def test_two(rank, world_size, local_rank, local_device):
@@ -186,6 +187,14 @@ def test_nccl(rank):
 def test_initless(rank):
     pass
 
+@pytest.mark.distributed(world_size=2, restarts=1)
+def test_restarts(rank):
+    pass
+
+@pytest.mark.distributed(world_size=2, faults=[faults.kill(rank=1, at=1)])
+def test_faults(rank):
+    dist.barrier()
+
 def test_dist_world_still_spawns(dist_world):
     world = dist_world(1)
     assert world.run(os.getpid) != [os.getpid()]
@@ -205,6 +214,8 @@ LAUNCHED_EXPECTED = [
     "test_gloo call passed",
     "test_nccl call skipped",
     "test_initless call skipped",
+    "test_restarts call skipped",
+    "test_faults call skipped",
     "test_dist_world_still_spawns call passed",
     "test_plain call passed",
 ]
@@ -243,6 +254,8 @@ def test_under_torchrun_every_rank_reaches_the_same_outcome(
     assert "needs world size 4; the launcher's world has 2" in text
     assert "needs backend 'nccl'; the launcher's world uses 'gloo'" in text
     assert "needs ranks without a process group (init=False); under the launcher" in text
+    assert "needs restarts, which end and start the test's ranks; under the launcher" in text
+    assert "needs faults, which end and start the test's ranks; under the launcher" in text
 
 
 def test_the_downstream_example_passes(tmp_path: Path) -> None:
