@@ -1,8 +1,9 @@
-"""The public errors a run can end with (``harness.DistributedError`` and its subclasses).
+"""The public errors a run can end with.
 
-They are raised in the controller, carry every failing rank's :class:`RankFailure`, and read
-as :func:`harness.protocol.failures.sections` lays failures out. Importing this module costs
-no torch import (the pytest plugin needs them in every pytest run).
+These are ``harness.DistributedError`` and its subclasses. They are raised in the controller, carry
+every failing rank's :class:`RankFailure`, and read as :func:`harness.protocol.failures.sections`
+lays failures out. Importing this module costs no torch import (the pytest plugin needs them in
+every pytest run).
 
 A run stopped by Ctrl-C ends with the ``KeyboardInterrupt`` itself, not an error of these: the
 helpers at the end (:func:`note_interrupt` and its readers) carry the ranks' stacks on it,
@@ -31,7 +32,7 @@ __all__ = [
 
 
 class DistributedError(Exception):
-    """A run on the ranks of a world did not succeed.
+    """A run on a world's ranks did not succeed.
 
     Attributes:
         summary: The one-line account of what happened (``str()`` adds the tracebacks).
@@ -45,6 +46,9 @@ class DistributedError(Exception):
         verdicts: Where the ranks' collectives disagree, one line per finding (``collective
             #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
             test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``).
+        marks: For each verdict, the collective it points at: ``(group id, number on the
+            group, kind)``, kind ``"mismatch"`` (the ops differ there) or ``"hang"``
+            (members never issued it); what ``--dist-trace-dir``'s timeline marks.
         attempts: For a run with restarts, how each attempt before this one ended, one line
             each (``"attempt 0 (4 ranks): rank 1 killed (SIGKILL) before collective #3 ...
             (injected)"``); empty otherwise.
@@ -63,10 +67,13 @@ class DistributedError(Exception):
         self.hint = hint
         self.collectives: dict[int, RankTrace | None] = {}
         self.verdicts: list[str] = []
+        self.marks: list[tuple[str, int, str]] = []
         self.attempts: list[str] = []
 
     def report(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """How the error reads after its summary, for ``str()`` and the pytest report alike.
+        """How the error reads after its summary.
+
+        ``str()`` and the pytest report alike lay it out this way.
 
         Returns:
             The verdict lines not already in the summary, and the sections: each failing
@@ -98,16 +105,20 @@ class DistributedError(Exception):
 
 
 class RankError(DistributedError):
-    """Code raised on one or more ranks. The first rank to fail is the root cause; peers that
-    failed because of it (a closed connection in a collective) are listed after it. The
-    other ranks were torn down at once."""
+    """Code raised on one or more ranks.
+
+    The first rank to fail is the root cause; peers that failed because of it (a closed
+    connection in a collective) are listed after it. The other ranks were torn down at once.
+    """
 
     root_cause_first = True
 
 
 class WorldTimeout(DistributedError):
-    """The run did not finish within its timeout (or, as its subclass :class:`WorldHang`,
-    can never finish); the ranks were killed afterwards.
+    """The run did not finish within its timeout.
+
+    Or, as its subclass :class:`WorldHang`, it can never finish. The ranks were killed
+    afterwards.
 
     Attributes:
         stacks: Every rank's Python stack (all threads) when the wait ended, formatted like a
@@ -129,8 +140,10 @@ class WorldTimeout(DistributedError):
 
 
 class WorldHang(WorldTimeout):
-    """The run was ended before its timeout because the ranks' collectives prove it can never
-    finish: nothing timed out, and waiting longer would not help. Ranks wait in a
+    """The run was ended early because it can never finish.
+
+    The ranks' collectives prove it can never finish, before its timeout: nothing timed out,
+    and waiting longer would not help. Ranks wait in a
     collective that a peer never joins (it returned from the call, or died, after fewer
     collectives on that group), or every member of a group waits in collective #N and they
     called different collectives there (another op, reduce op, root, shape or dtype; with
@@ -143,7 +156,9 @@ class WorldHang(WorldTimeout):
 
 
 class RankCrash(DistributedError):
-    """A rank process died (killed by a signal, or exited) while running.
+    """A rank process died while running.
+
+    It was killed by a signal, or exited.
 
     Attributes:
         exitcodes: The exit code of each rank that died, as :mod:`multiprocessing` reports
@@ -163,21 +178,24 @@ class RankCrash(DistributedError):
 
 
 class RankLeak(DistributedError):
-    """The call returned on every rank but left behind, on some, what a reused rank cannot
-    undo: threads it started that are still alive, child processes, open files (raised
-    under ``leaks="error"``, ini ``dist_leaks = error``). The ranks were then stopped, and
-    what they leaked with them; the next call gets fresh ones.
+    """The call left behind what a reused rank cannot undo.
+
+    It returned on every rank but left behind, on some, threads it started that are still
+    alive, child processes, open files (raised under ``leaks="error"``, ini ``dist_leaks =
+    error``). The ranks were then stopped, and what they leaked with them; the next call gets
+    fresh ones.
 
     Each failing rank's section lists its findings, one per line.
     """
 
 
 class CollectiveMismatch(DistributedError):
-    """The call returned on every rank, but the ranks' collectives did not match (the
-    desync check, on by default; ``check_collectives=False`` turns it off): a collective
-    with another op, reduce op, root, shape or dtype on some ranks, or more collectives on
-    some ranks than on others. Nothing hung, but the results may be wrong: Gloo completes
-    ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
+    """The call returned, but the ranks' collectives did not match.
+
+    It returned on every rank. This is the desync check, on by default; ``check_collectives=False``
+    turns it off. It finds a collective with another op, reduce op, root, shape or dtype on some
+    ranks, or more collectives on some ranks than on others. Nothing hung, but the results may be
+    wrong: Gloo completes ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
@@ -185,17 +203,23 @@ class CollectiveMismatch(DistributedError):
 
 
 class FaultNotFired(DistributedError):
-    """The call returned, but a fault given to it (``harness.faults``) never acted: its rank
-    made fewer collectives on its group than the fault's ``at``. A sweep cannot pass
-    vacuously; ``strict=False`` on the fault allows it. ``summary`` has one line per fault.
+    """A fault given to the call never acted.
+
+    The fault (``harness.faults``) did not act because its rank made fewer collectives on its
+    group than the fault's ``at``. A sweep cannot pass vacuously; ``strict=False`` on the
+    fault allows it. ``summary`` has one line per fault.
     """
 
 
 class OrderDependenceWarning(UserWarning):
-    """A distributed test's outcome on a reused world differs from its outcome on fresh
-    processes: it depends on what an earlier test left in the ranks. The message names the
-    test, the earlier test that causes it where one was found, and the command that shows
-    it."""
+    """A test's outcome differs between reused and fresh ranks.
+
+    Its outcome on a reused world differs from its outcome on fresh processes.
+
+    The distributed test depends on what an earlier test left in the ranks. The message names
+    the test, the earlier test that causes it where one was found, and the command that shows
+    it.
+    """
 
 
 _INTERRUPT_ATTR = "__harness_interrupt__"
@@ -204,8 +228,10 @@ _INTERRUPT_ATTR = "__harness_interrupt__"
 def note_interrupt(
     interrupt: BaseException, summary: str, stacks: dict[int, str], collectives: str = ""
 ) -> None:
-    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt`` that stopped a run,
-    as a note the interpreter prints after the traceback (Python 3.11+) and as data for
+    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt``.
+
+    The ``KeyboardInterrupt`` is one that stopped a run. They go on it as a note the
+    interpreter prints after the traceback (Python 3.11+) and as data for
     :func:`interrupt_stacks`: the interrupt itself is re-raised unchanged, so that
     ``except KeyboardInterrupt`` and pytest's handling of Ctrl-C keep working.
 
@@ -230,30 +256,42 @@ def note_interrupt(
 
 
 def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
-    """``(summary, {rank: stacks})`` that a ``KeyboardInterrupt`` carries from a run it
-    stopped (see :func:`note_interrupt`), or None when it stopped none."""
+    """The summary and stacks a ``KeyboardInterrupt`` carries from a run.
+
+    Returns ``(summary, {rank: stacks})`` from the run it stopped (see
+    :func:`note_interrupt`), or None when it stopped none.
+    """
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return (str(found[0]), dict(found[1])) if isinstance(found, tuple) else None
 
 
 def interrupt_collectives(exc: BaseException) -> str:
-    """The ranks' collectives a ``KeyboardInterrupt`` carries from a run it stopped (see
-    :func:`note_interrupt`): '' when it stopped none, or none was issued."""
+    """The ranks' collectives a ``KeyboardInterrupt`` carries from a run.
+
+    These come from the run it stopped (see :func:`note_interrupt`): '' when it stopped none,
+    or none was issued.
+    """
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return str(found[2]) if isinstance(found, tuple) else ""
 
 
 def interrupt_sections(exc: BaseException) -> list[tuple[str, str]]:
-    """What a ``KeyboardInterrupt`` carries from a run it stopped (see :func:`note_interrupt`)
-    as its note shows it after the summary: ``("collectives", text)`` when any was issued,
-    then ``("rank N", its stacks)`` for each rank; empty when it stopped none."""
+    """The sections a ``KeyboardInterrupt`` carries from a run it stopped.
+
+    They are what it carries (see :func:`note_interrupt`) as its note shows it after the
+    summary: ``("collectives", text)`` when any was issued, then ``("rank N", its stacks)``
+    for each rank; empty when it stopped none.
+    """
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return _sections(found[1], found[2]) if isinstance(found, tuple) else []
 
 
 def forget_interrupt_note(exc: BaseException) -> None:
-    """Drop the note :func:`note_interrupt` added, once the stacks were shown otherwise
-    (pytest folds an exception's notes into its one-line KeyboardInterrupt summary)."""
+    """Drop the note :func:`note_interrupt` added.
+
+    This is for once the stacks were shown otherwise (pytest folds an exception's notes into
+    its one-line KeyboardInterrupt summary).
+    """
     found = interrupt_stacks(exc)
     notes = getattr(exc, "__notes__", None)
     if found is None or not isinstance(notes, list):

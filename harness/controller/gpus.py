@@ -1,4 +1,6 @@
-"""The GPUs a run may use, and exclusive leases on them shared by every process on the machine.
+"""The GPUs a run may use, and exclusive leases on them.
+
+The leases are shared by every process on the machine.
 
 A world that needs GPUs takes all of them at once, as a :class:`Lease`, from the run's
 :class:`Inventory`, and holds them while it lives. Leases are OS file locks (``flock``) on one
@@ -40,7 +42,7 @@ def default_lease_dir() -> str:
 
 @dataclass(frozen=True)
 class Inventory:
-    """The GPUs a run may use, and where their leases are kept.
+    """The GPUs a run may use, and their lease directory.
 
     Attributes:
         ids: The GPUs, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), in order.
@@ -59,12 +61,12 @@ def inventory(
     lease_dir: str,
     where: str = "--dist-gpus",
 ) -> Inventory:
-    """The run's GPUs: ``given`` (``"0,1,2,3"``), else every GPU that CUDA shows.
+    """The GPUs the run may use.
 
-    Where ``CUDA_VISIBLE_DEVICES`` is set, the run never uses a device outside it: by
-    default its devices are the run's, and ``given`` must name only those. Where CUDA shows
-    no device, the ids given are leased as they are, so that a lease setup can be tried on
-    any machine.
+    They are ``given`` (``"0,1,2,3"``), else every GPU that CUDA shows. Where
+    ``CUDA_VISIBLE_DEVICES`` is set, the run never uses a device outside it: by default its devices
+    are the run's, and ``given`` must name only those. Where CUDA shows no device, the ids given are
+    leased as they are, so that a lease setup can be tried on any machine.
 
     Args:
         given: The ids given (``--dist-gpus``, ini ``dist_gpus``), comma-separated; None or
@@ -117,7 +119,9 @@ def _split(text: str, where: str) -> list[str]:
 
 
 class Lease:
-    """GPUs held exclusively by this process until :meth:`release` (or its death).
+    """GPUs held exclusively by this process.
+
+    It holds them until :meth:`release` (or its death).
 
     Attributes:
         ids: The GPUs, in the order the world's ranks use them.
@@ -153,11 +157,14 @@ class LeaseError(Exception):
 
 
 class LeaseDirectoryError(LeaseError, OSError):
-    """The lease directory, or a file in it, cannot be created or opened (its path and why)."""
+    """The lease directory, or a file in it, cannot be opened.
+
+    It cannot be created or opened; the message gives its path and why.
+    """
 
 
 class LeaseTimeout(LeaseError):
-    """The GPUs a world needs did not come free in time.
+    """A world's GPUs did not come free in time.
 
     Attributes:
         waited: How long the wait lasted, in seconds.
@@ -182,7 +189,9 @@ def acquire(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Lease:
-    """Take ``count`` GPUs of ``stock``, all at once, waiting for them in turn.
+    """Take ``count`` GPUs of ``stock``, all at once.
+
+    It waits for them in turn.
 
     Args:
         stock: The run's GPUs.
@@ -227,7 +236,10 @@ def acquire(
 
 
 def others_waiting(stock: Inventory) -> bool:
-    """Whether a process other than this one waits for GPUs of ``stock`` (a live ticket)."""
+    """Whether another process waits for GPUs of ``stock``.
+
+    A process other than this one waits when it has a live ticket.
+    """
     try:
         names = os.listdir(stock.lease_dir)
     except OSError:
@@ -242,7 +254,10 @@ def others_waiting(stock: Inventory) -> bool:
 
 
 def holders(stock: Inventory) -> list[str]:
-    """Who holds each held GPU of ``stock`` (``"GPU 0: pid 123, test_x.py::test_a"``)."""
+    """Who holds each held GPU of ``stock``.
+
+    One line each: ``"GPU 0: pid 123, test_x.py::test_a"``.
+    """
     found = []
     for gpu in stock.ids:
         path = _lock_path(stock.lease_dir, gpu)
@@ -270,7 +285,7 @@ def _directory(path: str) -> str:
 
 
 class _locked:
-    """A blocking exclusive lock on ``path`` while the ``with`` block runs."""
+    """Hold a blocking exclusive lock on ``path`` during the block."""
 
     def __init__(self, path: str) -> None:
         self._path = path
@@ -299,7 +314,10 @@ def _lock_path(directory: str, gpu: str) -> str:
 
 
 def _try_lock(path: str) -> int | None:
-    """An open, exclusively locked ``path``; None where another open file holds it."""
+    """An open, exclusively locked ``path``.
+
+    None where another open file holds it.
+    """
     fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -325,7 +343,10 @@ def _live(path: str) -> bool:
 
 
 def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease | None:
-    """``count`` free GPUs locked, the first free ones in order; None if fewer are free."""
+    """Lock ``count`` free GPUs, the first free ones in order.
+
+    None if fewer are free.
+    """
     taken: list[tuple[str, int]] = []
     for gpu in ids:
         fd = _try_lock(_lock_path(directory, gpu))
@@ -345,7 +366,10 @@ def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease 
 
 
 def _ticket(directory: str) -> tuple[str, int]:
-    """A live ticket of this process: a locked file whose name sorts by when it was made."""
+    """A live ticket of this process.
+
+    It is a locked file whose name sorts by when it was made.
+    """
     path = os.path.join(directory, f"{time.time_ns():020d}-{os.getpid()}{_TICKET}")
     fd = _open(path)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -362,8 +386,11 @@ def _drop_ticket(ticket: tuple[str, int]) -> None:
 
 
 def _first_in_line(directory: str, mine: str | None) -> bool:
-    """Whether no live ticket came before ``mine`` (None: before a newcomer, who has none
-    yet); the stale ones, of processes that died waiting, are removed."""
+    """Whether no live ticket came before ``mine``.
+
+    ``mine`` None stands for a newcomer, who has none yet. The stale tickets, of processes
+    that died waiting, are removed.
+    """
     for name in sorted(os.listdir(directory)):
         if not name.endswith(_TICKET):
             continue

@@ -1,4 +1,4 @@
-"""Where ranks are spawned and stopped: the process manager of the controller.
+"""The controller's process manager: where ranks are spawned and stopped.
 
 * Start method: ranks fork from the warm server of :mod:`harness.controller.forkserver`,
   never from the controller itself (it may have touched CUDA or hold process groups).
@@ -39,7 +39,10 @@ STOP_GRACE_NO_COVERAGE_S = 1.0
 
 
 def _loopback_interface() -> str:
-    """Name of the loopback network interface (``lo`` on Linux, ``lo0`` on macOS)."""
+    """Name of the loopback network interface.
+
+    ``lo`` on Linux, ``lo0`` on macOS.
+    """
     names = [name for _, name in socket.if_nameindex()]
     for name in ("lo", "lo0"):
         if name in names:
@@ -49,7 +52,10 @@ def _loopback_interface() -> str:
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for ``MASTER_PORT``)."""
+    """A TCP port on 127.0.0.1 that is free now.
+
+    For ``MASTER_PORT``.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -64,10 +70,12 @@ def rank_env(
     *,
     cuda: bool = True,
 ) -> dict[str, str]:
-    """The torchrun environment of one rank of a single-node world; with ``gpus``, the
-    world's GPUs: every rank sees all of them, in rank order, as under torchrun; its
-    ``restarts``: which restart this is, of how many, as torchrun's agent counts them;
-    without ``cuda``, no GPU at all (an empty ``CUDA_VISIBLE_DEVICES``)."""
+    """The torchrun environment of one rank of a single-node world.
+
+    With ``gpus``, the world's GPUs: every rank sees all of them, in rank order, as under
+    torchrun; its ``restarts``: which restart this is, of how many, as torchrun's agent counts
+    them; without ``cuda``, no GPU at all (an empty ``CUDA_VISIBLE_DEVICES``).
+    """
     env = {
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -101,7 +109,10 @@ def rank_env(
 
 @dataclass
 class RankProcess:
-    """One rank as the controller sees it, from its start until it is reaped."""
+    """One rank as the controller sees it.
+
+    From its start until it is reaped.
+    """
 
     rank: int
     pid: int
@@ -119,9 +130,12 @@ class RankProcess:
         return not self.reaped and self.process.exitcode is None
 
     def ask_trace(self) -> bool:
-        """Ask the rank's watchdog thread for its collective trace, which it writes to its
-        trace file (``files.trace()`` reads it; the old one is forgotten first); whether the
-        request went out (not to a rank that is gone or never had a lifeline)."""
+        """Ask the rank's watchdog thread for its collective trace.
+
+        It writes the trace to its trace file (``files.trace()`` reads it; the old one is
+        forgotten first). Returns whether the request went out (not to a rank that is gone
+        or never had a lifeline).
+        """
         if not self.alive() or self.lifeline is None:
             return False
         self.files.forget_trace()
@@ -142,8 +156,10 @@ def start_ranks(
     gpus: tuple[str, ...] = (),
     restarts: tuple[int, int] = (0, 0),
 ) -> list[RankProcess]:
-    """Start ``world_size`` rank processes (they rendezvous on their own, where ``init``),
-    each seeing ``gpus`` (``CUDA_VISIBLE_DEVICES``). Without ``gpus`` an NCCL world, or one
+    """Start ``world_size`` rank processes.
+
+    They rendezvous on their own, where ``init``, each seeing ``gpus``
+    (``CUDA_VISIBLE_DEVICES``). Without ``gpus`` an NCCL world, or one
     whose calls make their own groups (``init=False``), sees what the controller sees; any
     other sees no GPU: the harness's ``init`` would bind rank r to ``cuda:r`` wherever CUDA
     is visible, a GPU that may not exist or may be another world's lease."""
@@ -189,9 +205,11 @@ def start_ranks(
 
 
 def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
-    """Stop ranks: close lifelines, give them ``grace_s`` to exit (0: none, as after Ctrl-C),
-    SIGKILL the rest and their process groups, reap all (again on the same ranks: nothing
-    more)."""
+    """Stop ranks and reap them.
+
+    Close lifelines, give them ``grace_s`` to exit (0: none, as after Ctrl-C), SIGKILL the
+    rest and their process groups, reap all (again on the same ranks: nothing more).
+    """
     for proc in ranks:
         if proc.lifeline is not None:
             proc.lifeline.close()
@@ -226,8 +244,10 @@ def stop_ranks(ranks: list[RankProcess], *, grace_s: float) -> None:
 
 @dataclass
 class Generations:
-    """A World's ranks, one generation after another (a failure ends one), and their files:
-    what a World must release, kept apart from it so that a finalizer can hold it.
+    """A World's ranks, one generation after another, and their files.
+
+    A failure ends a generation. This is what a World must release, kept apart from it so
+    that a finalizer can hold it.
 
     Attributes:
         root: The World's private directory; each generation's files are in one of its own.
@@ -249,8 +269,10 @@ class Generations:
     def start(
         self, world_size: int, backend: str, *, init: bool, restarts: tuple[int, int] = (0, 0)
     ) -> None:
-        """Start the next generation (the last one stopped), as :func:`start_ranks`; the
-        files of the one before are removed."""
+        """Start the next generation, as :func:`start_ranks`.
+
+        The last one is stopped; the files of the one before are removed.
+        """
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.count += 1
@@ -269,8 +291,11 @@ class Generations:
         )
 
     def stop(self, *, interrupted: bool = False) -> None:
-        """Stop the live generation's ranks and fold their coverage into ours (after Ctrl-C,
-        at once: the user wants out, not the ranks' coverage)."""
+        """Stop the live generation's ranks and fold in their coverage.
+
+        Their coverage goes into ours; after Ctrl-C they stop at once: the user wants out,
+        not the ranks' coverage.
+        """
         if self.ranks:
             grace = STOP_GRACE_S if coverage.settings() else STOP_GRACE_NO_COVERAGE_S
             stop_ranks(self.ranks, grace_s=0.0 if interrupted else grace)
@@ -278,7 +303,7 @@ class Generations:
             coverage.merge(self.workdir)
 
     def release(self) -> None:
-        """Stop the ranks, remove every file of the World and give its GPUs back."""
+        """Stop the ranks, remove the World's files, return its GPUs."""
         try:
             self.stop()
         finally:

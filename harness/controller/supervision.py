@@ -1,4 +1,6 @@
-"""The rules of waiting for a call's ranks, as one state per rank and one handler per message.
+"""The rules of waiting for a call's ranks.
+
+They take the form of one state per rank and one handler per message.
 
 :class:`Supervision` is what :func:`harness.controller.supervise.gather` feeds with what each
 rank says (or how it died), and asks when to wake next and whether the wait is over. It does
@@ -71,12 +73,17 @@ class Watch(Protocol):
     next_at: float
 
     def step(self, replies: dict[int, Reply]) -> bool:
-        """Work due at ``next_at``; whether the ranks' traces prove a hang."""
+        """Work due at ``next_at``.
+
+        Returns whether the ranks' traces prove a hang.
+        """
         ...
 
 
 class Supervision:
-    """The wait for one reply (or death) per rank: each rank's state, the deadline and grace.
+    """The wait for one reply (or death) per rank.
+
+    It holds each rank's state, the deadline and grace.
 
     Args:
         ranks: The ranks waited for.
@@ -117,20 +124,26 @@ class Supervision:
         return self._states[rank]
 
     def waits_for(self, rank: int) -> bool:
-        """Whether what ``rank`` says next is taken (it has not answered, nor the wait ended)."""
+        """Whether what ``rank`` says next is taken.
+
+        It is while the rank has not answered, nor the wait ended.
+        """
         return self.stopped_by is None and self._states[rank] in _WAITED
 
     @property
     def ends_returned(self) -> bool:
-        """Whether the ranks that returned should end now: a fault ended a rank while others
-        are still waited for, so a peer blocked on a returned rank fails instead of hanging."""
+        """Whether the ranks that returned should end now.
+
+        They should when a fault ended a rank while others are still waited for, so a peer
+        blocked on a returned rank fails instead of hanging.
+        """
         if not self.fired:  # as in nearly every call: no fault acted
             return False
         pending = any(state in _WAITED for state in self._states.values())
         return pending and any(fired.ends for fired in self.fired.values())
 
     def wake(self) -> tuple[str | None, float | None]:
-        """Whether the wait is over, and if not, how long it may sleep.
+        """Whether the wait is over, or how long it may sleep.
 
         Returns:
             Why the wait is over: ``DEADLINE``, ``CERTAIN``, or '' (every rank answered,
@@ -162,7 +175,10 @@ class Supervision:
         return None, (min(limits) - now if limits else None)
 
     def receive(self, rank: int, message: RankMessage | Died) -> None:
-        """Take what ``rank`` said, or its death, if the wait still takes it."""
+        """Take what ``rank`` said, or its death.
+
+        Only if the wait still takes it.
+        """
         if not self.waits_for(rank):
             return
         match message:
@@ -190,8 +206,11 @@ class Supervision:
         self._answer(rank, done, State.ANSWERED)
 
     def on_failed(self, rank: int, failed: Failed) -> None:
-        """The call raised on the rank: answered, and the others' grace starts; the error
-        of a fault that fired makes it ``Faulted`` (no failure, no grace)."""
+        """Handle a rank on which the call raised.
+
+        The rank has answered, and the others' grace starts; the error of a fault that fired
+        makes it ``Faulted`` (no failure, no grace).
+        """
         fired = self.fired.get(rank)
         reply: Reply = failed
         if fired is not None and failed.fault:
@@ -199,29 +218,40 @@ class Supervision:
         self._answer(rank, reply, State.ANSWERED)
 
     def on_failing(self, rank: int, failing: Failing) -> None:
-        """The rank's test body failed and it tears down its fixtures, answering after: its
-        failure is this one until then (also when it is torn down meanwhile), and the
-        others' grace starts now."""
+        """Handle a rank whose test body failed before teardown.
+
+        The rank tears down its fixtures, answering after: its failure is this one until then
+        (also when it is torn down meanwhile), and the others' grace starts now.
+        """
         self.replies[rank] = Failed(failing.failure, failing.at, failing.trace)
         self._grace(FAILURE_GRACE_S)
         if self._states[rank] is State.RUNNING:
             self._states[rank] = State.FAILING
 
     def on_skipped(self, rank: int, skipped: Skipped) -> None:
-        """The call skipped on the rank: answered, and the others get ``SKIP_GRACE_S``."""
+        """Handle a rank on which the call skipped.
+
+        The rank has answered, and the others get ``SKIP_GRACE_S``.
+        """
         self._answer(rank, skipped, State.ANSWERED)
 
     def on_fired(self, rank: int, fired: Fired) -> None:
-        """A fault acted on the rank: no hang is judged any more; one that ends the rank
-        makes it ``Faulted`` and waited for no longer (a hung rank never answers)."""
+        """Handle a fault that acted on the rank.
+
+        No hang is judged any more; a fault that ends the rank makes it ``Faulted`` and
+        waited for no longer (a hung rank never answers).
+        """
         self.fired[rank] = fired
         if fired.ends:
             self._states[rank] = State.FAULT_ENDED
             self.replies.setdefault(rank, Faulted(fired))
 
     def on_died(self, rank: int, died: Died) -> None:
-        """The rank's process ended without answering: the others' grace starts; the death
-        a fault that ends the rank caused makes it ``Faulted`` (no failure, no grace)."""
+        """Handle a rank process that ended without answering.
+
+        The others' grace starts; the death a fault that ends the rank caused makes it
+        ``Faulted`` (no failure, no grace).
+        """
         fired = self.fired.get(rank)
         reply: Reply = died
         if fired is not None and fired.ends:
@@ -229,7 +259,10 @@ class Supervision:
         self._answer(rank, reply, State.DIED)
 
     def _answer(self, rank: int, reply: Reply, state: State) -> None:
-        """Record the rank's final reply, starting the others' grace after a failure."""
+        """Record the rank's final reply.
+
+        After a failure, this starts the others' grace.
+        """
         early = self.replies.get(rank)
         if isinstance(early, Failed):  # only a Failing leaves a Failed while waited for
             # The call's end after a Failing: dated when the body failed; a rank that died in
@@ -243,8 +276,11 @@ class Supervision:
             self._grace(SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S)
 
     def _grace(self, seconds: float, extend: bool = False) -> None:
-        """Give the others ``seconds`` from now: the earliest grace's end stands, unless
-        ``extend`` (a rank's teardown ended: its peers fail from now on)."""
+        """Give the others ``seconds`` from now.
+
+        The earliest grace's end stands, unless ``extend`` (a rank's teardown ended: its
+        peers fail from now on).
+        """
         end = self._clock() + seconds
         if self._grace_end is None:
             self._grace_end = end

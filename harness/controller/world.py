@@ -1,4 +1,6 @@
-"""The controller's entry points: ``World`` owns N ranks across calls, ``run`` is one call.
+"""The controller's entry points, ``World`` and ``run``.
+
+``World`` owns N ranks across calls, ``run`` is one call.
 
 A World starts a generation of ranks (:mod:`~harness.controller.spawn`), then serves calls:
 each is sent to every rank, answered (:mod:`~harness.controller.supervise`) and classified
@@ -51,7 +53,7 @@ forkserver.before_stop.append(_close_open_worlds)
 
 
 class World:
-    """A set of ranks kept alive between runs, with their default process group.
+    """Ranks kept alive between runs, with their default process group.
 
     A World starts ``world_size`` ranks once and serves any number of ``run`` calls with
     them. After each call every rank puts back the state it came up with (see
@@ -144,8 +146,11 @@ class World:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the ranks, by rank (after a failed run: of the ranks torn down,
-        until the next run rebuilds the world)."""
+        """Process ids of the ranks, by rank.
+
+        After a failed run, these are of the ranks torn down, until the next run rebuilds the
+        world.
+        """
         return [proc.pid for proc in self._generations.ranks]
 
     @property
@@ -155,13 +160,18 @@ class World:
 
     @property
     def generation(self) -> int:
-        """How many times the World has started ranks (1 for its first processes; each
-        rebuild after a failure adds one)."""
+        """How many times the World has started ranks.
+
+        It is 1 for its first processes; each rebuild after a failure adds one.
+        """
         return self._generations.count
 
     @property
     def broken(self) -> bool:
-        """Whether the last call failed: its ranks are gone, and the next call starts new ones."""
+        """Whether the last call failed.
+
+        Its ranks are then gone, and the next call starts new ones.
+        """
         return self._broken
 
     def run(
@@ -175,7 +185,9 @@ class World:
         faults: Sequence[Fault] = (),
         restarts: int = 0,
     ) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` once on every rank; return the results by rank.
+        """Run ``fn(*args, **kwargs)`` once on every rank.
+
+        The results are returned by rank.
 
         Args:
             fn: A picklable (module-level) callable.
@@ -238,8 +250,10 @@ class World:
         kwargs: Mapping[str, Any] | None = None,
         options: CallOptions | None = None,
     ) -> Outcome:
-        """Run a call and return its :class:`~harness.controller.outcome.Outcome` instead of
-        raising (for tools built on the World, such as the pytest plugin).
+        """Run a call and return its outcome instead of raising.
+
+        It returns the :class:`~harness.controller.outcome.Outcome`, for tools built on the
+        World, such as the pytest plugin.
 
         Args:
             fn: As :meth:`run`.
@@ -289,8 +303,11 @@ class World:
         return outcome
 
     def _checked(self, options: CallOptions | None) -> CallOptions:
-        """``options`` checked for this World: its own timeout where the call gives none,
-        its faults placed on these ranks."""
+        """``options`` checked for this World.
+
+        It uses its own timeout where the call gives none, and its faults are placed on these
+        ranks.
+        """
         if options is None:
             return CallOptions(self.timeout)
         if not isinstance(options, CallOptions):
@@ -332,8 +349,11 @@ class World:
         self._broken = False
 
     def _regroup(self) -> str:
-        """Have every rank make a fresh default group (the call destroyed the harness's on
-        every rank), bounded like a start; why that failed ('' when it did not)."""
+        """Have every rank make a fresh default group.
+
+        The call destroyed the harness's on every rank. This is bounded like a start, and
+        returns why it failed ('' when it did not).
+        """
         group = f"a fresh default process group ({self.backend})"
         outcome, _ = self._exchange(Regroup(self._fresh_rendezvous_file()), START_TIMEOUT_S, group)
         if outcome.error is None:
@@ -346,8 +366,11 @@ class World:
     def _exchange(
         self, message: Call | Regroup | None, timeout: float | None, what: str
     ) -> tuple[Classified, dict[int, Reply]]:
-        """:func:`~harness.controller.exchange.exchange` with the live ranks, stopped when
-        it fails or is interrupted."""
+        """Exchange a message with the live ranks.
+
+        It runs :func:`~harness.controller.exchange.exchange`; the ranks are stopped when it
+        fails or is interrupted.
+        """
         failed = True
         interrupted = False
         try:
@@ -365,24 +388,32 @@ class World:
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:
-        """A file in the live generation's private directory that no rendezvous used before."""
+        """A fresh rendezvous file in the live generation's directory.
+
+        It is in its private directory, and no rendezvous used it before.
+        """
         assert self._generations.workdir is not None
         self._rendezvous += 1
         return rendezvous_path(self._generations.workdir, self._rendezvous)
 
 
 def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
-    """What a rank wrote during a captured call: read from its files unless it said it
-    wrote nothing (a rank that failed or died says nothing, so its files are read)."""
+    """What a rank wrote during a captured call.
+
+    It is read from its files unless it said it wrote nothing (a rank that failed or died
+    says nothing, so its files are read).
+    """
     if isinstance(reply, Done) and not reply.output_written:
         return "", ""
     return proc.files.output()
 
 
 def _callers_level() -> int:
-    """The ``stacklevel`` of the first caller outside the controller (of the function that
-    calls this): a warning about a call points at the code that made it (under the plugin,
-    at the plugin, which moves it to the test)."""
+    """The ``stacklevel`` of the first caller outside the controller.
+
+    It is counted from the function that calls this: a warning about a call points at the
+    code that made it (under the plugin, at the plugin, which moves it to the test).
+    """
     level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
     frame = compat.frame(2)
     while frame is not None and frame.f_code.co_filename.startswith(_CONTROLLER_DIR):

@@ -1,5 +1,6 @@
-"""The files of a world generation's private directory: one layout, written by the ranks and
-read by the controller, both through this module.
+"""The file layout of a world generation's private directory.
+
+One layout, written by the ranks and read by the controller, both through this module.
 
 ::
 
@@ -37,24 +38,32 @@ def store_path(workdir: str) -> str:
 
 
 def rendezvous_path(workdir: str, number: int) -> str:
-    """The ``number``-th fresh rendezvous file of a world generation (the controller numbers
-    them, so no two rendezvous of a generation share a file)."""
+    """The ``number``-th fresh rendezvous file of a world generation.
+
+    The controller numbers them, so no two rendezvous of a generation share a file.
+    """
     return os.path.join(workdir, f"rendezvous.{number}")
 
 
 def coverage_data_file(workdir: str) -> str:
-    """The data file base name a rank's ``coverage.Coverage`` writes to (with a suffix)."""
+    """The base name of a rank's coverage data file.
+
+    A rank's ``coverage.Coverage`` writes to it (with a suffix).
+    """
     return os.path.join(workdir, ".coverage")
 
 
 def coverage_data_files(workdir: str) -> list[str]:
-    """The coverage data files the ranks of a world generation have written."""
+    """The coverage data files a world generation's ranks wrote."""
     return glob.glob(coverage_data_file(workdir) + ".*")
 
 
 @dataclass(frozen=True)
 class RankFiles:
-    """The files of rank ``rank`` in the world generation's private directory ``workdir``."""
+    """The files of one rank in a world generation's directory.
+
+    They are the files of rank ``rank`` in the private directory ``workdir``.
+    """
 
     workdir: str
     rank: int
@@ -66,8 +75,9 @@ class RankFiles:
     # -- written inside the rank ---------------------------------------------------------
 
     def open_dumps(self) -> tuple[TextIO, TextIO]:
-        """Create and open ``(crash, stacks)`` for :mod:`faulthandler`, which writes to them
-        from a signal handler: they must stay open while the rank lives.
+        """Create and open ``(crash, stacks)`` for :mod:`faulthandler`.
+
+        It writes to them from a signal handler: they must stay open while the rank lives.
 
         Raises:
             OSError: The directory is gone (the controller gave up on this world).
@@ -81,8 +91,9 @@ class RankFiles:
         return crash, stacks
 
     def write_trace(self, trace: RankTrace) -> None:
-        """Replace the ``trace`` file with ``trace``, at once (the controller never reads
-        half of it).
+        """Replace the ``trace`` file with ``trace``, at once.
+
+        The controller never reads half of it.
 
         Raises:
             OSError: The directory is gone.
@@ -93,8 +104,10 @@ class RankFiles:
         os.replace(path + ".tmp", path)
 
     def write_exit(self, where: str, stack: str) -> None:
-        """Record where the rank is leaving through ``os._exit`` (``"test_x.py:12"``) and the
-        stack there, whole (the process ends right after).
+        """Record where the rank is leaving through ``os._exit``.
+
+        It records the place (``"test_x.py:12"``) and the stack there, whole (the process
+        ends right after).
 
         Raises:
             OSError: The directory is gone.
@@ -105,8 +118,10 @@ class RankFiles:
         os.replace(path + ".tmp", path)
 
     def capture(self) -> OutputCapture:
-        """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files (see
-        :class:`OutputCapture`; make one per process and reuse it)."""
+        """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files.
+
+        See :class:`OutputCapture`; make one per process and reuse it.
+        """
         return OutputCapture(self.path("out"), self.path("err"))
 
     # -- read by the controller ----------------------------------------------------------
@@ -127,7 +142,10 @@ class RankFiles:
             pass
 
     def trace(self) -> RankTrace | None:
-        """The trace the rank last wrote on request, or None when there is none."""
+        """The trace the rank last wrote on request.
+
+        None when there is none.
+        """
         try:
             with open(self.path("trace"), "rb") as handle:
                 trace = pickle.load(handle)
@@ -136,7 +154,10 @@ class RankFiles:
         return trace if isinstance(trace, RankTrace) else None
 
     def exit_call(self) -> tuple[str, str] | None:
-        """Where the rank called ``os._exit`` and its stack there; None when it did not."""
+        """Where the rank called ``os._exit`` and its stack there.
+
+        None when it did not.
+        """
         where, _, stack = _read(self.path("exit")).partition("\n")
         return (where, stack) if where else None
 
@@ -145,7 +166,9 @@ class RankFiles:
         return _read(self.path("crash"))
 
     def crash_dump_age(self) -> float | None:
-        """Seconds since the crash dump was written, or None when there is none.
+        """Seconds since the crash dump was written.
+
+        None when there is none.
 
         faulthandler writes it just before the process dies, so this dates a death by
         signal better than the moment the controller notices it.
@@ -160,7 +183,9 @@ class RankFiles:
 
 
 class OutputCapture:
-    """Point file descriptors 1 and 2 at two files for captured calls.
+    """Point file descriptors 1 and 2 at two files.
+
+    This is for captured calls.
 
     File descriptors rather than ``sys.stdout``: output of C++ code, subprocesses and
     ``os.write`` is captured too, and what was written before a crash is on disk. A rank
@@ -201,7 +226,7 @@ class OutputCapture:
         return any(self._ends)
 
     def release(self) -> None:
-        """Give fd 1 and 2 back to the rank's own streams."""
+        """Give fd 1 and 2 back to the rank's streams."""
         if not self._saved:
             return
         flush_std_streams()
@@ -233,14 +258,20 @@ def _pass_on(source: int, start: int, end: int, out: int) -> None:
 
 
 def write_all(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to file descriptor ``fd`` (``os.write`` may write less)."""
+    """Write all of ``data`` to file descriptor ``fd``.
+
+    A single ``os.write`` may write less.
+    """
     while data:
         data = data[os.write(fd, data) :]
 
 
 def flush_std_streams() -> None:
-    """Flush Python's stdout and stderr buffers (before their file descriptors change hands,
-    or before ``os._exit``), ignoring streams that cannot be flushed."""
+    """Flush Python's stdout and stderr buffers.
+
+    This is done before their file descriptors change hands, or before ``os._exit``.
+    Streams that cannot be flushed are ignored.
+    """
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
