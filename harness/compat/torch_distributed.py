@@ -1,5 +1,7 @@
-"""torch.distributed's private state: process groups, the backend registry, RPC, the flight
-recorder."""
+"""Access to torch.distributed's private state.
+
+It covers process groups, the backend registry, RPC, the flight recorder.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ __all__ = [
 
 
 def live_process_groups() -> set[Any]:
-    """Every process group alive in this process, the default group included.
+    """Every process group alive in this process.
+
+    The default group is included.
 
     torch has no public way to list process groups (only ``get_process_group_ranks`` of a
     group one already holds); ``distributed_c10d._world.pg_map`` is the registry that
@@ -36,7 +40,10 @@ def live_process_groups() -> set[Any]:
 
 
 class _NotingMap(dict):  # type: ignore[type-arg]
-    """torch's registry of process groups, noting where each group was made as it is added."""
+    """torch's registry of process groups, noting where each was made.
+
+    It notes the place as each group is added.
+    """
 
     def __init__(self, entries: dict[Any, Any], where: Callable[[], str]) -> None:
         super().__init__(entries)
@@ -61,10 +68,13 @@ class _NotingMap(dict):  # type: ignore[type-arg]
 
 
 def note_group_creation(where: Callable[[], str]) -> None:
-    """From now on, note for each process group made in this process where it was made
-    (``where()`` is called as it is registered). torch keeps no such record and has no hook
-    for it; every group, ``new_group``'s and ``init_process_group``'s, is added to the
-    registry ``distributed_c10d._pg_map``, which this replaces with a dict that notes."""
+    """Note where each process group is made from now on.
+
+    This covers each group made in this process (``where()`` is called as it is registered).
+    torch keeps no such record and has no hook for it; every group, ``new_group``'s and
+    ``init_process_group``'s, is added to the registry ``distributed_c10d._pg_map``, which
+    this replaces with a dict that notes.
+    """
     from torch.distributed import distributed_c10d
 
     registry = distributed_c10d._pg_map
@@ -73,7 +83,10 @@ def note_group_creation(where: Callable[[], str]) -> None:
 
 
 def group_created_at(group: Any) -> str | None:
-    """Where ``group`` was made (see :func:`note_group_creation`), or None if not noted."""
+    """Where ``group`` was made, or None if not noted.
+
+    See :func:`note_group_creation`.
+    """
     from torch.distributed import distributed_c10d
 
     registry = distributed_c10d._pg_map
@@ -81,8 +94,9 @@ def group_created_at(group: Any) -> str | None:
 
 
 def process_group_count() -> int:
-    """How many process groups this process has created so far, which torch offers no public
-    way to read: ``new_group`` names a group after this counter
+    """How many process groups this process has created so far.
+
+    torch offers no public way to read it: ``new_group`` names a group after this counter
     (``distributed_c10d._world.group_count``), so ranks whose counters differ cannot meet in
     their next group."""
     from torch.distributed import distributed_c10d
@@ -91,8 +105,9 @@ def process_group_count() -> int:
 
 
 def backend_registry() -> dict[str, Any]:
-    """A copy of torch.distributed's backend registry, to put back with
-    :func:`restore_backend_registry`.
+    """A copy of torch.distributed's backend registry.
+
+    It is put back with :func:`restore_backend_registry`.
 
     torch has no way to unregister a backend. ``Backend.register_backend(name, ...)`` adds the
     name as a class attribute of ``Backend`` (``Backend.NAME``) and to the class-level
@@ -110,9 +125,12 @@ def backend_registry() -> dict[str, Any]:
 
 
 def restore_backend_registry(saved: dict[str, Any]) -> None:
-    """Put torch.distributed's backend registry back as :func:`backend_registry` copied it
-    (``saved``): attributes added since are deleted, containers are refilled in place (other
-    modules may hold them), anything else rebound. Only what differs is touched."""
+    """Put torch.distributed's backend registry back.
+
+    It is restored as :func:`backend_registry` copied it (``saved``): attributes added since
+    are deleted, containers are refilled in place (other modules may hold them), anything
+    else rebound. Only what differs is touched.
+    """
     from torch.distributed import Backend
 
     now = vars(Backend)
@@ -134,16 +152,22 @@ def restore_backend_registry(saved: dict[str, Any]) -> None:
 
 
 def rpc_init_count() -> int:
-    """How many times this process has initialized ``torch.distributed.rpc`` (0 where that
-    module was never imported): ``init_rpc`` counts them in ``rpc._init_counter`` (it
-    prefixes each one's store with it); torch says nowhere else whether RPC was ever used."""
+    """How many times this process has initialized ``torch.distributed.rpc``.
+
+    0 where that module was never imported. ``init_rpc`` counts them in
+    ``rpc._init_counter`` (it prefixes each one's store with it); torch says nowhere else
+    whether RPC was ever used.
+    """
     rpc: Any = sys.modules.get("torch.distributed.rpc")
     return int(getattr(rpc, "_init_counter", 0)) if rpc is not None else 0
 
 
 def rpc_agent_running() -> bool:
-    """Whether an RPC agent is set in this process (``init_rpc`` without ``shutdown``):
-    ``rpc._is_current_rpc_agent_set``, as RPC has no public ``is_initialized``."""
+    """Whether an RPC agent is set in this process.
+
+    That is, ``init_rpc`` without ``shutdown``. Read from ``rpc._is_current_rpc_agent_set``,
+    as RPC has no public ``is_initialized``.
+    """
     rpc: Any = sys.modules.get("torch.distributed.rpc")
     is_set = getattr(rpc, "_is_current_rpc_agent_set", None) if rpc is not None else None
     return bool(is_set()) if is_set is not None else False
@@ -154,8 +178,9 @@ FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SI
 
 
 def flight_recorder_entries() -> list[dict[str, Any]]:
-    """What torch's flight recorder holds of this process's collectives, oldest first; empty
-    where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
+    """This process's collectives in torch's flight recorder, oldest first.
+
+    Empty where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
 
     Private: ``torch._C._distributed_c10d._dump_fr_trace`` (Gloo and others; torch 2.13
     records Gloo, including the all-reduces DDP issues from C++) and ``_dump_nccl_trace``
@@ -222,10 +247,12 @@ def _probe_rpc_state() -> object:
 
 
 def group_timeout(group: Any) -> float | None:
-    """A process group's timeout in seconds, after which its collectives raise; None where
-    torch does not say. torch has no public reader: the value ``init_process_group`` and
-    ``new_group`` take as ``timeout`` is kept in the backend's private options
-    (``ProcessGroup._get_backend(device).options._timeout``)."""
+    """A process group's timeout in seconds.
+
+    Its collectives raise after it; None where torch does not say. torch has no public reader:
+    the value ``init_process_group`` and ``new_group`` take as ``timeout`` is kept in the
+    backend's private options (``ProcessGroup._get_backend(device).options._timeout``).
+    """
     import torch
 
     for device in ("cpu", "cuda"):

@@ -1,5 +1,7 @@
-"""The built-in fixtures that run inside a rank, because their subject is the process they
-run in: the plugin's own (``rank``, ``world_size``, ``local_rank``, ``local_device``), and
+"""The built-in fixtures that run inside a rank.
+
+They run there because their subject is the process they run in: the plugin's own
+(``rank``, ``world_size``, ``local_rank``, ``local_device``), and
 pytest's ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
 ``capsys``/``capsysbinary``/``capfd``/``capfdbinary`` (this rank's output), ``caplog``
 (its log records), ``recwarn`` (its warnings) and ``tmp_path_factory`` (over the
@@ -31,15 +33,21 @@ from harness.rank.identity import rank_value
 
 
 class CaptureResult(NamedTuple):
-    """What ``readouterr()`` returns, as pytest's: ``out`` and ``err`` (str or bytes)."""
+    """What ``readouterr()`` returns, as pytest's.
+
+    It holds ``out`` and ``err`` (str or bytes).
+    """
 
     out: Any
     err: Any
 
 
 class _Capture:
-    """``capsys``/``capsysbinary``: this rank's ``sys.stdout`` and ``sys.stderr``; with
-    ``fd``, ``capfd``/``capfdbinary``: its file descriptors 1 and 2."""
+    """The rank's ``capsys`` and ``capfd`` fixtures and their binary kinds.
+
+    ``capsys``/``capsysbinary`` capture this rank's ``sys.stdout`` and ``sys.stderr``; with
+    ``fd``, ``capfd``/``capfdbinary`` capture its file descriptors 1 and 2.
+    """
 
     def __init__(self, *, binary: bool, fd: bool) -> None:
         self._binary, self._fd = binary, fd
@@ -79,7 +87,7 @@ class _Capture:
 
     @contextlib.contextmanager
     def disabled(self) -> Iterator[None]:
-        """Let output through to the rank's own streams for the duration."""
+        """Let output through to the rank's streams meanwhile."""
         self._route(captured=False)
         try:
             yield
@@ -122,7 +130,10 @@ class _LogHandler(logging.Handler):
 
 
 class LogCapture:
-    """``caplog``: the log records of this rank during the test, with pytest's methods."""
+    """``caplog``: the rank's log records during the test.
+
+    It has pytest's methods.
+    """
 
     def __init__(self) -> None:
         self.handler = _LogHandler()
@@ -146,7 +157,10 @@ class LogCapture:
         return [(r.name, r.levelno, r.getMessage()) for r in self.records]
 
     def get_records(self, when: str) -> list[logging.LogRecord]:
-        """The test's records: a rank-side test is one phase, whatever ``when`` says."""
+        """The test's records.
+
+        A rank-side test is one phase, whatever ``when`` says.
+        """
         return list(self.records)
 
     def clear(self) -> None:
@@ -154,14 +168,20 @@ class LogCapture:
         self.handler.stream = io.StringIO()
 
     def set_level(self, level: int | str, logger: str | None = None) -> None:
-        """Set a logger's level (the root's by default) until the test ends."""
+        """Set a logger's level until the test ends.
+
+        The root logger's by default.
+        """
         self._levels.setdefault(logger, logging.getLogger(logger).level)
         logging.getLogger(logger).setLevel(level)
         self.handler.setLevel(level)
 
     @contextlib.contextmanager
     def at_level(self, level: int | str, logger: str | None = None) -> Iterator[None]:
-        """Set a logger's level (the root's by default) for the duration."""
+        """Set a logger's level for the duration.
+
+        The root logger's by default.
+        """
         target = logging.getLogger(logger)
         saved, saved_handler = target.level, self.handler.level
         target.setLevel(level)
@@ -179,8 +199,10 @@ class LogCapture:
 
 
 class WarningsRecorder:
-    """``recwarn``: the warnings this rank emitted during the test (``warnings.WarningMessage``
-    objects, in ``list``), with pytest's methods."""
+    """``recwarn``: the warnings this rank emitted during the test.
+
+    They are ``warnings.WarningMessage`` objects, in ``list``, with pytest's methods.
+    """
 
     def __init__(self) -> None:
         self._catcher = warnings.catch_warnings(record=True)
@@ -197,7 +219,7 @@ class WarningsRecorder:
         return self.list[index]
 
     def pop(self, cls: type[Warning] = Warning) -> Any:
-        """The first recorded warning that is an instance of ``cls``, removed."""
+        """Remove and return the first recorded ``cls`` warning."""
         for index, message in enumerate(self.list):
             if issubclass(message.category, cls):
                 return self.list.pop(index)
@@ -211,8 +233,10 @@ class WarningsRecorder:
 
 
 class TempPathFactory:
-    """``tmp_path_factory`` in a rank: over ``basetemp``, the controller's base directory,
-    which all ranks share."""
+    """``tmp_path_factory`` in a rank.
+
+    It works over ``basetemp``, the controller's base directory, which all ranks share.
+    """
 
     def __init__(self, basetemp: str) -> None:
         self._basetemp = Path(basetemp)
@@ -253,9 +277,10 @@ _CLOSED: dict[str, Callable[[], Any]] = {
 
 
 def builtin(name: str, basetemp: str | None) -> Generator[Any, None, None]:
-    """Set up the built-in fixture ``name`` in this rank (``basetemp``: the controller's base
-    temporary directory, for ``tmp_path_factory``): a generator that yields its value once
-    and tears it down when resumed.
+    """Set up the built-in fixture ``name`` in this rank.
+
+    ``basetemp`` is the controller's base temporary directory, for ``tmp_path_factory``.
+    This is a generator that yields its value once and tears it down when resumed.
 
     Raises:
         ValueError: ``name`` is not a built-in that runs in the ranks.

@@ -1,6 +1,8 @@
-"""What a call leaves running or open in its rank that no reset can undo, reported rather
-than put back (:mod:`harness.rank.reset` puts back what it can). Each finding is one line,
-which the controller shows with the call and the rank:
+"""Leak checks: what a call leaves running or open in its rank.
+
+These are leaks no reset can undo, reported rather than put back (:mod:`harness.rank.reset`
+puts back what it can). Each finding is one line, which the controller shows with the call
+and the rank:
 
 * **threads** the call started (``threading.Thread.start``, daemon or not) that are still
   alive when it returns, with where each was started: the first frame outside the standard
@@ -58,8 +60,11 @@ _current: Watch | None = None
 
 @contextmanager
 def lasting() -> Iterator[None]:
-    """What the block starts or opens is meant to outlive the call (a wider-scoped
-    fixture's threads, files, processes end with its scope): not a leak of the call."""
+    """Mark what the block starts or opens as meant to outlive the call.
+
+    A wider-scoped fixture's threads, files, processes end with its scope: not a leak of the
+    call.
+    """
     if _current is None:  # between calls, or the call checks no leaks
         yield
     else:
@@ -68,10 +73,12 @@ def lasting() -> Iterator[None]:
 
 
 class Watch:
-    """The leaks of one call: made just before the call runs (it notes the open file
-    descriptors and live child processes), :meth:`threads` around the call, and
-    :meth:`findings` once it has returned. With ``enabled`` False it finds nothing; files
-    under the directory ``own`` are the harness's.
+    """The leaks of one call.
+
+    It is made just before the call runs (it notes the open file descriptors and live child
+    processes), :meth:`threads` is used around the call, and :meth:`findings` once it has
+    returned. With ``enabled`` False it finds nothing; files under the directory ``own`` are
+    the harness's.
     """
 
     def __init__(self, *, enabled: bool = True, own: str = "", groups: bool = False) -> None:
@@ -125,9 +132,11 @@ class Watch:
             self._children |= _live_children()
 
     def findings(self, lasting_groups: set[Any] | frozenset[Any] = frozenset()) -> tuple[str, ...]:
-        """What the call left behind, one line each: a thread alive now (nothing waits
-        for it) outlives the call; ``lasting_groups`` are meant to (a wider-scoped
-        fixture's)."""
+        """What the call left behind, one line each.
+
+        A thread alive now (nothing waits for it) outlives the call; ``lasting_groups`` are
+        meant to (a wider-scoped fixture's).
+        """
         if not self._enabled:
             return ()
         found = [
@@ -150,7 +159,10 @@ class Watch:
 
 
 def note_group_sites() -> None:
-    """Note where each process group is made from now on (once, as the rank starts)."""
+    """Note where each process group is made from now on.
+
+    Called once, as the rank starts.
+    """
 
     def where() -> str:
         path, line = call_site(inspect.currentframe())
@@ -160,8 +172,10 @@ def note_group_sites() -> None:
 
 
 def _left_groups(before: set[Any]) -> list[str]:
-    """One line per place where the call made groups it left (the default group aside: a
-    call that replaced the harness's is handled as such)."""
+    """One line per place where the call made groups it left.
+
+    The default group is left aside: a call that replaced the harness's is handled as such.
+    """
     import torch.distributed as dist
 
     default = dist.group.WORLD if dist.is_initialized() else None
@@ -181,8 +195,10 @@ def _left_groups(before: set[Any]) -> list[str]:
 
 
 def _cuda_allocated() -> int | None:
-    """Bytes of CUDA memory allocated on the current device, where CUDA is in use (never
-    initialising it: None then)."""
+    """Bytes of CUDA memory allocated on the current device.
+
+    Only where CUDA is in use: this never initialises it, and returns None then.
+    """
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return None
@@ -204,8 +220,11 @@ def _left_cuda_memory(before: int) -> list[str]:
 
 
 def kill_children() -> None:
-    """SIGKILL this process's live children (as the rank exits: a subprocess a test left
-    running must not outlive it, also when the controller that would kill it is gone)."""
+    """SIGKILL this process's live children.
+
+    This runs as the rank exits: a subprocess a test left running must not outlive it, also
+    when the controller that would kill it is gone.
+    """
     for pid in _live_children():
         try:
             os.kill(pid, signal.SIGKILL)
@@ -214,8 +233,11 @@ def kill_children() -> None:
 
 
 def _where_started(frame: FrameType | None) -> str:
-    """``file:line`` of the first caller outside the standard library (else outside
-    ``threading``); paths under the working directory are shown relative to it."""
+    """``file:line`` of the first caller outside the standard library.
+
+    Else the first outside ``threading``. Paths under the working directory are shown
+    relative to it.
+    """
     fallback = None
     while frame is not None:
         name = frame.f_code.co_filename
@@ -232,7 +254,7 @@ def _where_started(frame: FrameType | None) -> str:
 
 
 def _shown(path: str) -> str:
-    """``path`` relative to the working directory where it is under it."""
+    """``path``, relative to the working directory when under it."""
     relative = os.path.relpath(path)
     return path if relative.startswith("..") else relative
 
@@ -259,7 +281,10 @@ def _open_fds() -> set[int]:
 
 
 def _file_target(fd: int) -> str | None:
-    """The path ``fd`` points at, when that is a file or directory outside ``/dev``."""
+    """The path ``fd`` points at, if a file or directory.
+
+    Only paths outside ``/dev`` are returned.
+    """
     try:
         target = os.readlink(f"{_FD_DIR}/{fd}")
     except OSError:
@@ -270,7 +295,10 @@ def _file_target(fd: int) -> str | None:
 
 
 def _live_children() -> set[int]:
-    """Pids of this process's children that have not exited (zombies are left out)."""
+    """Pids of this process's children that have not exited.
+
+    Zombies are left out.
+    """
     if not _PROC or not _has_children():
         return set()
     pids = _children_of_tasks() if _CHILDREN_FILES else _children_by_scan()
@@ -278,8 +306,11 @@ def _live_children() -> set[int]:
 
 
 def _has_children() -> bool:
-    """Whether this process has any child, exited or not: one system call, where reading
-    ``/proc`` costs one read per thread (and most calls leave no child at all)."""
+    """Whether this process has any child, exited or not.
+
+    One system call, where reading ``/proc`` costs one read per thread (and most calls leave
+    no child at all).
+    """
     try:
         # WNOWAIT: a child that exited stays unreaped, for whoever waits for it.
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -289,8 +320,10 @@ def _has_children() -> bool:
 
 
 def _children_of_tasks() -> set[int]:
-    """Children as the kernel lists them for each thread (``/proc/self/task/*/children``):
-    a listing and a few small reads."""
+    """Children as the kernel lists them for each thread.
+
+    Read from ``/proc/self/task/*/children``: a listing and a few small reads.
+    """
     pids: set[int] = set()
     for task in os.listdir(_TASK_DIR):
         try:
@@ -302,8 +335,10 @@ def _children_of_tasks() -> set[int]:
 
 
 def _children_by_scan() -> set[int]:
-    """Children found by reading every process's parent from ``/proc`` (the slow way, where
-    the kernel was built without the per-thread ``children`` files)."""
+    """Children found by reading every process's parent from ``/proc``.
+
+    The slow way, where the kernel was built without the per-thread ``children`` files.
+    """
     me = str(os.getpid())
     return {
         int(entry)
