@@ -142,12 +142,11 @@ class WorldTimeout(DistributedError):
 class WorldHang(WorldTimeout):
     """The run was ended early because it can never finish.
 
-    The ranks' collectives prove it can never finish, before its timeout: nothing timed out,
-    and waiting longer would not help. Ranks wait in a
-    collective that a peer never joins (it returned from the call, or died, after fewer
-    collectives on that group), or every member of a group waits in collective #N and they
-    called different collectives there (another op, reduce op, root, shape or dtype; with
-    the desync check on). The ranks were then killed.
+    The ranks' collectives prove it can never finish, before its timeout: nothing timed out, and
+    waiting longer would not help. Ranks wait in a collective that a peer never joins (it
+    returned from the call, or died, after fewer collectives on that group), or every member of
+    a group waits in collective #N and they called different collectives there (another op,
+    reduce op, root, shape or dtype; with the desync check on). The ranks were then killed.
 
     A subclass of :class:`WorldTimeout`, so that ``except WorldTimeout`` catches both ways
     a run can hang; ``timeout`` is None. ``verdicts`` say which collective cannot complete,

@@ -1,4 +1,6 @@
-"""One validator for every value a user hands the harness, named by where it came from.
+"""Validators for every value a user hands the harness.
+
+Each value is named by where it came from.
 
 ``World(...)``, ``harness.run(...)``, the ``distributed`` marker, ``--dist-timeout``, ini
 ``dist_timeout`` and ``python -m harness check`` all check their values here, so they accept
@@ -35,7 +37,9 @@ _T = TypeVar("_T")
 
 
 def positive_int(value: object, where: str, *, text: bool = False) -> int:
-    """Check an integer that must be at least 1 (a world size, a repeat count), and return it.
+    """Check and return an integer of at least 1.
+
+    For example a world size or a repeat count.
 
     Args:
         value: The value; parsed first if ``text`` (a command-line argument) and a string.
@@ -59,7 +63,9 @@ def positive_int(value: object, where: str, *, text: bool = False) -> int:
 
 
 def whole(value: object, where: str) -> int:
-    """Check an integer that must be at least 0 (GPUs per rank), and return it.
+    """Check and return an integer of at least 0.
+
+    For example a number of GPUs per rank.
 
     Raises:
         TypeError: It is not an int (``True`` and ``1.0`` are not).
@@ -73,8 +79,9 @@ def whole(value: object, where: str) -> int:
 
 
 def attempt_sizes(restarts: object, world_size: int) -> tuple[int, ...]:
-    """The world size of every attempt, the first included: ``restarts=N`` is N more of
-    ``world_size``; a list of sizes is one more attempt per size.
+    """The world size of every attempt, the first included.
+
+    ``restarts=N`` is N more of ``world_size``; a list of sizes is one more attempt per size.
 
     Raises:
         TypeError: ``restarts`` is neither an int nor a list of them.
@@ -100,7 +107,9 @@ def attempt_sizes(restarts: object, world_size: int) -> tuple[int, ...]:
 
 
 def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
-    """Check a positive, finite duration in seconds, and return it as a float.
+    """Check a positive, finite duration in seconds.
+
+    It is returned as a float.
 
     Args:
         value: The value; parsed first if ``text`` (an ini value, a command-line argument).
@@ -130,16 +139,21 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
 
 
 def flag(value: object, where: str) -> bool:
-    """Check a yes/no setting (``init``) and return it: a real bool only (else ``TypeError``),
-    since a value such as ``"no"`` is true in Python, the opposite of what it says."""
+    """Check and return a yes/no setting such as ``init``.
+
+    Only a real bool is accepted (else ``TypeError``), since a value such as ``"no"`` is true
+    in Python, the opposite of what it says.
+    """
     if not isinstance(value, bool):
         raise TypeError(f"{where} must be True or False, not {value!r}")
     return value
 
 
 def one_of(value: object, where: str, choices: tuple[str, ...]) -> str:
-    """Check a name (any case) against ``choices`` and return it in lower case; else raise
-    ``ValueError`` listing them."""
+    """Check a name (any case) against ``choices``.
+
+    It is returned in lower case; else raise ``ValueError`` listing them.
+    """
     if not isinstance(value, str) or value.lower() not in choices:
         raise ValueError(f"unknown {where} {value!r}; valid: {', '.join(map(repr, choices))}")
     return value.lower()
@@ -151,8 +165,9 @@ def backend(value: object, where: str = "backend") -> str:
 
 
 def call_args(value: object, where: str = "args") -> tuple[Any, ...]:
-    """Check the positional arguments of a call (``World.run(fn, args=...)``) and return them
-    as a tuple.
+    """Check a call's positional arguments; return them as a tuple.
+
+    The arguments are as in ``World.run(fn, args=...)``.
 
     Any iterable of them is accepted (a tuple, a list, a generator), except a ``str``,
     ``bytes`` or mapping: each would be taken apart into several arguments (``args="ab"``
@@ -181,8 +196,10 @@ def call_args(value: object, where: str = "args") -> tuple[Any, ...]:
 
 
 def call_kwargs(value: object, where: str = "kwargs") -> dict[str, Any]:
-    """Check the keyword arguments of a call (``World.run(fn, kwargs=...)``) and return them
-    as a new dict: a mapping from names (``str``) to values, or None for none.
+    """Check a call's keyword arguments; return them as a new dict.
+
+    The arguments are as in ``World.run(fn, kwargs=...)``: a mapping from names (``str``) to
+    values, or None for none.
 
     Raises:
         TypeError: It is not a mapping, or has a key that is not a ``str``; the message names
@@ -205,8 +222,10 @@ def call_kwargs(value: object, where: str = "kwargs") -> dict[str, Any]:
 
 
 def short_repr(obj: object) -> str:
-    """``repr(obj)`` cut to 80 characters, and never an exception: how a message shows a
-    value the user gave, whatever it is."""
+    """``repr(obj)`` cut to 80 characters, never raising.
+
+    This is how a message shows a value the user gave, whatever it is.
+    """
     try:
         text = repr(obj)
     except Exception:
@@ -215,7 +234,10 @@ def short_repr(obj: object) -> str:
 
 
 def argparse_type(check: Callable[..., _T], where: str) -> Callable[[str], _T]:
-    """Turn a validator into an argparse ``type=`` whose error is the validator's message."""
+    """Turn a validator into an argparse ``type=``.
+
+    The argparse error is the validator's message.
+    """
 
     def parse(text: str) -> _T:
         try:

@@ -1,6 +1,8 @@
-"""pytest's (and pytest-timeout's) private names: skips located at the test, a test's fixture
-definitions and argument names, ini names, ``xfail(raises=...)``, pytest-timeout's settings,
-and the assertion rewriter."""
+"""Access to pytest's (and pytest-timeout's) private names.
+
+They cover skips located at the test, a test's fixture definitions and argument names, ini
+names, ``xfail(raises=...)``, pytest-timeout's settings, and the assertion rewriter.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ ASSERT_REWRITER_MODULE = "_pytest.assertion.rewrite"
 
 
 def skip_at_test(reason: str) -> NoReturn:
-    """Raise pytest's skip so that the report points at the test, not at the harness.
+    """Raise pytest's skip, located at the test.
+
+    The report points at the test, not at the harness.
 
     ``pytest.skip()`` raised from a hook is reported at the hook's line; pytest's own
     ``skipif`` marks use the private ``_use_item_location=True`` to place it at the test
@@ -40,15 +44,20 @@ def skip_at_test(reason: str) -> NoReturn:
 
 
 def test_argnames(item: Any) -> tuple[str, ...]:
-    """The names of the arguments a test function takes (not the fixtures pulled in only by
-    other fixtures or ``autouse``). pytest's own ``pytest_pyfunc_call`` reads the private
-    ``item._fixtureinfo.argnames``; the public ``item.fixturenames`` holds those too."""
+    """The names of the arguments a test function takes.
+
+    Not the fixtures pulled in only by other fixtures or ``autouse``. pytest's own
+    ``pytest_pyfunc_call`` reads the private ``item._fixtureinfo.argnames``; the public
+    ``item.fixturenames`` holds those too.
+    """
     return tuple(item._fixtureinfo.argnames)
 
 
 def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
-    """Every fixture definition a test can see, by name: ``pytest.FixtureDef`` lists, the one
-    the test uses last (earlier ones are what an overriding fixture of the same name gets).
+    """Every fixture definition a test can see, by name.
+
+    Each is a list of ``pytest.FixtureDef``, the one the test uses last (earlier ones are what
+    an overriding fixture of the same name gets).
 
     pytest keeps this closure, computed at collection, in the private
     ``item._fixtureinfo.name2fixturedefs``; no public API gives the definitions behind
@@ -60,22 +69,29 @@ def fixture_defs(item: Any) -> Mapping[str, Sequence[Any]]:
 
 
 def ini_names(config: Any) -> list[str]:
-    """The names of every registered ini option, for ``request.config.getini`` in a rank:
-    pytest has no public list of them (``config._parser._inidict``)."""
+    """The names of every registered ini option.
+
+    They are for ``request.config.getini`` in a rank: pytest has no public list of them
+    (``config._parser._inidict``).
+    """
     return list(config._parser._inidict)
 
 
 def monkeypatch() -> Any:
-    """A new ``pytest.MonkeyPatch`` (public; here because the rank side reaches pytest only
-    through this package, and imports it only when a test asks for ``monkeypatch``)."""
+    """A new ``pytest.MonkeyPatch``.
+
+    It is public; here because the rank side reaches pytest only through this package, and
+    imports it only when a test asks for ``monkeypatch``.
+    """
     import pytest
 
     return pytest.MonkeyPatch()
 
 
 def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
-    """``(raises, reason)`` of the ``xfail`` mark that applies to the item, or None (also
-    when the mark has no ``raises``).
+    """``(raises, reason)`` of the item's ``xfail`` mark, or None.
+
+    None also when the mark has no ``raises``.
 
     pytest evaluates xfail conditions once and keeps the result in
     ``item.stash[_pytest.skipping.xfailed_key]``; reading the mark ourselves would mean
@@ -91,8 +107,10 @@ def xfail_raises(item: Any) -> tuple[tuple[Any, ...], str] | None:
 
 
 def pytest_timeout_settings(item: Any) -> Any:
-    """pytest-timeout's settings for a test (``timeout``, ``method``, ``func_only``, ...), or
-    None when pytest-timeout is not active.
+    """pytest-timeout's settings for a test, or None.
+
+    The settings are ``timeout``, ``method``, ``func_only``, ...; None when pytest-timeout is
+    not active.
 
     pytest-timeout resolves the marker, ``--timeout``, ``PYTEST_TIMEOUT`` and ini ``timeout``
     in its private ``_get_item_settings``. Its public hook ``pytest_timeout_set_timer`` hands
@@ -104,15 +122,20 @@ def pytest_timeout_settings(item: Any) -> Any:
 
 
 def rewrite_asserts(tree: Any, source: bytes, path: str) -> None:
-    """Apply pytest's assertion rewriting to a parsed module, in place: a rank imports a test
-    module itself, and pytest exposes its rewriter only through its import hook."""
+    """Apply pytest's assertion rewriting to a parsed module, in place.
+
+    A rank imports a test module itself, and pytest exposes its rewriter only through its
+    import hook.
+    """
     import importlib
 
     importlib.import_module(ASSERT_REWRITER_MODULE).rewrite_asserts(tree, source, path)
 
 
 def exempt_from_assert_rewriting(*packages: str) -> None:
-    """Have pytest's import hook leave the modules of these packages imported from now on.
+    """Exempt these packages from pytest's assertion rewriting.
+
+    pytest's import hook leaves the modules of these packages imported from now on.
 
     pytest rewrites the asserts of every module of a distribution that registers a pytest
     plugin, fhelium's included, and caches the result beside the module; where it cannot
@@ -129,8 +152,10 @@ def exempt_from_assert_rewriting(*packages: str) -> None:
 
 
 def asserts_rewritten(module: ModuleType) -> bool:
-    """Whether pytest rewrote the asserts of an imported module: the rewriter adds
-    ``@py_builtins`` to the module's globals; pytest has no public flag."""
+    """Whether pytest rewrote the asserts of an imported module.
+
+    The rewriter adds ``@py_builtins`` to the module's globals; pytest has no public flag.
+    """
     return hasattr(module, "@py_builtins")
 
 

@@ -154,9 +154,8 @@ def restore_backend_registry(saved: dict[str, Any]) -> None:
 def rpc_init_count() -> int:
     """How many times this process has initialized ``torch.distributed.rpc``.
 
-    0 where that module was never imported. ``init_rpc`` counts them in
-    ``rpc._init_counter`` (it prefixes each one's store with it); torch says nowhere else
-    whether RPC was ever used.
+    0 where that module was never imported. ``init_rpc`` counts them in ``rpc._init_counter``
+    (it prefixes each one's store with it); torch says nowhere else whether RPC was ever used.
     """
     rpc: Any = sys.modules.get("torch.distributed.rpc")
     return int(getattr(rpc, "_init_counter", 0)) if rpc is not None else 0

@@ -1,6 +1,9 @@
-"""torch's private test API: ``MultiProcessTestCase`` (``common_distributed``, private, but what
-many distributed test suites are written on: ``--dist-mptc`` runs them unchanged) and the
-module state of torch's own distributed tests."""
+"""Access to torch's private test API.
+
+It covers ``MultiProcessTestCase`` (``common_distributed``, private, but what many
+distributed test suites are written on: ``--dist-mptc`` runs them unchanged) and the module
+state of torch's own distributed tests.
+"""
 
 from __future__ import annotations
 
@@ -32,7 +35,9 @@ _DISTRIBUTED_TEST_MODULE = "torch.testing._internal.distributed.distributed_test
 
 
 def mptc_is_case_class(cls: object) -> bool:
-    """Whether ``cls`` is a ``MultiProcessTestCase`` class (torch's, or a subclass of it).
+    """Whether ``cls`` is a ``MultiProcessTestCase`` class.
+
+    torch's, or a subclass of it.
 
     Looked up in ``sys.modules`` only: a class derived from it can exist only once its module
     was imported, so a session without such tests never imports it (nor torch).
@@ -43,22 +48,30 @@ def mptc_is_case_class(cls: object) -> bool:
 
 
 def mptc_test_name(case: Any) -> str:
-    """The name the case's processes are told to run (``_current_test_name()``, the last
-    part of ``case.id()``)."""
+    """The test name the case's processes are told to run.
+
+    It is ``_current_test_name()``, the last part of ``case.id()``.
+    """
     return str(case._current_test_name())
 
 
 def mptc_timeout(case: Any) -> float:
-    """The class's own time limit for one test (``common_distributed.get_timeout(id)``:
-    ``TIMEOUT_OVERRIDE`` or ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``, 300 s by default)."""
+    """The class's own time limit for one test.
+
+    It is ``common_distributed.get_timeout(id)``: ``TIMEOUT_OVERRIDE`` or
+    ``DISTRIBUTED_TESTS_DEFAULT_TIMEOUT``, 300 s by default.
+    """
     module = sys.modules[MPTC_MODULE]
     return float(module.get_timeout(case.id()))
 
 
 def mptc_run_kwargs(case: Any) -> dict[str, Any]:
-    """The keyword arguments ``_start_processes`` gives each process's ``cls._run``: its
-    ``fake_pg`` where ``_run`` takes keyword arguments (newer torch); none in older torch,
-    whose ``_run(rank, test_name, file_name, parent_pipe)`` takes none."""
+    """The keyword arguments each process's ``cls._run`` gets.
+
+    They are what ``_start_processes`` gives it: its ``fake_pg`` where ``_run`` takes keyword
+    arguments (newer torch); none in older torch, whose ``_run(rank, test_name, file_name,
+    parent_pipe)`` takes none.
+    """
     import inspect
 
     parameters = inspect.signature(type(case)._run).parameters.values()
@@ -68,8 +81,10 @@ def mptc_run_kwargs(case: Any) -> dict[str, Any]:
 
 
 def mptc_error_exit_code() -> int:
-    """The exit code of a process whose test raised (``TEST_ERROR_EXIT_CODE``, 10); its
-    traceback then went through the parent pipe."""
+    """The exit code of a process whose test raised.
+
+    It is ``TEST_ERROR_EXIT_CODE``, 10; the traceback then went through the parent pipe.
+    """
     module = sys.modules[MPTC_MODULE]
     return int(module.MultiProcessTestCase.TEST_ERROR_EXIT_CODE)
 
@@ -81,9 +96,11 @@ def mptc_skip_codes() -> dict[int, str]:
 
 
 def mptc_divert(case: Any, start: Callable[[Any], None], join: Callable[[Any], None]) -> None:
-    """Have this test case instance call ``start(proc)`` where it would start its processes
-    (``_start_processes``, what ``_spawn_processes`` and ``setUp`` lead to) and ``join(fn)``
-    where it would wait for them (``_join_processes``, called by the test method's wrapper).
+    """Divert where this test case starts and joins its processes.
+
+    The instance calls ``start(proc)`` where it would start its processes (``_start_processes``,
+    what ``_spawn_processes`` and ``setUp`` lead to) and ``join(fn)`` where it would wait for
+    them (``_join_processes``, called by the test method's wrapper).
 
     Set on the instance, so a subclass's own ``_spawn_processes`` or ``setUp`` still runs;
     ``cls._run`` (what each process runs) is untouched.
@@ -93,7 +110,10 @@ def mptc_divert(case: Any, start: Callable[[Any], None], join: Callable[[Any], N
 
 
 def mptc_join_natively(case: Any, fn: Any) -> None:
-    """The class's own ``_join_processes(fn)`` (for a test whose ``setUp`` started none)."""
+    """Call the class's own ``_join_processes(fn)``.
+
+    This is for a test whose ``setUp`` started none.
+    """
     type(case)._join_processes(case, fn)
 
 
@@ -123,13 +143,18 @@ def mptc_check(
 def mptc_run(
     cls: Any, rank: int, test_name: str, file_name: str, pipe: Any, kwargs: dict[str, Any]
 ) -> None:
-    """What each of a test's processes runs: ``cls._run(rank, test_name, file_name, pipe)``."""
+    """What each of a test's processes runs.
+
+    It runs ``cls._run(rank, test_name, file_name, pipe)``.
+    """
     cls._run(rank, test_name, file_name, pipe, **kwargs)
 
 
 def mptc_refresh_module_state() -> None:
-    """Put back what a fresh process of a test would have read when it imported torch's
-    test modules, where a reused rank keeps what an earlier test's environment said.
+    """Refresh the module state of torch's test modules.
+
+    Put back what a fresh process of a test would have read when it imported them, where a
+    reused rank keeps what an earlier test's environment said.
 
     ``distributed_test`` reads ``INIT_METHOD`` and ``BACKEND`` from the environment when it
     is imported (a reused rank would keep a rendezvous file that an earlier test deleted,
@@ -146,8 +171,11 @@ def mptc_refresh_module_state() -> None:
 
 
 def mptc_trim_traceback(tb: Any) -> Any:
-    """A test's traceback without the leading frames of torch's process runner
-    (``run_test`` and the method wrapper in ``common_distributed``): the test comes first."""
+    """A test's traceback without torch's process runner frames.
+
+    The leading frames (``run_test`` and the method wrapper in ``common_distributed``) are
+    dropped: the test comes first.
+    """
     module = sys.modules.get(MPTC_MODULE)
     runner = getattr(module, "__file__", None)
     start = tb

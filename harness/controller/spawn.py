@@ -159,9 +159,9 @@ def start_ranks(
     """Start ``world_size`` rank processes.
 
     They rendezvous on their own, where ``init``, each seeing ``gpus``
-    (``CUDA_VISIBLE_DEVICES``). Without ``gpus`` an NCCL world, or one
-    whose calls make their own groups (``init=False``), sees what the controller sees; any
-    other sees no GPU: the harness's ``init`` would bind rank r to ``cuda:r`` wherever CUDA
+    (``CUDA_VISIBLE_DEVICES``). Without ``gpus`` an NCCL world, or one whose calls make their
+    own groups (``init=False``), sees what the controller sees; any other sees no GPU: the
+    harness's ``init`` would bind rank r to ``cuda:r`` wherever CUDA
     is visible, a GPU that may not exist or may be another world's lease."""
     cuda = bool(gpus) or not init or "nccl" in backend
     ctx = context()

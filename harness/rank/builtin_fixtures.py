@@ -1,12 +1,11 @@
 """The built-in fixtures that run inside a rank.
 
-They run there because their subject is the process they run in: the plugin's own
-(``rank``, ``world_size``, ``local_rank``, ``local_device``), and
-pytest's ``monkeypatch`` (undone in the rank when the test ends, pass or fail),
-``capsys``/``capsysbinary``/``capfd``/``capfdbinary`` (this rank's output), ``caplog``
-(its log records), ``recwarn`` (its warnings) and ``tmp_path_factory`` (over the
-controller's base directory, for a rank-side fixture or body that asks for it); ``request``
-is :class:`harness.rank.fixtures.RankRequest`.
+They run there because their subject is the process they run in: the plugin's own (``rank``,
+``world_size``, ``local_rank``, ``local_device``), and pytest's ``monkeypatch`` (undone in the
+rank when the test ends, pass or fail), ``capsys``/``capsysbinary``/``capfd``/``capfdbinary``
+(this rank's output), ``caplog`` (its log records), ``recwarn`` (its warnings) and
+``tmp_path_factory`` (over the controller's base directory, for a rank-side fixture or body that
+asks for it); ``request`` is :class:`harness.rank.fixtures.RankRequest`.
 
 pytest builds its own from objects that exist only in the controller (the test item, the
 capture manager), so these are small equivalents with the same public methods.

@@ -1,6 +1,7 @@
-"""The rank half of ``python -m harness check``: one row (a collective kind in one mode),
-run, verified and timed (:mod:`harness.rank.collective_kinds`: how each kind is called and
-what it must produce).
+"""The rank half of ``python -m harness check``.
+
+It runs one row (a collective kind in one mode), verified and timed
+(:mod:`harness.rank.collective_kinds`: how each kind is called and what it must produce).
 
 The command line (:mod:`harness.cli`) sends its ranks :func:`rank_info` once, then
 :func:`check_row` once per row, each as its own call: a row that raises on some ranks only,
@@ -49,9 +50,12 @@ _UNSUPPORTED_PATTERN = re.compile(
 
 
 class Row(NamedTuple):
-    """One line of the report: the row's name (see :func:`row_names`), its status (``"ok"``,
-    ``"FAIL: <why>"``, ``"unsupported: <why>"`` or ``"n/a: <why>"``) and the median latency
-    in milliseconds (None when it did not run)."""
+    """One line of the report.
+
+    It holds the row's name (see :func:`row_names`), its status (``"ok"``, ``"FAIL: <why>"``,
+    ``"unsupported: <why>"`` or ``"n/a: <why>"``) and the median latency in milliseconds
+    (None when it did not run).
+    """
 
     name: str
     status: str
@@ -59,14 +63,19 @@ class Row(NamedTuple):
 
 
 class CollectiveError(Exception):
-    """A collective misbehaved on this rank in a way its peers may not see (an
-    ``async_op=True`` call that returned no Work handle)."""
+    """A collective misbehaved on this rank unseen by its peers.
+
+    Its peers may not see it, as with an ``async_op=True`` call that returned no Work handle.
+    """
 
 
 def numpy_problem() -> str | None:
-    """Why torch cannot use numpy in this process (``"RuntimeError: Numpy is not
-    available"``), or None if it can: it tries the conversion the object collectives make,
-    so it also catches a numpy installed that this torch cannot use."""
+    """Why torch cannot use numpy in this process, or None.
+
+    The reason reads ``"RuntimeError: Numpy is not available"``; None if it can. It tries the
+    conversion the object collectives make, so it also catches a numpy installed that this
+    torch cannot use.
+    """
     try:
         torch.zeros(1, dtype=torch.uint8).numpy()
     except Exception as exc:  # whatever stops the conversion stops the object collectives
@@ -75,24 +84,31 @@ def numpy_problem() -> str | None:
 
 
 class RankInfo(NamedTuple):
-    """What the command line asks each rank before the rows: its device, as the header shows
-    it, and :func:`numpy_problem`."""
+    """What the command line asks each rank before the rows.
+
+    Its device, as the header shows it, and :func:`numpy_problem`.
+    """
 
     device: str
     numpy_problem: str | None
 
 
 def rank_info() -> RankInfo:
-    """This rank's device and whether torch can use numpy here (rank side)."""
+    """This rank's device and whether torch can use numpy.
+
+    Runs on the rank side.
+    """
     return RankInfo(rank_device(), numpy_problem())
 
 
 def check_row(name: str, repeats: int = DEFAULT_REPEATS) -> Row:
-    """Run the row ``name`` (one of :func:`row_names`) on this rank of the default process
-    group, as every rank of it does at the same time: once as a warm-up, then ``repeats``
-    (>= 1) times, timed (the median is reported), each result compared exactly with what it
-    must be on this rank. The row is ``ok``, ``unsupported`` (the backend raised "not
-    supported" at once), ``n/a`` (too few ranks) or ``FAIL`` (a wrong result).
+    """Run the row ``name`` on this rank and report it.
+
+    ``name`` is one of :func:`row_names`. It runs on this rank of the default process group,
+    as every rank of it does at the same time: once as a warm-up, then ``repeats`` (>= 1)
+    times, timed (the median is reported), each result compared exactly with what it must be
+    on this rank. The row is ``ok``, ``unsupported`` (the backend raised "not supported" at
+    once), ``n/a`` (too few ranks) or ``FAIL`` (a wrong result).
 
     Raises:
         RuntimeError: No default process group is initialized.
@@ -110,7 +126,7 @@ def check_row(name: str, repeats: int = DEFAULT_REPEATS) -> Row:
 
 
 def _measure(c: Ctx, kind: CollectiveKind, async_op: bool, name: str, repeats: int) -> Row:
-    """Warm up, time and verify one collective in one mode on this rank."""
+    """Warm up, time and verify one collective in one mode."""
     if c.world_size < kind.min_ranks:
         return Row(name, f"{NOT_APPLICABLE}: needs >= {kind.min_ranks} ranks", None)
     times: list[float] = []
@@ -145,7 +161,10 @@ def _measure(c: Ctx, kind: CollectiveKind, async_op: bool, name: str, repeats: i
 
 
 def _wait(handle: Any) -> None:
-    """Wait on what an ``async_op=True`` call returned; it must be Work handles."""
+    """Wait on what an ``async_op=True`` call returned.
+
+    It must be Work handles.
+    """
     works = handle if isinstance(handle, list) else [handle]
     if not works or not all(callable(getattr(work, "wait", None)) for work in works):
         raise CollectiveError(f"async_op=True returned {_shorten(repr(handle))}, not a Work handle")
@@ -154,7 +173,10 @@ def _wait(handle: Any) -> None:
 
 
 def _classify(exc: Exception, backend: str) -> str:
-    """Turn an exception from a collective into a status: unsupported, or a failure."""
+    """Turn an exception from a collective into a status.
+
+    The status is unsupported, or a failure.
+    """
     first_line = _first_line(exc)
     if isinstance(exc, NotImplementedError) or _UNSUPPORTED_PATTERN.search(first_line):
         return f"{UNSUPPORTED}: {backend} does not implement it"
@@ -166,7 +188,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _compare(got: Any, expected: Any, where: str = "result") -> str | None:
-    """Why ``got`` is not exactly ``expected``, or None if it is."""
+    """Why ``got`` differs from ``expected``, or None."""
     if isinstance(expected, torch.Tensor):
         if not isinstance(got, torch.Tensor):
             return f"{where}: expected a tensor, got {type(got).__name__}"
