@@ -1,5 +1,7 @@
-"""The command line, ``python -m harness check``: run every collective kind on a fresh world
-and report, as a user does first on a new machine or CI runner.
+"""The command line, ``python -m harness check``.
+
+It runs every collective kind on a fresh world and reports, as a user does first on a new
+machine or CI runner.
 
 :func:`main` starts a :class:`~harness.World` the way the harness always does, asks every rank
 :func:`~harness.rank.check_rows.rank_info` (its device, and whether torch can use numpy
@@ -58,16 +60,21 @@ _SEVERITY = {FAIL: 3, UNSUPPORTED: 2, NOT_APPLICABLE: 1, OK: 0}
 
 
 def status_kind(status: str) -> str:
-    """The kind of a ``Row.status``: the part before the first colon (``"ok"``, ``"FAIL"``,
-    ``"unsupported"`` or ``"n/a"``), or ``"FAIL"`` for anything else (a status this module
-    does not know cannot be trusted to mean success)."""
+    """The kind of a ``Row.status``.
+
+    It is the part before the first colon (``"ok"``, ``"FAIL"``, ``"unsupported"`` or
+    ``"n/a"``), or ``"FAIL"`` for anything else (a status this module does not know cannot be
+    trusted to mean success).
+    """
     head = status.split(":", 1)[0].strip()
     return head if head in _SEVERITY else FAIL
 
 
 def merge_rows(per_rank: Sequence[Sequence[Row]]) -> list[Row]:
-    """Merge every rank's rows (by rank) into one row per collective, in rank 0's order (then
-    any names only later ranks reported).
+    """Merge every rank's rows into one row per collective.
+
+    The rows come by rank; the result is in rank 0's order (then any names only later ranks
+    reported).
 
     A collective is ok only if it is ok on every rank. Otherwise the row shows the worst
     status (FAIL, then unsupported, then n/a) of the lowest rank that has it, naming that
@@ -105,13 +112,19 @@ def _merge_one(name: str, reports: list[Row | None]) -> Row:
 
 
 def exit_code(rows: Sequence[Row]) -> int:
-    """1 if a merged row failed, else 0 (``unsupported`` and ``n/a`` are not failures)."""
+    """1 if a merged row failed, else 0.
+
+    ``unsupported`` and ``n/a`` are not failures.
+    """
     return 1 if any(status_kind(row.status) == FAIL for row in rows) else 0
 
 
 def summary(rows: Sequence[Row]) -> str:
-    """The report's last line: ``"all N collectives ok"`` (``"1 collective ok"``; noting how
-    many were unsupported or n/a) when nothing failed, else ``"K problems: name, ..."``."""
+    """The report's last line.
+
+    It reads ``"all N collectives ok"`` (``"1 collective ok"``; noting how many were
+    unsupported or n/a) when nothing failed, else ``"K problems: name, ..."``.
+    """
     kinds = [status_kind(row.status) for row in rows]
     failed = [row.name for row, k in zip(rows, kinds, strict=True) if k == FAIL]
     if failed:
@@ -123,8 +136,10 @@ def summary(rows: Sequence[Row]) -> str:
 
 
 def format_table(rows: Sequence[Row]) -> str:
-    """Rows as a fixed-width ``collective | result | latency`` table, header and rule
-    included, without a trailing newline."""
+    """Rows as a fixed-width ``collective | result | latency`` table.
+
+    The header and rule are included, without a trailing newline.
+    """
     cells = [("collective", "result", "latency")] + [
         (row.name, row.status, "-" if row.latency_ms is None else f"{row.latency_ms:.3f} ms")
         for row in rows
@@ -211,7 +226,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
-    """Start the world, run the rows, print the report; return the exit code."""
+    """Start the world, run the rows, print the report.
+
+    Returns the exit code.
+    """
     try:
         world = World(world_size, backend=backend)
     except RuntimeError as exc:
@@ -257,9 +275,12 @@ def _say(text: str) -> None:
 
 
 def _numpy_status(infos: Sequence[RankInfo]) -> str | None:
-    """The status of the object collectives' rows where torch cannot use numpy on some rank,
-    else None: decided once for every rank (the rows then never run), as torch would raise
-    on the receiving ranks only, and no rank may enter a collective another rank skips."""
+    """The object collectives' status where a rank lacks numpy.
+
+    It applies where torch cannot use numpy on some rank, else None. It is decided once for
+    every rank (the rows then never run), as torch would raise on the receiving ranks only,
+    and no rank may enter a collective another rank skips.
+    """
     missing = [rank for rank, info in enumerate(infos) if info.numpy_problem is not None]
     if not missing:
         return None
@@ -281,8 +302,11 @@ def _numpy_problems(infos: Sequence[RankInfo]) -> str:
 def _run_rows(
     world: World, repeats: int, timeout: float, no_numpy: str | None
 ) -> tuple[list[Row], list[tuple[str, str]]]:
-    """Run every row as its own call; return the merged rows, and ``(row name, full error
-    text)`` for each row whose call failed."""
+    """Run every row as its own call.
+
+    Returns the merged rows, and ``(row name, full error text)`` for each row whose call
+    failed.
+    """
     rows: list[Row] = []
     details: list[tuple[str, str]] = []
     names = row_names()
@@ -311,7 +335,10 @@ def _run_rows(
 
 
 def _reason(exc: DistributedError, timeout: float) -> str:
-    """A one-line reason for a row whose call failed (the full error goes to stderr)."""
+    """A one-line reason for a row whose call failed.
+
+    The full error goes to stderr.
+    """
     if isinstance(exc, WorldHang):
         return "hang: its collectives can never complete (every rank's stack is on stderr)"
     if isinstance(exc, WorldTimeout):

@@ -1,4 +1,6 @@
-"""How a failure on a rank is described and rendered: the one place both sides use for it.
+"""How a failure on a rank is described and rendered.
+
+This is the one place both sides use for it.
 
 A rank turns an exception into a :class:`RankFailure` (text only: the exception itself may not
 pickle) with :meth:`RankFailure.from_exception`; the controller makes one for a rank that died
@@ -82,7 +84,9 @@ class RankFailure:
         hidden_dir: str,
         context: str | None = None,
     ) -> RankFailure:
-        """Describe an exception raised on ``rank`` as text, whatever it does when printed.
+        """Describe an exception raised on ``rank`` as text.
+
+        This works whatever the exception does when printed.
 
         Args:
             exc: The exception.
@@ -118,19 +122,23 @@ class RankFailure:
 
     @classmethod
     def crash(cls, rank: int, exitcode: int | None, dump: str) -> RankFailure:
-        """A rank whose process ended without answering; ``dump`` is its readable crash
-        dump ('' when Python wrote none)."""
+        """A rank whose process ended without answering.
+
+        ``dump`` is its readable crash dump ('' when Python wrote none).
+        """
         return cls(rank, "RankCrash", f"the process {describe_exitcode(exitcode)}", dump)
 
     @classmethod
     def still_running(cls, rank: int, what: str, stacks: str) -> RankFailure:
-        """A rank that had not answered when the controller stopped waiting."""
+        """A rank that had not answered when waiting stopped."""
         return cls(rank, "WorldTimeout", what, stacks)
 
     @classmethod
     def skipped(cls, rank: int, reason: str, site: tuple[str, int] | None = None) -> RankFailure:
-        """A rank that skipped while others did not (``site``: the file and line of the
-        skip, as ``Skipped.site``)."""
+        """A rank that skipped while others did not.
+
+        ``site`` is the file and line of the skip, as ``Skipped.site``.
+        """
         where = f"{site[0]}:{site[1]}: " if site is not None else ""
         return cls(rank, "Skipped", reason, f"{where}Skipped: {reason}\n")
 
@@ -140,9 +148,12 @@ class RankFailure:
         return text if text else f"{self.exc_type}: {self.message}"
 
     def what_happened(self) -> str:
-        """One phrase for a summary line: ``raised ValueError: boom`` or ``was killed by
-        SIGKILL (exit code -9)``. Only the message's first line: the rest (pytest's ``+ where``
-        explanation of an assert, say) is in the traceback below it."""
+        """One phrase for a summary line.
+
+        It reads ``raised ValueError: boom`` or ``was killed by SIGKILL (exit code -9)``.
+        Only the message's first line: the rest (pytest's ``+ where`` explanation of an
+        assert, say) is in the traceback below it.
+        """
         if self.exc_type == "RankCrash":
             return self.message.replace("the process ", "", 1)
         first = self.message.splitlines()[0] if self.message.strip() else ""
@@ -150,9 +161,12 @@ class RankFailure:
 
 
 def _without_frames(text: str, hidden_dir: str) -> str:
-    """A formatted traceback without the frames of files under ``hidden_dir`` that sit
-    between the user's and the library's (the rank's collective-recording wrapper): each
-    is a ``  File "..."`` line and the indented lines (source, carets) below it."""
+    """A formatted traceback without the frames under ``hidden_dir``.
+
+    Those are the frames of files under ``hidden_dir`` that sit between the user's and the
+    library's (the rank's collective-recording wrapper): each is a ``  File "..."`` line and
+    the indented lines (source, carets) below it.
+    """
     marker = f'  File "{hidden_dir}'
     if marker not in text:
         return text
@@ -171,9 +185,12 @@ def _without_frames(text: str, hidden_dir: str) -> str:
 def sections(
     failures: Mapping[int, RankFailure], *, root_cause_first: bool
 ) -> list[tuple[str, str]]:
-    """How a set of failures reads, in the order given: ``[("rank 1 (root cause)",
-    traceback), ("rank 0", traceback), ...]``; the first is headed root cause when
-    ``root_cause_first`` (failures ordered in time, not listed by rank) and there are more."""
+    """How a set of failures reads, in the order given.
+
+    It reads ``[("rank 1 (root cause)", traceback), ("rank 0", traceback), ...]``; the first
+    is headed root cause when ``root_cause_first`` (failures ordered in time, not listed by
+    rank) and there are more.
+    """
     marked = root_cause_first and len(failures) > 1
     return [
         (
@@ -185,8 +202,11 @@ def sections(
 
 
 def skip_line(rank: int, reason: str, site: tuple[str, int] | None) -> str:
-    """A rank's skip in a summary line: ``"rank 1 (test_x.py:12): reason"``, or ``"rank 1:
-    reason"`` where the skip's place (``Skipped.site``) is unknown."""
+    """A rank's skip in a summary line.
+
+    It reads ``"rank 1 (test_x.py:12): reason"``, or ``"rank 1: reason"`` where the skip's
+    place (``Skipped.site``) is unknown.
+    """
     where = f" ({os.path.basename(site[0])}:{site[1]})" if site is not None else ""
     return f"rank {rank}{where}: {reason}"
 
@@ -210,8 +230,11 @@ def describe_exitcode(code: int | None) -> str:
 
 
 def ranks_phrase(ranks: Iterable[int]) -> str:
-    """``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or more
-    shortened."""
+    """A set of ranks as a short phrase.
+
+    For example ``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or
+    more shortened.
+    """
     ordered = sorted(set(ranks))
     parts: list[str] = []
     # Consecutive ranks share their difference to their position in the sorted list.

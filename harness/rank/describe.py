@@ -1,6 +1,7 @@
-"""How a recorded call of ``torch.distributed`` reads (its :class:`Op`), and what torch's
-flight recorder holds (a private API, through ``harness.compat``), for
-:mod:`harness.rank.trace`.
+"""How a recorded ``torch.distributed`` call reads, for the trace.
+
+Each call reads as its :class:`Op`; this also reads what torch's flight recorder holds (a
+private API, through ``harness.compat``), for :mod:`harness.rank.trace`.
 
 Each recorded function has a row in :data:`_COLLECTIVES` or :data:`_P2P`: the arguments that
 describe a call, each of an :class:`ArgKind`. Where each one is in the function's parameters is
@@ -23,7 +24,10 @@ from harness.rank.sites import library
 
 
 class _Facts:
-    """What the ``text`` functions gather for an :class:`Op` besides its text and key."""
+    """What the ``text`` functions gather for an :class:`Op`.
+
+    That is, besides its text and key.
+    """
 
     __slots__ = ("device", "group", "reduce_op", "root", "tensors")
 
@@ -34,7 +38,9 @@ class _Facts:
 
 
 class ArgKind(NamedTuple):
-    """How one kind of argument reads (a tensor, a reduce op, a root...).
+    """How one kind of argument reads.
+
+    Kinds are a tensor, a reduce op, a root...
 
     Attributes:
         raw: On every call: a hashable description of the value (never None) that formats
@@ -53,8 +59,10 @@ def _raw_tensor(t: Any) -> tuple[Any, Any, Any]:
 
 
 def _tensor_text(value: tuple[Any, Any, Any], device: bool = True) -> str:
-    """``"float32[2, 3]"`` for a raw tensor; with ``device``, a tensor off the CPU names its
-    device (``"float32[4] cuda:0"``)."""
+    """How a raw tensor reads, as ``"float32[2, 3]"``.
+
+    With ``device``, a tensor off the CPU names its device (``"float32[4] cuda:0"``).
+    """
     dtype, shape, where = value
     text = f"{str(dtype).removeprefix('torch.')}[{', '.join(map(str, shape))}]"
     return f"{text} {where}" if device and str(where) != "cpu" else text
@@ -156,9 +164,11 @@ P2P = ArgKind(_raw_p2p, _text_p2p)  # batch_isend_irecv's list of P2POp
 
 
 class OpArg(NamedTuple):
-    """One argument that describes a call: its parameter, its kind, whether it is shown (in
-    ``Op.text``) and compared (in ``Op.key``, what must be equal on every member rank; never
-    for a point-to-point op)."""
+    """One argument that describes a call.
+
+    It holds its parameter, its kind, whether it is shown (in ``Op.text``) and compared (in
+    ``Op.key``, what must be equal on every member rank; never for a point-to-point op).
+    """
 
     param: str
     kind: ArgKind
@@ -224,9 +234,12 @@ TRACED = (*_COLLECTIVES, *_P2P)
 
 
 class Spec(NamedTuple):
-    """How to record one function: its name, whether it is point-to-point, its described
-    arguments (each with its position and default) in the order they read, and the position
-    of its ``group`` parameter (-1: none)."""
+    """How to record one function.
+
+    It holds its name, whether it is point-to-point, its described arguments (each with its
+    position and default) in the order they read, and the position of its ``group`` parameter
+    (-1: none).
+    """
 
     name: str
     p2p: bool
@@ -235,8 +248,10 @@ class Spec(NamedTuple):
 
 
 def spec(name: str, fn: Callable[..., Any]) -> Spec:
-    """How to record ``fn``, the function of ``torch.distributed`` named ``name`` (one of
-    :data:`TRACED`), from its signature."""
+    """How to record ``fn``, from its signature.
+
+    ``fn`` is the function of ``torch.distributed`` named ``name`` (one of :data:`TRACED`).
+    """
     signature = list(inspect.signature(fn).parameters.values())
     position = {p.name: i for i, p in enumerate(signature)}
     p2p = name in _P2P
@@ -252,7 +267,10 @@ def spec(name: str, fn: Callable[..., Any]) -> Spec:
 
 
 def raw(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """A hashable description of a call's arguments, cheap to make: nothing is formatted."""
+    """A hashable description of a call's arguments.
+
+    It is cheap to make: nothing is formatted.
+    """
     given = len(args)
     described = []
     for at, default, arg in spec.params:
@@ -262,7 +280,10 @@ def raw(spec: Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
 
 
 def op(spec: Spec, described: tuple[Any, ...], group: Any) -> Op:
-    """What a call reads as, from its :func:`raw` description; ``group`` is its process group."""
+    """What a call reads as, from its :func:`raw` description.
+
+    ``group`` is its process group.
+    """
     facts = _Facts(group)
     shown: list[str] = []
     key: list[str] = []
@@ -286,9 +307,12 @@ def op(spec: Spec, described: tuple[Any, ...], group: Any) -> Op:
 
 
 def flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tuple[str, ...]:
-    """The collectives torch's flight recorder holds that were created since ``since_ns``
-    and the wrapper did not record (``seen``: its ops' names and call sites), one line each;
-    empty where the recorder is off (the usual case: a dict lookup)."""
+    """Collectives only torch's flight recorder saw, one line each.
+
+    They are the ones it holds that were created since ``since_ns`` and the wrapper did not
+    record (``seen``: its ops' names and call sites); empty where the recorder is off (the
+    usual case: a dict lookup).
+    """
     try:
         entries = compat.flight_recorder_entries()
     except Exception:
