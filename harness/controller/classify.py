@@ -122,7 +122,8 @@ def desync(
     states = dict.fromkeys(range(world_size), verdicts.DONE)
     # A collective that raised where the test handled the error is no desync, nor is what
     # followed it on its group: only what completed on every member is compared.
-    found = _verdicts(traces, states, world_size, until_raised=True)
+    marks = _verdicts(traces, states, world_size, until_raised=True)
+    found = [mark.text for mark in marks]
     if not found and all(trace is not None for trace in traces.values()):
         return outcome
     if not found:
@@ -137,6 +138,7 @@ def desync(
     )
     error.collectives = dict(traces)
     error.verdicts = found
+    error.marks = [(mark.group, mark.seq, mark.kind) for mark in marks]
     return Classified(
         error=error, outputs=outcome.outputs, notice=outcome.notice, leaks=outcome.leaks
     )
@@ -333,7 +335,9 @@ def _add_collectives(
     if not any(trace is not None and trace.recent for trace in traces.values()):
         return  # the call issued no collective: nothing to show
     error.collectives = traces
-    error.verdicts = _verdicts(traces, states, world_size)
+    found = _verdicts(traces, states, world_size)
+    error.verdicts = [mark.text for mark in found]
+    error.marks = [(mark.group, mark.seq, mark.kind) for mark in found]
 
 
 def _verdicts(
@@ -342,13 +346,14 @@ def _verdicts(
     world_size: int,
     *,
     until_raised: bool = False,
-) -> list[str]:
-    """``verdicts.find``, which must never turn the user's failure into one of ours: the
-    traces come from the ranks, whatever state their code left them in."""
+) -> list[verdicts.Finding]:
+    """``verdicts.findings``, which must never turn the user's failure into one of ours:
+    the traces come from the ranks, whatever state their code left them in."""
     try:
-        return verdicts.find(traces, states, world_size, until_raised=until_raised)
+        return verdicts.findings(traces, states, world_size, until_raised=until_raised)
     except Exception as exc:
-        return [f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"]
+        text = f"the ranks' collectives could not be compared ({type(exc).__name__}: {exc})"
+        return [verdicts.Finding("", 0, "", text)]
 
 
 def _start(

@@ -10,11 +10,11 @@ from harness import compat
 from harness.controller import spawn, supervise
 from harness.controller.certain import HangWatch
 from harness.controller.classify import classify, desync, leak_error
-from harness.controller.outcome import Classified, Reply
+from harness.controller.outcome import Classified, Faulted, Reply
 from harness.controller.spawn import RankProcess
 from harness.errors import note_interrupt
 from harness.protocol.messages import Call, CallOptions, Done, Fired, Regroup
-from harness.protocol.traces import render
+from harness.protocol.traces import RankTrace, render
 
 
 def call_message(
@@ -46,6 +46,17 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
     }
     changes.update((os.fsdecode(k), None) for k in started.keys() - now.keys())
     return changes or None
+
+
+def _kept_traces(
+    ranks: list[RankProcess], replies: dict[int, Reply]
+) -> dict[int, RankTrace | None]:
+    """Every rank's trace of a call that succeeded: asked of the ranks (they keep the last
+    call's), that of a rank a fault ended as it sent it when the fault acted."""
+    faulted = {r: m.fired.trace for r, m in replies.items() if isinstance(m, Faulted)}
+    traces = supervise.traces_now([proc for proc in ranks if proc.rank not in faulted])
+    traces.update(faulted)
+    return traces
 
 
 def exchange(
@@ -113,6 +124,8 @@ def exchange(
             outcome = desync(outcome, supervise.traces_now(ranks), world_size)
         if outcome.leaks and leaks == "error" and outcome.error is None:
             outcome = leak_error(outcome, what)
+        if options is not None and options.keep_traces and outcome.values is not None:
+            outcome.traces = _kept_traces(ranks, replies)
         return outcome, replies
     except KeyboardInterrupt as interrupt:
         if options is not None:

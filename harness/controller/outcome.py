@@ -9,6 +9,7 @@ from typing import Any
 from harness import compat
 from harness.errors import DistributedError
 from harness.protocol.messages import Fired, RankMessage, Skipped
+from harness.protocol.traces import RankTrace
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ class Outcome:
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
         returned: When the call failed, the pickled return values of the ranks that had
             returned, by rank (the ``--dist-mptc`` check judges ranks one by one).
+        traces: When the call succeeded and ``CallOptions.keep_traces`` asked for them,
+            each rank's trace of its collectives (None: unknown), by rank; a failure's are
+            its error's ``collectives``.
     """
 
     values: list[Any] | None = None
@@ -65,6 +69,7 @@ class Outcome:
     skip: Skipped | None = None
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
     returned: dict[int, bytes] = field(default_factory=dict)
+    traces: dict[int, RankTrace | None] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -104,4 +109,4 @@ class Classified(Outcome):
 
     def outcome(self) -> Outcome:
         """The outcome alone, as the World's caller sees it."""
-        return Outcome(self.values, self.error, self.skip, self.outputs, self.returned)
+        return Outcome(self.values, self.error, self.skip, self.outputs, self.returned, self.traces)

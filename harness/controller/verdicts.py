@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from harness.protocol.failures import ranks_phrase
+from harness.protocol.timeline import HANG, MISMATCH
 from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
@@ -55,6 +56,24 @@ broadcast's root, or a gather's sender, may finish alone; ``monitored_barrier`` 
 own timeout, naming the missing rank)."""
 
 
+@dataclass(frozen=True)
+class Finding:
+    """One verdict on a group's collectives, and the collective it points at.
+
+    Attributes:
+        group: The group's id.
+        seq: The collective's number on it: the first that differs, or the one the members
+            behind never issued.
+        kind: ``MISMATCH`` (the members' ops differ there) or ``HANG`` (members are behind).
+        text: The verdict line.
+    """
+
+    group: str
+    seq: int
+    kind: str
+    text: str
+
+
 def find(
     traces: Mapping[int, RankTrace | None],
     states: Mapping[int, str],
@@ -62,6 +81,17 @@ def find(
     *,
     until_raised: bool = False,
 ) -> list[str]:
+    """The lines of :func:`findings`."""
+    return [found.text for found in findings(traces, states, world_size, until_raised=until_raised)]
+
+
+def findings(
+    traces: Mapping[int, RankTrace | None],
+    states: Mapping[int, str],
+    world_size: int,
+    *,
+    until_raised: bool = False,
+) -> list[Finding]:
     """Compare the ranks' traces of one call.
 
     Args:
@@ -74,7 +104,7 @@ def find(
             everywhere, whose test handled that error.
 
     Returns:
-        One line per finding, at most one per process group; empty when the ranks agree.
+        The findings, at most one per process group; empty when the ranks agree.
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     if len(known) < 2:
@@ -84,7 +114,7 @@ def find(
         for group, history in trace.groups.items():
             members.setdefault(group, history.ranks)
     names = group_names(sorted(members), members)
-    verdicts = []
+    verdicts: list[Finding] = []
     for group in sorted(members):
         ranks = members[group]
         compared = [r for r in (ranks if ranks is not None else range(world_size)) if r in known]
@@ -222,7 +252,9 @@ def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
     return True
 
 
-def _difference(group: str, name: str, histories: Mapping[int, GroupHistory | None]) -> str:
+def _difference(
+    group: str, name: str, histories: Mapping[int, GroupHistory | None]
+) -> Finding | None:
     """The first collective, among those every member issued, that differs between them."""
     keys = {rank: (h.keys() if h is not None else []) for rank, h in histories.items()}
     common = min(len(k) for k in keys.values())
@@ -239,8 +271,9 @@ def _difference(group: str, name: str, histories: Mapping[int, GroupHistory | No
             by_op.setdefault(f"{op.text} at {where}", []).append(rank)
         parts = [f"{ranks_phrase(ranks)} {text}" for text, ranks in by_op.items()]
         where_group = "on the default group" if group == DEFAULT_GROUP else f"on {name}"
-        return f"collective #{seq} {where_group} differs: " + "; ".join(parts)
-    return ""
+        text = f"collective #{seq} {where_group} differs: " + "; ".join(parts)
+        return Finding(group, seq, MISMATCH, text)
+    return None
 
 
 def _missing(
@@ -249,8 +282,23 @@ def _missing(
     histories: Mapping[int, GroupHistory | None],
     known: Mapping[int, RankTrace],
     states: Mapping[int, str],
-) -> str:
+) -> Finding | None:
     """Members behind on the group: what became of them, and where the others are."""
+    counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
+    if len(set(counts.values())) == 1:
+        return None
+    text = _behind(group, name, histories, known, states)
+    return Finding(group, min(counts.values()) + 1, HANG, text)
+
+
+def _behind(
+    group: str,
+    name: str,
+    histories: Mapping[int, GroupHistory | None],
+    known: Mapping[int, RankTrace],
+    states: Mapping[int, str],
+) -> str:
+    """The verdict line of :func:`_missing`."""
     counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
     top = max(counts.values())
     if len(set(counts.values())) == 1:

@@ -103,6 +103,9 @@ class CallOptions:
         attempt: Which attempt of a run with restarts the call is (0: the first): its ranks
             are started for it, with ``TORCHELASTIC_RESTART_COUNT`` set to it.
         restarts: How many restarts the run has (``TORCHELASTIC_MAX_RESTARTS``).
+        keep_traces: Whether a call that succeeds also brings back every rank's whole
+            trace of its collectives (``Outcome.traces``; ``--dist-trace-all``): asked of
+            the ranks after it, so a call that does not ask pays nothing.
     """
 
     timeout: float | None = None
@@ -113,6 +116,7 @@ class CallOptions:
     faults: tuple[Any, ...] = ()
     attempt: int = 0
     restarts: int = 0
+    keep_traces: bool = False
 
 
 @dataclass(frozen=True)

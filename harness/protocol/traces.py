@@ -156,6 +156,9 @@ class GroupHistory:
             only: the test may have caused and handled the error on purpose.
         timeout: The group's own timeout in seconds, after which its collectives raise
             (None where torch does not say).
+        times: ``array("d")`` bytes: for each collective kept, when the rank entered it and
+            when it returned or raised (``time.monotonic()`` seconds, one clock for every
+            process of a machine; NaN: it had not returned); b'' where not recorded.
     """
 
     group: str
@@ -167,6 +170,7 @@ class GroupHistory:
     place_ids: bytes
     raised: int = 0
     timeout: float | None = None
+    times: bytes = b""
 
     def keys(self) -> list[str]:
         """The compared ``Op.key`` of each collective kept, in order."""
@@ -180,6 +184,22 @@ class GroupHistory:
             return None
         file, line = self.places[places[seq - 1]]
         return self.ops[ids[seq - 1]], f"{_basename(file)}:{line}"
+
+    def spans(self) -> list[tuple[Op, str, float, float]]:
+        """Each collective kept, in order: its op, call site (``x.py:3``), start and end
+        (NaN where unknown: not returned, or not recorded)."""
+        ids, places = _ids(self.op_ids), _ids(self.place_ids)
+        times = array("d")
+        times.frombytes(self.times[: len(self.times) // 16 * 16])
+        sites = [f"{_basename(file)}:{line}" for file, line in self.places]
+        nan = float("nan")
+        found = []
+        for index in range(min(len(ids), len(places))):
+            start, end = (
+                (times[2 * index], times[2 * index + 1]) if 2 * index < len(times) else (nan, nan)
+            )
+            found.append((self.ops[ids[index]], sites[places[index]], start, end))
+        return found
 
 
 @dataclass(frozen=True)

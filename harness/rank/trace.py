@@ -64,6 +64,7 @@ RECENT = 16
 """How many of the last records a trace keeps with their state."""
 
 _NOT_MEMBER = object()
+_NAN = float("nan")
 
 
 class _Record:
@@ -90,15 +91,26 @@ class _Group:
         self.places: dict[tuple[str, int], int] = {}
         self.op_ids = array("I")
         self.place_ids = array("I")
+        # Per collective kept, when it started and returned (time.monotonic(); NaN: not yet).
+        self.times = array("d")
 
     def history(self) -> GroupHistory:
         # Taken from another thread while the main thread may still record: the ids first,
         # then the tables they index (a new op or place is added before its id), so every
         # id copied has its entry.
         count, op_ids, place_ids = self.count, self.op_ids.tobytes(), self.place_ids.tobytes()
-        ops, places = tuple(self.ops), tuple(self.places)
+        ops, places, times = tuple(self.ops), tuple(self.places), self.times.tobytes()
         return GroupHistory(
-            self.id, self.ranks, count, ops, op_ids, places, place_ids, self.raised, self.timeout
+            self.id,
+            self.ranks,
+            count,
+            ops,
+            op_ids,
+            places,
+            place_ids,
+            self.raised,
+            self.timeout,
+            times,
         )
 
     def fingerprint(self) -> tuple[str, tuple[int, ...] | None, int, int]:
@@ -226,6 +238,7 @@ class Recorder:
                     # The record says how it ended before a fault fires after it (the
                     # trace sent when it fires shows it).
                     done = fn(*args, **kwargs)
+                    _returned(record)
                     record.state = _ended(done)
                     return done
 
@@ -233,6 +246,7 @@ class Recorder:
                     record.state = RAISED
                 result = self.plan.act(placed, spec.name, run, inputs)
         except BaseException:
+            _returned(record)
             record.state = RAISED
             self.raised = True
             group = record.group
@@ -242,6 +256,7 @@ class Recorder:
             raise
         finally:
             self.busy.discard(thread)
+        _returned(record)
         record.state = _ended(result)
         return result
 
@@ -274,6 +289,8 @@ class Recorder:
             if group.count <= SEQUENCE_CAP:
                 group.op_ids.append(op_id)
                 group.place_ids.append(place_id)
+                group.times.append(time.monotonic())
+                group.times.append(_NAN)
                 self._order.append(group)
             record = _Record(group, group.count, group.ops[op_id], place)
         self._recent.append(record)
@@ -288,6 +305,7 @@ class Recorder:
             if group.count <= SEQUENCE_CAP:
                 group.op_ids.pop()
                 group.place_ids.pop()
+                del group.times[-2:]
                 self._order.pop()
             group.count -= 1
 
@@ -308,6 +326,16 @@ class Recorder:
             return _Group(f"?/{id(handle):x}", (), handle)
         name = getattr(handle, "group_name", "")
         return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
+
+
+def _returned(record: _Record) -> None:
+    """Note when a collective returned (or raised), where its start was kept."""
+    seq = record.seq
+    if 0 < seq <= SEQUENCE_CAP:
+        # Set once: a fault's run() notes it before the fault acts, the caller again after.
+        times = record.group.times
+        if times[2 * seq - 1] != times[2 * seq - 1]:  # NaN: not noted yet
+            times[2 * seq - 1] = time.monotonic()
 
 
 def _ended(result: Any) -> str:
