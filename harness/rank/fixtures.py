@@ -1,5 +1,6 @@
-"""Fixtures that run inside the ranks: set up, cached by scope, torn down; and the
-``request`` view they get.
+"""Fixtures that run inside the ranks, and their ``request`` view.
+
+They are set up, cached by scope, torn down there; they get a view of ``request``.
 
 The controller sends a test's rank-side fixtures (``RankFixture``, each after those it
 requests) in a ``FixturePlan``. Each is set up from its arguments as pytest would: a plain
@@ -36,7 +37,7 @@ from harness.rank import builtin_fixtures, leaks
 
 @dataclass
 class _Live:
-    """A fixture set up in this rank, with what ends it."""
+    """A fixture set up in this rank and its ending."""
 
     name: str
     param: Any = None
@@ -75,7 +76,7 @@ class Setup:
         self._function_scoped: list[_Live] = []
 
     def arguments(self) -> dict[str, Any]:
-        """Set up every rank-side fixture and return the test function's arguments.
+        """Set up every rank-side fixture; return the test's arguments.
 
         Raises:
             BaseException: What a fixture raised, marked as a setup error; the fixtures
@@ -92,8 +93,10 @@ class Setup:
             raise
 
     def teardown(self, *, quiet: bool = False) -> None:
-        """End the function-scoped fixtures, last set up first; with ``quiet`` (the test
-        failed: its own error is the one to report) their errors only go to stderr.
+        """End the function-scoped fixtures, last set up first.
+
+        With ``quiet`` (the test failed: its own error is the one to report) their errors
+        only go to stderr.
 
         Raises:
             BaseException: The first error a teardown raised, marked as a teardown error
@@ -162,14 +165,19 @@ class Setup:
 
 
 def lasting_groups() -> set[Any]:
-    """The process groups that wider-scoped fixtures alive in this rank made: they outlive
-    the call that made them (see :mod:`harness.rank.loop`)."""
+    """The process groups live wider-scoped fixtures made.
+
+    These fixtures are alive in this rank; their groups outlive the call that made them (see
+    :mod:`harness.rank.loop`).
+    """
     return set().union(*(live.groups for live in _wide.values()))
 
 
 def end_fixture_scopes(scope_keys: list[str] | None) -> None:
-    """End the wider-scoped fixtures of these scopes (all of them for None), newest first:
-    a call of its own, when pytest finishes a module, class, package or the session.
+    """End the wider-scoped fixtures of these scopes, newest first.
+
+    All of them for None. This is a call of its own, when pytest finishes a module, class,
+    package or the session.
 
     Raises:
         BaseException: The first error a teardown raised, marked as a teardown error.
@@ -240,7 +248,10 @@ _UNSENT = "(or its value could not be sent to the ranks)"
 
 @functools.lru_cache(maxsize=1)
 def _config_view(blob: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The controller's options and ini values, unpickled once per session's blob."""
+    """The controller's options and ini values.
+
+    They are unpickled once per session's blob.
+    """
     options, ini = pickle.loads(blob)
     return options, ini
 
@@ -267,8 +278,10 @@ class RankConfig:
 
 
 class RankRequest:
-    """``request`` inside a rank: a view of the test and of the fixture being set up
-    (``fixture``; None for the test's own ``request``).
+    """``request`` inside a rank.
+
+    A view of the test and of the fixture being set up (``fixture``; None for the test's own
+    ``request``).
 
     Answers what a fixture usually asks: ``node`` (``name``, ``nodeid``,
     ``get_closest_marker``, ``iter_markers``), ``keywords``, ``param``, ``fixturename``,

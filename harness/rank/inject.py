@@ -28,7 +28,7 @@ _INPUTS = ("tensor", "input_tensor", "input", "input_list", "input_tensor_list",
 
 
 class Plan:
-    """This rank's faults of one call, by where they are placed.
+    """This rank's faults of one call, by place.
 
     Args:
         faults: Every rank's faults of the call (``Call.faults``).
@@ -49,8 +49,10 @@ class Plan:
         return bool(self._placed)
 
     def take(self, ranks: tuple[int, ...] | None, number: int) -> tuple[int, Fault] | None:
-        """The fault placed at collective ``number`` of the group of ``ranks`` (None: the
-        default group), once; None where there is none."""
+        """Take the fault placed at collective ``number``, once.
+
+        It is on the group of ``ranks`` (None: the default group); None where there is none.
+        """
         if number == 0:
             return None  # a point-to-point op has no number
         key = None if ranks is None else tuple(sorted(ranks))
@@ -59,8 +61,11 @@ class Plan:
     def act(
         self, placed: tuple[int, Fault], name: str, call: Callable[[], Any], inputs: Any
     ) -> Any:
-        """Act out a fault at the collective ``name`` that ``call`` runs (``inputs``: its
-        bound arguments, for ``corrupt``); what the collective returns, when it runs."""
+        """Act out a fault at the collective ``name``.
+
+        ``call`` runs the collective (``inputs``: its bound arguments, for ``corrupt``).
+        Returns what the collective returns, when it runs.
+        """
         index, fault = placed
         where = f"collective #{fault.at} ({name}) on {fault.group_name}"
         if fault.kind == "kill":
@@ -100,7 +105,10 @@ class Plan:
         raise exc
 
     def caused(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the error a fault raised, or was raised while handling it."""
+        """Whether ``exc`` is the error a fault raised.
+
+        Or was raised while handling it.
+        """
         seen: set[int] = set()
         current: BaseException | None = exc
         while current is not None and id(current) not in seen:
@@ -111,8 +119,11 @@ class Plan:
         return False
 
     def unfired(self, counts: Mapping[tuple[int, ...] | None, int], rank: int) -> tuple[str, ...]:
-        """The error line of each strict fault that never fired; ``counts``: how many
-        collectives the call issued on each group (by its sorted ranks; None: default)."""
+        """The error line of each strict fault that never fired.
+
+        ``counts`` says how many collectives the call issued on each group (by its sorted
+        ranks; None: default).
+        """
         lines = []
         for _, fault in self._placed.values():
             if fault.strict:
@@ -126,7 +137,10 @@ class Plan:
 
 
 def bound(fn: Callable[..., Any], args: Any, kwargs: Any) -> Mapping[str, Any]:
-    """``fn``'s arguments by parameter name ({} where they do not bind)."""
+    """``fn``'s arguments by parameter name.
+
+    ``{}`` where they do not bind.
+    """
     try:
         return inspect.signature(fn).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
@@ -134,7 +148,10 @@ def bound(fn: Callable[..., Any], args: Any, kwargs: Any) -> Mapping[str, Any]:
 
 
 def _tensors(arguments: Mapping[str, Any]) -> list[torch.Tensor]:
-    """The input tensors of a collective: its first input parameter's tensor (or list)."""
+    """The input tensors of a collective.
+
+    Its first input parameter's tensor (or list).
+    """
     for name in _INPUTS:
         value = arguments.get(name)
         if isinstance(value, torch.Tensor):
@@ -145,8 +162,11 @@ def _tensors(arguments: Mapping[str, Any]) -> list[torch.Tensor]:
 
 
 def _start_inside(call: Callable[[], Any]) -> None:
-    """Start the collective on a helper thread and return once it is inside torch's call:
-    that thread releases the interpreter lock there, which lets this one run again."""
+    """Start the collective on a helper thread.
+
+    Returns once it is inside torch's call: that thread releases the interpreter lock there,
+    which lets this one run again.
+    """
     entered = threading.Event()
 
     def enter() -> None:

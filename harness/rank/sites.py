@@ -1,6 +1,8 @@
-"""Where in the user's code a rank is, as a reader of a failure names it: the call site of a
-collective, the position of a blocked thread, the line that raised a skip (frames are
-CPython's private API, read through ``harness.compat``).
+"""Where a rank is in the user's code.
+
+This is as a reader of a failure names it: the call site of a collective, the position of a
+blocked thread, the line that raised a skip (frames are CPython's private API, read through
+``harness.compat``).
 
 A reader wants the first frame outside the libraries between their code and the collective:
 torch's implementation, the harness and :mod:`multiprocessing` (:func:`is_call_site`); for a
@@ -35,29 +37,41 @@ _PYTEST = ("pytest", "_pytest")
 
 
 def is_call_site(path: str) -> bool:
-    """Whether a frame of code in ``path`` (its ``co_filename``) can be a call site: anything
-    but torch's implementation, the harness and :mod:`multiprocessing`. torch's own test code
-    (``torch/testing``: PyTorch's distributed tests and their helpers) can."""
+    """Whether code in ``path`` can be a call site.
+
+    ``path`` is a frame's ``co_filename``. Anything but torch's implementation, the harness and
+    :mod:`multiprocessing` can. torch's own test code (``torch/testing``: PyTorch's
+    distributed tests and their helpers) can.
+    """
     if path.startswith(_TORCH_DIR):
         return path.startswith(_TORCH_TESTS_DIR)
     return not path.startswith(_NEVER_DIRS)
 
 
 def in_stdlib(path: str) -> bool:
-    """Whether a frame in ``path`` is the standard library's (not a package installed there)."""
+    """Whether a frame in ``path`` is the standard library's.
+
+    A package installed there is not.
+    """
     return path.startswith(_STDLIB_DIRS) and not path.startswith(_PACKAGE_DIRS)
 
 
 def library(path: str) -> bool:
-    """Whether a frame in ``path`` is no call site, or the standard library's."""
+    """Whether a frame in ``path`` is library code.
+
+    That is, no call site, or the standard library's.
+    """
     return not is_call_site(path) or in_stdlib(path)
 
 
 def call_site(frame: FrameType | None) -> tuple[str, int]:
-    """Where the user called a collective, ``(file, line)``: from ``frame`` (the caller of
-    the recorded function) outwards, the first frame that :func:`is_call_site`; where there
-    is none (torch called it, and nothing but the harness called torch), the outermost
-    torch frame, which names the torch function that was called; else ``("?", 0)``."""
+    """Where the user called a collective, as ``(file, line)``.
+
+    From ``frame`` (the caller of the recorded function) outwards, the first frame that
+    :func:`is_call_site`; where there is none (torch called it, and nothing but the harness
+    called torch), the outermost torch frame, which names the torch function that was
+    called; else ``("?", 0)``.
+    """
     outermost = None
     while frame is not None:
         path = frame.f_code.co_filename
@@ -70,9 +84,12 @@ def call_site(frame: FrameType | None) -> tuple[str, int]:
 
 
 def raised_at(exc: BaseException) -> tuple[str, int] | None:
-    """Where the user's code raised ``exc``, ``(file, line)``: the innermost frame of its
-    traceback that :func:`is_call_site`, outside the standard library and pytest (whose
-    ``pytest.skip()`` raises the exception its caller means); None where there is none."""
+    """Where the user's code raised ``exc``, as ``(file, line)``.
+
+    It is the innermost frame of its traceback that :func:`is_call_site`, outside the standard
+    library and pytest (whose ``pytest.skip()`` raises the exception its caller means); None
+    where there is none.
+    """
     found = None
     tb = exc.__traceback__
     while tb is not None:
@@ -85,9 +102,12 @@ def raised_at(exc: BaseException) -> tuple[str, int] | None:
 
 
 def position(thread: int) -> str:
-    """Where ``thread`` is, as a reader names it: ``"Event.wait at test_x.py:12"`` (the
-    library function the user's code called), ``"time.sleep at test_x.py:30"`` (a C
-    function: named from the source line), or '' when only library code is running."""
+    """Where ``thread`` is, as a reader names it.
+
+    It reads ``"Event.wait at test_x.py:12"`` (the library function the user's code called),
+    ``"time.sleep at test_x.py:30"`` (a C function: named from the source line), or '' when
+    only library code is running.
+    """
     frame = compat.frame_of_thread(thread)
     callee: FrameType | None = None
     while frame is not None and library(frame.f_code.co_filename):
@@ -104,7 +124,10 @@ def position(thread: int) -> str:
 
 
 def _called(source: str) -> str:
-    """The outermost function a line of source calls (``time.sleep``), '' when none."""
+    """The outermost function a line of source calls.
+
+    For example ``time.sleep``; '' when none.
+    """
     try:
         call = next(n for n in ast.walk(ast.parse(source.strip())) if isinstance(n, ast.Call))
         return ast.unparse(call.func)
