@@ -1,6 +1,7 @@
-"""Hangs that can never end, found while a call runs: the ranks' traces, asked for every
-:data:`PROBE_EVERY_S` once a call has run that long, judged by
-:func:`verdicts.can_never_finish`.
+"""Finding hangs that can never end while a call runs.
+
+The ranks' traces are asked for every :data:`PROBE_EVERY_S` once a call has run that long,
+and judged by :func:`verdicts.can_never_finish`.
 
 A call that returns sooner costs nothing. The request is answered by each rank's watchdog
 thread (as at a deadline), and read back without blocking: the supervisor keeps reading
@@ -32,7 +33,9 @@ _READ_EVERY_S = 0.01
 
 
 class HangWatch:
-    """Asks the ranks that are silent or returned for their traces, round after round, and
+    """Watch ranks' traces for a call that can never finish.
+
+    It asks the ranks that are silent or returned for their traces, round after round, and
     says when one round proves the call can never finish.
 
     A rank that an injected ``hang`` fault holds is judged as one that ended where the fault
@@ -75,8 +78,11 @@ class HangWatch:
         it could come late and pass for a later round's, so the call is not judged again."""
 
     def step(self, replies: dict[int, Reply]) -> bool:
-        """Start a round, or read the answers of the one that is out; whether they prove the
-        call can never finish (call it once ``next_at`` has passed)."""
+        """Start a round, or read the current round's answers.
+
+        The current round is the one that is out. Returns whether they prove the call can never
+        finish. Call it once ``next_at`` has passed.
+        """
         if not self._asked:
             self._ask(replies)
             self.next_at = time.monotonic() + (_READ_EVERY_S if self._asked else PROBE_EVERY_S)
@@ -114,13 +120,19 @@ class HangWatch:
         )
 
     def _hangs(self, faulted: Faulted) -> bool:
-        """Whether ``faulted`` is held by a ``hang`` fault (alive, never to go on)."""
+        """Whether ``faulted`` is held by a ``hang`` fault.
+
+        Such a rank is alive, never to go on.
+        """
         index = faulted.fired.index
         return index < len(self._faults) and self._faults[index].kind == "hang"
 
     def settle(self, timeout_s: float = 2.0) -> None:
-        """Wait, at most ``timeout_s``, for the answers to a round still out when the call
-        ended: the next call's first round must not read one of them as its own."""
+        """Wait for the answers to a round still out.
+
+        It waits at most ``timeout_s``, for a round still out when the call ended: the next
+        call's first round must not read one of them as its own.
+        """
         if not self._asked:  # as after every call that ended within PROBE_EVERY_S
             return
         end = time.monotonic() + timeout_s
@@ -132,7 +144,10 @@ class HangWatch:
         self._asked, self._traces, self._states = {}, {}, {}
 
     def _ask(self, replies: dict[int, Reply]) -> None:
-        """Ask every rank that is silent or returned (each one alive) for its trace."""
+        """Ask every silent or returned rank for its trace.
+
+        Each such rank is alive.
+        """
         self._held = {}
         for proc in self._ranks:
             reply = replies.get(proc.rank)
@@ -152,8 +167,11 @@ class HangWatch:
 
 
 def _without(trace: RankTrace, fault: Fault) -> RankTrace:
-    """``trace`` as though the rank had stopped before the collective where ``fault`` (an
-    ``error``) raised in its place, if it did: the rank never joined it."""
+    """``trace`` without the collective an ``error`` fault replaced.
+
+    It reads as though the rank had stopped before the collective where ``fault`` (an
+    ``error``) raised in its place, if it did: the rank never joined it.
+    """
     groups = dict(trace.groups)
     for key, history in groups.items():
         if history.ranks == fault.group and history.raised == fault.at:

@@ -1,4 +1,6 @@
-"""The forkserver that ranks are forked from: started early, preloaded, stopped at exit.
+"""The forkserver that ranks are forked from.
+
+It is started early, preloaded, stopped at exit.
 
 A new rank is a fork of a warm server that has already imported torch, fhelium and the rank
 loop: cheap, and sharing torch's pages copy-on-write, where a spawned rank would import
@@ -43,7 +45,10 @@ so that their ranks save coverage before the server's death takes them down)."""
 
 
 def context() -> BaseContext:
-    """The multiprocessing context ranks are started from; starts the forkserver once."""
+    """The multiprocessing context ranks are started from.
+
+    It starts the forkserver once.
+    """
     global _context
     if _context is None:
         _context = _start_server()
@@ -74,7 +79,9 @@ def _start_server() -> BaseContext:
 
 
 def warm_up() -> bool:
-    """Start the forkserver now (it imports torch meanwhile); whether this call started it.
+    """Start the forkserver now; whether this call started it.
+
+    It imports torch meanwhile.
 
     Not in a process still bootstrapping (a rank re-importing a main module that imports
     ``harness.World`` at the top): only starting a world there is an error.
@@ -87,17 +94,22 @@ def warm_up() -> bool:
 
 
 def preload_also(entries: Sequence[str]) -> None:
-    """Have the server run the project's warm-up (ini ``dist_preload``: ``module`` or
-    ``module:function`` entries, see :mod:`harness.rank.preload`) before it forks a rank;
-    effective only before the server starts."""
+    """Have the server run the project's warm-up before forking.
+
+    The warm-up is ini ``dist_preload``: ``module`` or ``module:function`` entries, see
+    :mod:`harness.rank.preload`; it runs before the server forks a rank. Effective only before
+    the server starts.
+    """
     global _project_preload
     if _context is None:
         _project_preload = tuple(entries)
 
 
 def preload_problems() -> list[str]:
-    """The entries of the project's warm-up that failed in the server, one line each (read
-    once a rank has been forked: the server runs its warm-up first)."""
+    """Warm-up entries that failed in the server, one line each.
+
+    They are read once a rank has been forked: the server runs its warm-up first.
+    """
     if _preload_report is None:
         return []
     try:
@@ -109,8 +121,11 @@ def preload_problems() -> list[str]:
 
 @contextlib.contextmanager
 def _project_warm_up() -> Iterator[None]:
-    """The server's environment, while it starts, names the project's warm-up and a file
-    for its problems; this process's environment is as it was afterwards."""
+    """Name the project's warm-up in the starting server's environment.
+
+    While it starts, the server's environment names the project's warm-up and a file for its
+    problems; this process's environment is as it was afterwards.
+    """
     global _preload_report
     if not _project_preload:
         yield
@@ -164,7 +179,9 @@ def _preload() -> list[str]:
 
 
 def _stop() -> None:
-    """At exit: close what still runs on the server, then end the server at once.
+    """Stop the server at exit.
+
+    It first closes what still runs on the server, then ends the server at once.
 
     Left alone, the server would notice our exit and shut its interpreter down with torch
     loaded, outliving us with our stdout and stderr still open (``pytest | tee`` waits for
@@ -185,7 +202,10 @@ def _stop() -> None:
 
 
 def stop_idle() -> None:
-    """End the server at once unless a process started from it (ours or anyone's) runs."""
+    """End the server now unless a process from it runs.
+
+    It is ended at once, unless a process started from it (ours or anyone's) runs.
+    """
     pid = compat.forkserver_pid()
     if pid is None or multiprocessing.active_children():
         return

@@ -1,5 +1,7 @@
-"""Every collective kind ``python -m harness check`` runs: how it is called on this rank, and
-what it must leave there (:mod:`harness.rank.check_rows` runs, times and verifies one row).
+"""Every collective kind ``python -m harness check`` runs.
+
+It says how each is called on this rank, and what it must leave there
+(:mod:`harness.rank.check_rows` runs, times and verifies one row).
 
 A kind is one torch.distributed function (or pair: ``send``/``recv``), checked in the modes
 it has (blocking, and ``async_op=True``); a row is one kind in one mode. Each rank's inputs
@@ -23,7 +25,7 @@ _CHUNK = 16
 
 @dataclass(frozen=True)
 class Ctx:
-    """What every kind needs to know about the rank it runs on."""
+    """What every kind needs to know about its rank."""
 
     rank: int
     world_size: int
@@ -31,7 +33,10 @@ class Ctx:
     backend: str
 
     def piece(self, scale: float) -> torch.Tensor:
-        """``scale * [1, 2, ..., _CHUNK]``: integer-valued floats, so sums are exact."""
+        """The piece ``scale * [1, 2, ..., _CHUNK]``.
+
+        Integer-valued floats, so sums are exact.
+        """
         return torch.arange(1, _CHUNK + 1, dtype=torch.float32, device=self.device) * scale
 
     def empty(self, pieces: int = 1) -> torch.Tensor:
@@ -39,15 +44,21 @@ class Ctx:
         return torch.full((pieces * _CHUNK,), float("nan"), device=self.device)
 
     def sync(self) -> None:
-        """Wait for the device, so a timing covers the work and not just its launch."""
+        """Wait for the device.
+
+        So a timing covers the work and not just its launch.
+        """
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
 
 @dataclass
 class Trial:
-    """One execution of a collective: ``run`` launches it (returning None, a Work, or a list
-    of Works); once it and any ``wait`` finished, ``out`` must equal ``expected`` exactly."""
+    """One execution of a collective.
+
+    ``run`` launches it (returning None, a Work, or a list of Works); once it and any ``wait``
+    finished, ``out`` must equal ``expected`` exactly.
+    """
 
     run: Callable[[], Any]
     out: Any
@@ -255,14 +266,18 @@ KINDS: tuple[CollectiveKind, ...] = (
 
 
 def row_names() -> list[str]:
-    """Every row's name, in report order: one per kind and mode (``"all_reduce"``,
-    ``"all_reduce (async)"``)."""
+    """Every row's name, in report order.
+
+    One per kind and mode (``"all_reduce"``, ``"all_reduce (async)"``).
+    """
     return [_row_name(kind, mode) for kind in KINDS for mode in kind.modes]
 
 
 def needs_numpy(name: str) -> bool:
-    """Whether the row ``name`` runs an object collective, which needs numpy; ValueError
-    when ``name`` is not a row name."""
+    """Whether the row ``name`` runs an object collective.
+
+    Those need numpy. ValueError when ``name`` is not a row name.
+    """
     return find_row(name)[0].needs_numpy
 
 
@@ -273,7 +288,10 @@ def _row_name(kind: CollectiveKind, async_op: bool) -> str:
 
 
 def find_row(name: str) -> tuple[CollectiveKind, bool]:
-    """The kind and mode (``async_op``) of a row; ValueError when ``name`` is none."""
+    """The kind and mode (``async_op``) of a row.
+
+    ValueError when ``name`` is none.
+    """
     for kind in KINDS:
         for async_op in kind.modes:
             if _row_name(kind, async_op) == name:

@@ -1,4 +1,6 @@
-"""A rank's life: this module runs INSIDE each rank process, never in the controller.
+"""A rank's life, from start to exit.
+
+This module runs INSIDE each rank process, never in the controller.
 
 A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
 (through :func:`harness.rank.entry.rank_main`). It sets up its safety nets and its context
@@ -170,8 +172,10 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
 
 
 def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -> RankMessage:
-    """Unpickle and run the call's function, with the leak watch and the recording of its
-    collectives; the answer."""
+    """Unpickle and run the call's function; return the answer.
+
+    It runs with the leak watch and the recording of its collectives.
+    """
     rank = ctx.rank
     try:
         fn, args, kwargs = pickle.loads(call.payload)
@@ -223,7 +227,10 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
 
 
 def _plan(ctx: RankContext, call: Call) -> inject.Plan | None:
-    """The faults of ``call`` placed on this rank, None where there are none."""
+    """The faults of ``call`` placed on this rank.
+
+    None where there are none.
+    """
     faults = call.options.faults
     if not faults:
         return None
@@ -231,18 +238,24 @@ def _plan(ctx: RankContext, call: Call) -> inject.Plan | None:
 
 
 def report_failing(exc: BaseException) -> None:
-    """Tell the controller now (``Failing``) that the call in progress fails with ``exc``
-    (what the test body or a fixture's setup raised, marked with its phase), before the rank
-    runs what must follow (the teardown of a pytest test's rank-side fixtures, which may take
-    long); the call's ``Failed`` still follows, dated alike. Nothing outside a call or a
-    rank, for a skip, or for a call that already reported one."""
+    """Tell the controller now that the call in progress fails.
+
+    It sends ``Failing`` with ``exc`` (what the test body or a fixture's setup raised, marked
+    with its phase), before the rank runs what must follow (the teardown of a pytest test's
+    rank-side fixtures, which may take long); the call's ``Failed`` still follows, dated
+    alike. Nothing outside a call or a rank, for a skip, or for a call that already reported
+    one.
+    """
     ctx = current
     if ctx is not None:
         ctx.report_failing(exc)
 
 
 def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:
-    """Make a fresh harness default group: the last call destroyed the old one on every rank."""
+    """Make a fresh harness default group.
+
+    The last call destroyed the old one on every rank.
+    """
     # Every rank has answered that call, so no peer still uses a group destroyed here: what
     # the call left (a default group of its own, say) must not outlive the harness's.
     reset.destroy_groups()
@@ -255,8 +268,10 @@ def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:
 
 
 def _make_default_group(ctx: RankContext, store: str) -> None:
-    """Initialize the harness's default group on a FileStore at ``store``; it becomes the
-    group every call keeps."""
+    """Initialize the harness's default group on a FileStore.
+
+    The store is at ``store``; the group becomes the one every call keeps.
+    """
     setup = ctx.setup
     file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
     fhelium.distributed.init(
@@ -271,8 +286,11 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
 
 
 def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn:
-    """Watchdog thread: answer trace requests (``TRACE_REQUEST``) while the main thread is
-    busy or blocked; end the rank when the controller closes the lifeline or dies."""
+    """Watchdog thread: answer trace requests, end the rank.
+
+    It answers trace requests (``TRACE_REQUEST``) while the main thread is busy or blocked;
+    it ends the rank when the controller closes the lifeline or dies.
+    """
     while True:
         try:
             request = lifeline.recv_bytes()

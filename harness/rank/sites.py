@@ -1,8 +1,8 @@
 """Where a rank is in the user's code.
 
-This is as a reader of a failure names it: the call site of a collective, the position of a
-blocked thread, the line that raised a skip (frames are CPython's private API, read through
-``harness.compat``).
+Places are named as a reader of a failure names them: the call site of a collective, the
+position of a blocked thread, the line that raised a skip (frames are CPython's private API,
+read through ``harness.compat``).
 
 A reader wants the first frame outside the libraries between their code and the collective:
 torch's implementation, the harness and :mod:`multiprocessing` (:func:`is_call_site`); for a
