@@ -1,5 +1,8 @@
-"""CPython's private names: frames, multiprocessing's forkserver and bootstrap state, the
-bytes behind ``os.environ``."""
+"""Access to CPython's private names.
+
+They cover frames, multiprocessing's forkserver and bootstrap state, the bytes behind
+``os.environ``.
+"""
 
 from __future__ import annotations
 
@@ -20,9 +23,12 @@ __all__ = [
 
 
 def frame(depth: int) -> FrameType | None:
-    """The frame ``depth`` calls above the caller (0: the caller's own), None past the
-    outermost. Private: ``sys._getframe``; ``inspect.stack()`` formats every frame, far too
-    slow for a call site taken at every collective."""
+    """The frame ``depth`` calls above the caller.
+
+    0 is the caller's own; None past the outermost. Private: ``sys._getframe``;
+    ``inspect.stack()`` formats every frame, far too slow for a call site taken at every
+    collective.
+    """
     try:
         return sys._getframe(depth + 1)
     except ValueError:
@@ -30,14 +36,20 @@ def frame(depth: int) -> FrameType | None:
 
 
 def frame_of_thread(ident: int) -> FrameType | None:
-    """The frame a thread is running now (another thread's too, while it is blocked in C),
-    or None. Private: ``sys._current_frames``; ``faulthandler`` writes text, not frames."""
+    """The frame a thread is running now, or None.
+
+    Another thread's too, while it is blocked in C. Private: ``sys._current_frames``;
+    ``faulthandler`` writes text, not frames.
+    """
     return sys._current_frames().get(ident)
 
 
 def forkserver_pid() -> int | None:
-    """The pid of this process's multiprocessing forkserver, or None when none runs.
-    Private: ``_forkserver._forkserver_pid``; multiprocessing documents no way to reach it."""
+    """The pid of this process's multiprocessing forkserver.
+
+    None when none runs. Private: ``_forkserver._forkserver_pid``; multiprocessing documents
+    no way to reach it.
+    """
     import multiprocessing.forkserver
 
     pid = getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None)
@@ -45,26 +57,34 @@ def forkserver_pid() -> int | None:
 
 
 def forget_forkserver() -> None:
-    """Close this process's side of the forkserver and forget it (after it was killed).
-    There is no public way to stop a forkserver; ``_forkserver._stop()`` closes our socket
-    and reaps the server so that multiprocessing does not try to use it again."""
+    """Close this process's side of the forkserver and forget it.
+
+    This is after it was killed. There is no public way to stop a forkserver;
+    ``_forkserver._stop()`` closes our socket and reaps the server so that multiprocessing
+    does not try to use it again.
+    """
     import multiprocessing.forkserver
 
     multiprocessing.forkserver._forkserver._stop()  # type: ignore[attr-defined]
 
 
 def bootstrapping() -> bool:
-    """Whether this process is a multiprocessing child still importing its parent's main
-    module (spawn and forkserver re-run it, as ``__mp_main__``, before the child's target).
-    multiprocessing checks the private ``current_process()._inheriting`` and then raises a
-    long generic error; the harness checks first to say what to do instead."""
+    """Whether this process still imports its parent's main module.
+
+    That is, a multiprocessing child still importing it (spawn and forkserver re-run it, as
+    ``__mp_main__``, before the child's target). multiprocessing checks the private
+    ``current_process()._inheriting`` and then raises a long generic error; the harness
+    checks first to say what to do instead.
+    """
     import multiprocessing
 
     return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
 
 
 def environ_bytes() -> Mapping[bytes, bytes]:
-    """The live ``os.environ`` as the bytes mapping it keeps (read it, never write it).
+    """The live ``os.environ`` as the bytes mapping it keeps.
+
+    Read it, never write it.
 
     ``os.environ``'s Mapping methods decode every key and value, a cost every rank would
     pay at every call to put its environment back; ``os.environ._data``, the dict of bytes

@@ -1,4 +1,6 @@
-"""Supervision of a call: wait for each rank's answer or death, and read what it left.
+"""Supervision of a call's ranks.
+
+It waits for each rank's answer or death, and reads what it left.
 
 :func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
 exception and a death are all seen the moment they happen; what they mean for the wait (the
@@ -88,9 +90,12 @@ def gather(
 
 
 def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
-    """End the ranks that returned, as native processes end once their work is done: their
-    connections close, so a peer still blocked on one of them fails instead of hanging (a
-    fault ended a rank: the world is rebuilt anyway)."""
+    """End the ranks that returned.
+
+    They end as native processes end once their work is done: their connections close, so a
+    peer still blocked on one of them fails instead of hanging (a fault ended a rank: the
+    world is rebuilt anyway).
+    """
     for proc in ranks:
         if isinstance(replies.get(proc.rank), Done) and proc.lifeline is not None:
             proc.lifeline.close()
@@ -98,7 +103,10 @@ def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
 
 
 def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
-    """Every rank's readable stacks, taken now by a signal ('' for a rank that is gone)."""
+    """Every rank's readable stacks, taken now by a signal.
+
+    '' for a rank that is gone.
+    """
     pending = {}
     for proc in ranks:
         if proc.alive():
@@ -122,8 +130,11 @@ def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, st
 
 
 def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, RankTrace | None]:
-    """The collectives each rank has issued in the call in progress, taken now by its
-    watchdog thread; None for a rank that is gone or did not answer within ``timeout_s``."""
+    """The collectives each rank has issued in the call.
+
+    They are for the call in progress, taken now by its watchdog thread; None for a rank that
+    is gone or did not answer within ``timeout_s``.
+    """
     pending = {}
     for proc in ranks:
         if proc.ask_trace():
@@ -142,7 +153,10 @@ def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, Ra
 
 
 def readable(proc: RankProcess, dump: str) -> str:
-    """A rank's faulthandler dump as traceback-style text ('' when there is none)."""
+    """A rank's faulthandler dump as traceback-style text.
+
+    '' when there is none.
+    """
     if not dump.strip():
         return ""
     return stacks.format_dump(
@@ -151,9 +165,11 @@ def readable(proc: RankProcess, dump: str) -> str:
 
 
 def _receive(proc: RankProcess, ready: bool = False) -> RankMessage | Died:
-    """What a rank said, or how it died; ``ready``: the poll found its pipe readable (a
-    message, or the pipe's end), so recv need not ask again (``Connection.poll`` builds a
-    selector each time)."""
+    """What a rank said, or how it died.
+
+    ``ready`` means the poll found its pipe readable (a message, or the pipe's end), so recv
+    need not ask again (``Connection.poll`` builds a selector each time).
+    """
     try:
         if ready or proc.conn.poll():
             message: RankMessage = proc.conn.recv()

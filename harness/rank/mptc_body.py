@@ -1,5 +1,6 @@
-"""Where a ``MultiProcessTestCase`` test runs on a reused rank (``--dist-mptc``); torch's test
-classes come through :mod:`harness.compat`.
+"""Running a ``MultiProcessTestCase`` test on a reused rank.
+
+This is ``--dist-mptc``; torch's test classes come through :mod:`harness.compat`.
 
 A native run starts one process per rank, each calling the class's own
 ``cls._run(rank, test_name, file_name, pipe)`` and exiting; the parent judges the test by
@@ -51,23 +52,27 @@ _default_threads: dict[tuple[str | None, ...], int] = {
 
 @dataclass(frozen=True)
 class FreshAfter(CaseExit):
-    """A ``CaseExit`` after which the controller replaces the world's processes: so after a
-    test that used RPC, which cannot be put back as a fresh process has it. An agent a test
-    left running makes the next ``init_rpc`` fail ("RPC is already initialized"), and
-    stopping it here would be a shutdown without its peers; ``init_rpc`` counts its
-    initializations in a module global that names each one's store (ranks whose counts
-    differ never meet); a second ``init_rpc`` after a clean ``shutdown`` was far slower than
-    in a fresh process (see benchmarks/README.md); and torch's RPC test suites keep each test's
-    state in module globals (``dist_autograd_test``'s ``rpc_done``, ``rpc_test``'s
-    futures), which only a fresh import resets.
+    """A ``CaseExit`` after which the world's processes are replaced.
+
+    The controller replaces them: so after a test that used RPC, which cannot be put back as a
+    fresh process has it. An agent a test left running makes the next ``init_rpc`` fail ("RPC is
+    already initialized"), and stopping it here would be a shutdown without its peers;
+    ``init_rpc`` counts its initializations in a module global that names each one's store
+    (ranks whose counts differ never meet); a second ``init_rpc`` after a clean ``shutdown`` was
+    far slower than in a fresh process (see benchmarks/README.md); and torch's RPC test suites
+    keep each test's state in module globals (``dist_autograd_test``'s ``rpc_done``,
+    ``rpc_test``'s futures), which only a fresh import resets.
     """
 
     reason: str = ""
 
 
 class ProcessExit(Exception):
-    """The test's process would have ended here with a failing exit code (``exitcode``),
-    without an exception of its own to show (``sys.exit(n)``, ``os._exit`` aside)."""
+    """The test's process would have exited here, failing.
+
+    It would have ended with a failing exit code (``exitcode``), without an exception of its
+    own to show (``sys.exit(n)``, ``os._exit`` aside).
+    """
 
     def __init__(self, exitcode: int, detail: str) -> None:
         super().__init__(detail)
@@ -75,7 +80,9 @@ class ProcessExit(Exception):
 
 
 def run_mptc_case(call: CaseCall) -> CaseExit:
-    """Run one test of a ``MultiProcessTestCase`` class as its process for this rank would.
+    """Run one ``MultiProcessTestCase`` test as its process would.
+
+    It runs as the test's process for this rank would.
 
     Returns:
         The exit code (0 or a skip code) and the messages the test sent through its pipe.
@@ -136,8 +143,11 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
 
 
 def _native_threads(environ: dict[str, str]) -> int | None:
-    """torch's default intra-op thread count in a fresh process with ``environ``; None where
-    it cannot be learnt (the rank's count then stays)."""
+    """torch's default intra-op thread count in a fresh process.
+
+    The process has ``environ``; None where it cannot be learnt (the rank's count then
+    stays).
+    """
     key = tuple(environ.get(name) for name in _THREAD_VARIABLES)
     known = _default_threads.get(key)
     if known is not None:
@@ -161,7 +171,7 @@ def _native_threads(environ: dict[str, str]) -> int | None:
 
 
 def _exit_code(exc: SystemExit) -> int:
-    """The exit code Python gives a process that ends with ``exc``."""
+    """The exit code of a process that ends with ``exc``."""
     code = exc.code
     if code is None:
         return 0
@@ -172,7 +182,10 @@ def _exit_code(exc: SystemExit) -> int:
 
 
 def _drain(ours: Any, theirs: Any) -> tuple[str, ...]:
-    """Everything the test sent through its pipe (run_test sends a failing test's traceback)."""
+    """Everything the test sent through its pipe.
+
+    run_test sends a failing test's traceback.
+    """
     theirs.close()
     messages = []
     with contextlib.suppress(EOFError, OSError):
