@@ -1,4 +1,4 @@
-"""Which backend a world uses, and whether it can run on this machine."""
+"""Which backend a world uses, and whether it can run."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from harness import validate
 
 
 def resolve_backend(backend: object) -> str:
-    """The backend named by one of :data:`harness.validate.BACKEND_CHOICES` (any case), in
-    lower case; ``"auto"`` is what ``fhelium.distributed.init`` picks without a ``backend``,
-    as its documentation says: NCCL when CUDA is available, else Gloo. Raises ``ValueError``
-    for any other value."""
+    """The backend a name stands for, in lower case.
+
+    The name is one of :data:`harness.validate.BACKEND_CHOICES` (any case); ``"auto"`` is
+    what ``fhelium.distributed.init`` picks without a ``backend``, as its documentation says:
+    NCCL when CUDA is available, else Gloo. Raises ``ValueError`` for any other value.
+    """
     name = validate.backend(backend)
     if name != "auto":
         return name
@@ -20,8 +22,11 @@ def resolve_backend(backend: object) -> str:
 
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:
-    """Why a world of this (resolved) backend and size cannot run here (``"needs 2 CUDA
-    devices, found 0"``), or None if it can."""
+    """Why a world of this backend and size cannot run.
+
+    It cannot run here. The backend is resolved. The reason reads ``"needs 2 CUDA devices, found
+    0"``; None if it can.
+    """
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:

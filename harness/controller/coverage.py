@@ -1,4 +1,6 @@
-"""Measure coverage inside ranks when the controller is measured: the controller's half.
+"""Coverage inside ranks: the controller's half.
+
+Coverage is measured inside ranks when the controller is measured.
 
 coverage.py follows neither forkserver nor spawn children (nor does pytest-cov 7). So when
 ``coverage.Coverage.current()`` is active here, each rank runs its own ``Coverage`` with
@@ -42,7 +44,9 @@ def _current() -> Any | None:
 
 
 def settings() -> dict[str, Any] | None:
-    """What a rank's Coverage needs, or None when nothing measures us.
+    """What a rank's Coverage needs, or None.
+
+    None when nothing measures us.
 
     Returns:
         ``{"config_file": path or False, "options": {"run:branch": True, ...}}``; options
@@ -61,7 +65,10 @@ def settings() -> dict[str, Any] | None:
 
 
 def merge(workdir: str) -> None:
-    """Merge the ranks' data files into the live data, then delete them."""
+    """Merge the ranks' data files into the live data.
+
+    Then delete them.
+    """
     paths = coverage_data_files(workdir)
     if not paths:
         return

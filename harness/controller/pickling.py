@@ -1,4 +1,7 @@
-"""Sending a call to the ranks by pickle, and saying exactly what did not pickle."""
+"""Pickling of calls for the ranks, with exact errors.
+
+It says exactly what did not pickle.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +17,9 @@ from harness.protocol.failures import ranks_phrase
 def pickle_call(
     fn: Callable[..., Any], args: Iterable[Any], kwargs: Mapping[str, Any] | None, n: int
 ) -> bytes:
-    """The payload of a ``Call``: ``(fn, args, kwargs)`` pickled once for all ``n`` ranks.
+    """The payload of a ``Call``, pickled once.
+
+    It is ``(fn, args, kwargs)`` pickled once for all ``n`` ranks.
 
     Raises:
         TypeError: ``args`` is not a tuple (or other iterable) of positional arguments, or
@@ -44,8 +49,10 @@ def picklable(obj: Any) -> bool:
 
 
 def pickle_problem(obj: Any) -> str | None:
-    """Why ``obj`` does not pickle (``"TypeError: cannot pickle '_thread.lock' object"``),
-    or None when it does."""
+    """Why ``obj`` does not pickle, or None when it does.
+
+    The reason reads ``"TypeError: cannot pickle '_thread.lock' object"``.
+    """
     try:
         pickle.dumps(obj)
     except Exception as exc:

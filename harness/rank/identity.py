@@ -1,6 +1,7 @@
-"""Who this rank is: the values of the plugin's rank-side fixtures, in a rank, or in pytest's
-own process under an external launcher (:mod:`harness.plugin.launcher`), where pytest runs
-in a rank.
+"""Who this rank is, for the plugin's rank-side fixtures.
+
+These are their values in a rank, or in pytest's own process under an external launcher
+(:mod:`harness.plugin.launcher`), where pytest runs in a rank.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from harness.protocol.messages import GPUS_PER_RANK
 
 
 def first_gpu() -> int | None:
-    """The CUDA index of this rank's first GPU in a world that holds GPUs
-    (``LOCAL_RANK * gpus_per_rank`` of the world's ``CUDA_VISIBLE_DEVICES``); None elsewhere,
-    or without CUDA (a lease tried on a machine without GPUs)."""
+    """The CUDA index of this rank's first GPU.
+
+    In a world that holds GPUs, it is ``LOCAL_RANK * gpus_per_rank`` of the world's
+    ``CUDA_VISIBLE_DEVICES``; None elsewhere, or without CUDA (a lease tried on a machine
+    without GPUs).
+    """
     per_rank = os.environ.get(GPUS_PER_RANK)
     if per_rank is None:
         return None
@@ -26,11 +30,13 @@ def first_gpu() -> int | None:
 
 
 def rank_value(name: str) -> Any:
-    """The value of one of the plugin's rank-side fixtures (``rank``, ``world_size``,
-    ``local_rank``, ``local_device``) in this process. Without a process group (a world with
-    ``init=False``) they come from the torchrun variables, and ``local_device`` is the device
-    ``fhelium.distributed.init()`` will select (``local_device()`` would report the current
-    CUDA device, which in a reused rank depends on whether an earlier test called ``init``).
+    """The value of one of the plugin's rank-side fixtures.
+
+    These are ``rank``, ``world_size``, ``local_rank``, ``local_device``, in this process.
+    Without a process group (a world with ``init=False``) they come from the torchrun variables,
+    and ``local_device`` is the device ``fhelium.distributed.init()`` will select
+    (``local_device()`` would report the current CUDA device, which in a reused rank depends on
+    whether an earlier test called ``init``).
     """
     import torch
     import torch.distributed as dist

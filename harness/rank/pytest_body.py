@@ -31,8 +31,10 @@ from harness.rank import fixtures, logs
 
 
 def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
-    """Set up the test's rank-side fixtures, call the referenced test, tear them down, its
-    log records captured (:mod:`harness.rank.logs`); raises what the test raised, or what a
+    """Run a pytest test with its rank-side fixtures.
+
+    Set up the test's rank-side fixtures, call the referenced test, tear them down, its log
+    records captured (:mod:`harness.rank.logs`); raises what the test raised, or what a
     fixture raised marked with its phase.
 
     Returns:
@@ -100,7 +102,10 @@ def _enter(phase: str, marks: list[float]) -> None:
 
 
 def _times(marks: list[float]) -> tuple[float, float, float]:
-    """The seconds from each mark to the next (the last: until now), 0 for a phase not reached."""
+    """The seconds from each mark to the next.
+
+    The last runs until now; 0 for a phase not reached.
+    """
     points = [*marks, time.perf_counter()]
     spans = [end - start for start, end in itertools.pairwise(points)]
     setup, call, teardown = [*spans, 0.0, 0.0][:3]
@@ -117,9 +122,12 @@ def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
 
 
 def import_test_module(ref: TestRef) -> ModuleType:
-    """The module of a referenced test, imported as the controller did: its ``sys.path``
-    first (also for what the body imports later; the rank puts its own back after every
-    call), pytest's assertion rewriting where the controller's copy has it."""
+    """Import a referenced test's module as the controller did.
+
+    With its ``sys.path`` first (also for what the body imports later; the rank puts its own
+    back after every call), and pytest's assertion rewriting where the controller's copy has
+    it.
+    """
     missing = set(ref.sys_path).difference(sys.path)
     sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
     return _import(ref.module, ref.path, ref.rewrite)
@@ -132,7 +140,10 @@ _imported: dict[tuple[str, str], ModuleType] = {}
 
 
 def _import(name: str, path: str, rewrite: bool) -> ModuleType:
-    """The module ``name`` from the file ``path`` (the controller's), imported once."""
+    """The module ``name`` from the file ``path``, imported once.
+
+    ``path`` is the controller's.
+    """
     loaded = sys.modules.get(name)
     if loaded is not None and _imported.get((name, path)) is loaded:
         return loaded

@@ -1,4 +1,4 @@
-"""What one call may change in its rank, put back before the next.
+"""Putting back what one call changed in its rank.
 
 A reused rank must look to each call as a fresh one would. :class:`ProcessState` is taken
 once when the rank is up and restored after every call (``--dist-mptc`` tests included):
@@ -29,7 +29,10 @@ from harness import compat
 
 @dataclass
 class ProcessState:
-    """The state a call may leave behind, as it was when the rank came up."""
+    """The state a call may leave behind.
+
+    As it was when the rank came up.
+    """
 
     dtype: torch.dtype
     grad: bool
@@ -104,8 +107,11 @@ def _restore_environ(saved: dict[bytes, bytes]) -> None:
 
 
 def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
-    """Set (None: unset) the variables in ``wanted``; with ``exact``, also unset every other.
-    Only what differs is touched: setting a whole environment is slow."""
+    """Set (None: unset) the variables in ``wanted``.
+
+    With ``exact``, also unset every other. Only what differs is touched: setting a whole
+    environment is slow.
+    """
     if exact:
         for key in [key for key in os.environ if key not in wanted]:
             del os.environ[key]
@@ -117,8 +123,11 @@ def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> 
 
 
 def seed_all(seed: int) -> None:
-    """Seed every generator a test may draw from: torch (CPU and every CUDA device),
-    ``random``, and numpy's global generator where numpy is imported."""
+    """Seed every generator a test may draw from.
+
+    That is torch (CPU and every CUDA device), ``random``, and numpy's global generator where
+    numpy is imported.
+    """
     # Not torch.manual_seed: it also visits the MPS, XPU and custom-device backends, a cost
     # paid at every test; the CPU and CUDA generators are these.
     torch.default_generator.manual_seed(seed)
@@ -131,8 +140,11 @@ def seed_all(seed: int) -> None:
 
 
 def destroy_groups(keep: set[Any] | frozenset[Any] = frozenset()) -> None:
-    """Destroy every process group not in ``keep``: subgroups first, then the default group
-    unless it is kept (which leaves ``dist.is_initialized()`` False)."""
+    """Destroy every process group not in ``keep``.
+
+    Subgroups first, then the default group unless it is kept (which leaves
+    ``dist.is_initialized()`` False).
+    """
     if not dist.is_initialized():
         return
     default = dist.group.WORLD
