@@ -24,8 +24,8 @@ def resolve_backend(backend: object) -> str:
 def unavailable_reason(backend: str, world_size: int) -> str | None:
     """Why a world of this backend and size cannot run.
 
-    It cannot run here. The backend is resolved. The reason reads ``"needs 2 CUDA devices, found
-    0"``; None if it can.
+    It cannot run here. The backend is resolved. The reason reads
+    ``"needs 2 CUDA devices, found 0"``; None if it can.
     """
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
