@@ -180,9 +180,9 @@ class RankLeak(DistributedError):
     """The call left behind what a reused rank cannot undo.
 
     It returned on every rank but left behind, on some, threads it started that are still
-    alive, child processes, open files (raised under ``leaks="error"``, ini ``dist_leaks =
-    error``). The ranks were then stopped, and what they leaked with them; the next call gets
-    fresh ones.
+    alive, child processes, open files (raised under ``leaks="error"``, ini
+    ``dist_leaks = error``). The ranks were then stopped, and what they leaked with them; the
+    next call gets fresh ones.
 
     Each failing rank's section lists its findings, one per line.
     """

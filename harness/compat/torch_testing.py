@@ -69,8 +69,8 @@ def mptc_run_kwargs(case: Any) -> dict[str, Any]:
     """The keyword arguments each process's ``cls._run`` gets.
 
     They are what ``_start_processes`` gives it: its ``fake_pg`` where ``_run`` takes keyword
-    arguments (newer torch); none in older torch, whose ``_run(rank, test_name, file_name,
-    parent_pipe)`` takes none.
+    arguments (newer torch); none in older torch, whose
+    ``_run(rank, test_name, file_name, parent_pipe)`` takes none.
     """
     import inspect
 
