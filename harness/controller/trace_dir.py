@@ -82,27 +82,28 @@ def check_writable(directory: str, where: str = "--dist-trace-dir") -> Path:
     return path
 
 
-def write(directory: Path, timeline: Timeline) -> tuple[Path, list[str]]:
+def write(directory: Path, timeline: Timeline) -> tuple[Path, dict[str, str]]:
     """Write ``timeline``'s folder under ``directory``, replacing an earlier run's.
 
     Each file is written on its own: one that cannot be (a writer's error) is left out and
     said, the others are still written.
 
     Returns:
-        The folder, and one line per file that could not be written (empty when none).
+        The folder, and why each of :data:`FILES` that could not be written was not, by
+        name (empty when all were).
     """
     folder = directory / folder_name(timeline.test)
-    problems = []
+    problems = {}
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        return folder, [f"the folder could not be made: {exc}"]
+        return folder, dict.fromkeys(FILES, f"the folder could not be made: {exc}")
     for name in FILES:
         target = folder / name
         try:
             _write_one(target, timeline)
         except Exception as exc:  # a writer's bug must not hide the test's own failure
-            problems.append(f"{name}: {type(exc).__name__}: {exc}")
+            problems[name] = f"{type(exc).__name__}: {exc}"
     return folder, problems
 
 

@@ -20,6 +20,7 @@ The rest of the plugin:
   line that reproduces it, the ranks' output and logs, each phase's duration, where a skip
   or a warning points
 * :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
+* :mod:`~harness.plugin.trace_folders` which tests get a trace folder (``--dist-trace-dir``)
 
 A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`. The plugin is
 loaded into every pytest run of an environment that has fhelium installed: this module
@@ -83,6 +84,8 @@ _FLAGS = {
     "--dist-require-gpus": "fail, instead of skipping, a distributed test that needs more GPUs "
     "than this run has (default: ini dist_require_gpus), so that a GPU job cannot pass by "
     "skipping",
+    "--dist-trace-all": "write the trace folder of every distributed test, passing ones too "
+    "(needs --dist-trace-dir)",
 }
 # Their defaults are settings.py's, where an unset key ('') is read.
 _INI = {
@@ -103,6 +106,7 @@ _INI = {
     "dist_preload": "modules (mylib.models) and functions (mylib.testing:warm_up) the "
     "forkserver imports or calls once, before it forks any rank: every rank, also of a "
     "world rebuilt after a failure or a fault, starts with them done",
+    "dist_trace_dir": "as --dist-trace-dir (relative to this file's directory)",
     "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
 }
@@ -130,6 +134,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "UUIDs): each world that needs GPUs leases them exclusively across every xdist "
         "worker and pytest process of the machine (default: ini dist_gpus, else every GPU "
         "CUDA shows)",
+    )
+    group.addoption(
+        "--dist-trace-dir",
+        metavar="DIR",
+        help="write a folder per failing distributed test into DIR: timeline.html (its "
+        "collectives per rank on one time axis), trace.json (Chrome trace events, for "
+        "Perfetto) and fr/ (Flight Recorder dumps); the report names it (default: ini "
+        "dist_trace_dir)",
     )
     for flag, text in _FLAGS.items():
         group.addoption(flag, action="store_true", default=False, help=text)

@@ -113,6 +113,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
+    from harness.plugin import trace_folders
     from harness.protocol.pytest_calls import CaseCall
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
@@ -125,7 +126,11 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         # it, and nothing else: the rank runs the test with exactly this one.
         environ=dict(os.environ),
     )
-    options = CallOptions(compat.mptc_timeout(case), session.settings.output)
+    options = CallOptions(
+        compat.mptc_timeout(case),
+        session.settings.output,
+        keep_traces=trace_folders.keep_traces(session.settings, ()),
+    )
     step = replay.Step(
         item.nodeid,
         rank_body,
@@ -143,6 +148,10 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         raise checked.failure
     ended = checked.result
     error = ended.outcome.error
+    # The world's backend only names it; the test's own groups say theirs, where they do.
+    backend = getattr(type(case), "backend", None)
+    backend = backend if isinstance(backend, str) else "gloo"
+    trace_folders.write(item, session.settings, ended.outcome, world_size, backend)
     report.add_output_sections(item, ended.outcome.outputs)
     if error is not None:
         report.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")

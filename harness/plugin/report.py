@@ -43,6 +43,8 @@ _MOVED = pytest.StashKey[tuple[float, float]]()
 _LOGS = pytest.StashKey[dict[str, str]]()
 # The line a failure report ends with (set_repro).
 _REPRO = pytest.StashKey[str]()
+# The line naming the test's trace folder (--dist-trace-dir), after the repro line.
+_TRACE_LINE = pytest.StashKey[str]()
 # Where the ranks raised the test's skip.
 _SKIP_SITE = pytest.StashKey[tuple[str, int]]()
 # The harness's own files: a warning located there is about the test.
@@ -69,6 +71,7 @@ class DistributedFailureRepr:
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
         self._repro = repro(item)
+        self._trace_line = item.stash.get(_TRACE_LINE, "")
         self._headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         self.reprcrash = CrashLine(
@@ -94,6 +97,10 @@ class DistributedFailureRepr:
             if extra:
                 yield "", None, {}
                 yield extra, None, markup
+        if self._trace_line:
+            if not self._repro:
+                yield "", None, {}
+            yield self._trace_line, None, {}
 
     def toterminal(self, tw: Any) -> None:
         for line, heading, markup in self._lines():
@@ -267,6 +274,12 @@ def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
     (what the runner's check on fresh processes found), then ``run (2 ranks, gloo): pytest
     ... --dist-backend=gloo`` for ``world`` and ``option``."""
     item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
+
+
+def set_trace_line(item: pytest.Item, line: str) -> None:
+    """Note the line a failure report of ``item`` ends with, after the repro line: where
+    its trace folder is (``--dist-trace-dir``; '': no line)."""
+    item.stash[_TRACE_LINE] = line
 
 
 def repro(item: pytest.Item) -> str:

@@ -27,7 +27,7 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.gpus import LeaseError
 from harness.controller.world import World
 from harness.errors import DistributedError
-from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings
+from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings, trace_folders
 from harness.plugin.leases import Leases
 from harness.plugin.marker import launcher_world
 from harness.plugin.runner import Runner, Shape
@@ -186,7 +186,8 @@ class DistSession:
                     if not test.isolate:
                         self._world(shape)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
-                options = replace(test.call, timeout=seconds)
+                keep = trace_folders.keep_traces(self.settings, test.call.faults)
+                options = replace(test.call, timeout=seconds, keep_traces=keep)
                 if len(test.attempts) > 1:
                     checked = self.runner.run_attempts(item, marked, options, shape, test.attempts)
                 else:
@@ -199,6 +200,7 @@ class DistSession:
                 item.stash[_CALL] = pytest.fail.Exception(self.preload_failure(), pytrace=False)
                 return
         outcome = checked.result
+        trace_folders.write(item, self.settings, outcome, test.world_size, backend)
         report.add_output_sections(item, outcome.outputs)
         report.keep_times(item, _rank_times(outcome))
         if checked.failure is not None:

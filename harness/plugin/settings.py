@@ -72,6 +72,11 @@ class Settings:
             needs more GPUs than the run has fails instead of being skipped.
         preload: ini ``dist_preload``: ``module`` and ``module:function`` entries the
             forkserver imports or calls before it forks any rank.
+        trace_dir: ``--dist-trace-dir`` or ini ``dist_trace_dir`` (relative to the ini
+            file's directory), absolute: where each failing distributed test's trace folder
+            is written ('': none are).
+        trace_all: ``--dist-trace-all``: every distributed test's folder is written, passing
+            ones too.
     """
 
     backend: str = "auto"
@@ -90,6 +95,8 @@ class Settings:
     gpu_lease_dir: str = ""
     require_gpus: bool = False
     preload: tuple[str, ...] = ()
+    trace_dir: str = ""
+    trace_all: bool = False
 
 
 def read(config: pytest.Config) -> Settings:
@@ -130,6 +137,8 @@ def read(config: pytest.Config) -> Settings:
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
             ),
             preload=preload_entries(config.getini("dist_preload")),
+            trace_dir=_trace_dir(config),
+            trace_all=bool(config.getoption("dist_trace_all", False)),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -149,6 +158,32 @@ def _gpus(config: pytest.Config) -> str | None:
 
         gpus.inventory(given, os.environ, lambda: 0, "", where)
     return given
+
+
+def _trace_dir(config: pytest.Config) -> str:
+    """The trace directory given (command line, then ini), made where missing and checked
+    writable; '' when none is given.
+
+    Raises:
+        ValueError: ``--dist-trace-all`` without a directory, or one that cannot be
+            written in (named).
+    """
+    given, where = config.getoption("dist_trace_dir", None), "--dist-trace-dir"
+    base = config.invocation_params.dir
+    if not given:
+        given, where = str(config.getini("dist_trace_dir") or "").strip(), "ini dist_trace_dir"
+        base = config.inipath.parent if config.inipath is not None else config.rootpath
+    if not given:
+        if config.getoption("dist_trace_all", False):
+            raise ValueError(
+                "--dist-trace-all writes each test's trace folder into --dist-trace-dir "
+                "(or ini dist_trace_dir): give one too"
+            )
+        return ""
+    # Only here: a session that traces nothing loads nothing of the controller at start.
+    from harness.controller.trace_dir import check_writable
+
+    return str(check_writable(os.path.join(base, os.path.expanduser(str(given))), where))
 
 
 def preload_entries(value: object) -> tuple[str, ...]:

@@ -107,7 +107,7 @@ def test_the_folder_holds_the_three_files(tmp_path: Path, monkeypatch: pytest.Mo
     _stand_ins(monkeypatch)
     timeline = mismatch()
     folder, problems = trace_dir.write(tmp_path, timeline)
-    assert problems == []
+    assert problems == {}
     assert folder == tmp_path / folder_name(timeline.test)
     assert sorted(os.listdir(folder)) == ["fr", "timeline.html", "trace.json"]
     assert (folder / "timeline.html").read_text() == f"<html>{timeline.test}</html>"
@@ -123,5 +123,5 @@ def test_a_writer_that_fails_leaves_the_others(
 ) -> None:
     _stand_ins(monkeypatch, broken="trace_events")
     folder, problems = trace_dir.write(tmp_path, mismatch())
-    assert problems == ["trace.json: RuntimeError: broken writer"]
+    assert problems == {"trace.json": "RuntimeError: broken writer"}
     assert sorted(os.listdir(folder)) == ["fr", "timeline.html"]

@@ -1,0 +1,83 @@
+"""``--dist-trace-dir`` in the plugin: which tests get a trace folder, and the report's line.
+
+A distributed test that fails (a rank raised, crashed, hung, or the ranks' collectives do
+not match) gets its folder from its error's traces; one whose injected faults fired gets it
+too, and under ``--dist-trace-all`` every one does: a passing call's traces are then asked
+of its ranks after it (``CallOptions.keep_traces``), which a run without that option never
+pays for. The folder's contents are :mod:`harness.controller.trace_dir`'s; a failure report
+ends with one line naming the folder (:func:`harness.plugin.report.set_trace_line`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from harness.controller import timeline_build, trace_dir
+from harness.controller.outcome import Outcome
+from harness.faults import FaultFired
+from harness.plugin import report
+from harness.plugin.settings import Settings
+
+
+def keep_traces(settings: Settings, faults: Sequence[object]) -> bool:
+    """Whether a test's call must bring back its ranks' traces when it passes: under
+    ``--dist-trace-all``, or when it injects faults (a fired fault writes the folder)."""
+    return bool(settings.trace_dir) and (settings.trace_all or bool(faults))
+
+
+def write(
+    item: pytest.Item, settings: Settings, outcome: Outcome, world_size: int, backend: str
+) -> Path | None:
+    """Write ``item``'s trace folder where its outcome calls for one, and note the report's
+    line for a failure; a folder that cannot be written is said on that line, never raised.
+
+    Args:
+        item: The test.
+        settings: The session's settings (``trace_dir``, ``trace_all``).
+        outcome: How the test's run ended (the one whose verdict stands).
+        world_size: The ranks of its world (of its last attempt, under restarts).
+        backend: The world's backend.
+
+    Returns:
+        The folder written, or None where none was.
+    """
+    report.set_trace_line(item, "")
+    if not settings.trace_dir or outcome.skip is not None:
+        return None
+    error = outcome.error
+    taken = time.monotonic()
+    try:
+        if error is not None:
+            size = len(error.collectives) or world_size
+            timeline = timeline_build.from_error(
+                error, size, test=item.nodeid, backend=backend, taken=taken
+            )
+        else:
+            fired = [v for v in outcome.values or () if isinstance(v, FaultFired)]
+            if not outcome.traces or not (settings.trace_all or fired):
+                return None
+            failure = "; ".join(f"{f} (injected)" for f in fired)
+            timeline = timeline_build.build(
+                outcome.traces,
+                len(outcome.traces),
+                test=item.nodeid,
+                backend=backend,
+                failure=f"passed; {failure}" if failure else "",
+                taken=taken,
+            )
+        folder, problems = trace_dir.write(Path(settings.trace_dir), timeline)
+    except Exception as exc:  # never turn the test's own outcome into ours
+        report.set_trace_line(item, f"trace folder: not written ({type(exc).__name__}: {exc})")
+        return None
+    written = [name for name in trace_dir.FILES if name not in problems]
+    shown = ", ".join(name + ("/" if name == "fr" else "") for name in written)
+    line = f"trace folder: {folder}{os.sep}" + (f" ({shown})" if shown else "")
+    if problems:
+        line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
+    report.set_trace_line(item, line)
+    return folder
