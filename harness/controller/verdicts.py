@@ -1,4 +1,6 @@
-"""Which collective went wrong: the ranks' traces compared, one verdict line per finding.
+"""Which collective went wrong, from the ranks' traces.
+
+The traces are compared, one verdict line per finding.
 
 Pure logic on plain data, for every failed call and, as the desync check, every call that
 returned on all ranks; while a call runs, :func:`can_never_finish` says whether the traces
@@ -58,7 +60,9 @@ own timeout, naming the missing rank)."""
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict on a group's collectives, and the collective it points at.
+    """One verdict on a group's collectives, and its collective.
+
+    The collective is the one it points at.
 
     Attributes:
         group: The group's id.
@@ -139,7 +143,9 @@ def can_never_finish(
     desync_check: bool = True,
     deadline: float | None = None,
 ) -> bool:
-    """Whether the traces prove that a call still running can never finish: on some group,
+    """Whether the traces prove a running call can never finish.
+
+    They prove it when, on some group,
 
     * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
       another member is inside: it never issues that one;
@@ -199,8 +205,11 @@ def _ends_itself(
     known: Mapping[int, RankTrace],
     deadline: float | None,
 ) -> bool:
-    """Whether the collectives ranks are ``inside`` on ``group`` raise by themselves before
-    the deadline (see :func:`can_never_finish`)."""
+    """Whether the collectives ranks wait in raise by themselves.
+
+    These are the collectives ranks are ``inside`` on ``group``, raising before the deadline
+    (see :func:`can_never_finish`).
+    """
     if any(last.op.name == "monitored_barrier" for last in inside.values()):
         return True
     bounds = [t for r in inside if (t := known[r].groups[group].timeout) is not None]
@@ -210,8 +219,11 @@ def _ends_itself(
 def _before_raised(
     histories: Mapping[int, GroupHistory | None],
 ) -> dict[int, GroupHistory | None]:
-    """The members' histories of a group cut before its first collective that raised on
-    any of them (unchanged where none did)."""
+    """The members' histories of a group, cut before a raise.
+
+    They are cut before its first collective that raised on any of them (unchanged where none
+    did).
+    """
     raised = [h.raised for h in histories.values() if h is not None and h.raised]
     if not raised:
         return dict(histories)
@@ -232,8 +244,11 @@ def _before_raised(
 
 
 def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
-    """The desync check's first half: whether the members of every group issued as many
-    collectives on it, with equal checksums (True where a rank sent no fingerprint)."""
+    """The desync check's first half.
+
+    Whether the members of every group issued as many collectives on it, with equal checksums
+    (True where a rank sent no fingerprint).
+    """
     if any(found is None for found in prints.values()):
         return True
     values = list(prints.values())
@@ -255,7 +270,10 @@ def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
 def _difference(
     group: str, name: str, histories: Mapping[int, GroupHistory | None]
 ) -> Finding | None:
-    """The first collective, among those every member issued, that differs between them."""
+    """The first collective that differs between the members.
+
+    Among those every member issued.
+    """
     keys = {rank: (h.keys() if h is not None else []) for rank, h in histories.items()}
     common = min(len(k) for k in keys.values())
     for index in range(common):
@@ -283,7 +301,10 @@ def _missing(
     known: Mapping[int, RankTrace],
     states: Mapping[int, str],
 ) -> Finding | None:
-    """Members behind on the group: what became of them, and where the others are."""
+    """Members behind on the group.
+
+    What became of them, and where the others are.
+    """
     counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
     if len(set(counts.values())) == 1:
         return None
@@ -340,9 +361,12 @@ def _behind(
 
 
 def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTrace]) -> str:
-    """``"wait in"`` when every one of ``ranks`` is inside collective ``#top`` of the group
+    """How ``ranks`` wait in the group's top collective.
+
+    ``"wait in"`` when every one of ``ranks`` is inside collective ``#top`` of the group
     (``"were in"`` when they raised there: a peer left; singular for one rank); ''
-    otherwise."""
+    otherwise.
+    """
     states = set()
     for rank in ranks:
         last = known[rank].last(group)
@@ -356,8 +380,11 @@ def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTra
 
 
 def _where(rank: int, trace: RankTrace, group: str) -> str:
-    """Where a rank that is behind on ``group`` is: inside a collective of another group,
-    or in the user's code (``rank 2 is in time.sleep at test_x.py:30``)."""
+    """Where a rank that is behind on ``group`` is.
+
+    Inside a collective of another group, or in the user's code (``rank 2 is in time.sleep at
+    test_x.py:30``).
+    """
     flight = trace.in_flight
     if flight is not None and flight.group != group:
         return f"rank {rank} is in {flight.op.text} at {flight.where}"

@@ -1,4 +1,6 @@
-"""The messages a controller and its ranks exchange, one class each.
+"""The messages a controller and its ranks exchange.
+
+There is one class each.
 
 Everything that crosses a rank's duplex pipe to its controller is one of these: ``Call``
 (answered by ``Done``, ``Failed`` or ``Skipped``; before that, a pytest test whose body
@@ -47,7 +49,9 @@ first is ``cuda:r * N``."""
 
 @dataclass(frozen=True)
 class RankSetup:
-    """What a rank is told when it starts (the process argument, not a pipe message).
+    """What a rank is told when it starts.
+
+    It is the process argument, not a pipe message.
 
     Attributes:
         rank: Global rank.
@@ -83,7 +87,9 @@ OUTPUTS = (OUTPUT_INHERIT, OUTPUT_CAPTURE, OUTPUT_PREFIX)
 
 @dataclass(frozen=True)
 class CallOptions:
-    """How one call runs: decided once by whoever makes the call, carried unchanged to every rank.
+    """How one call runs.
+
+    It is decided once by whoever makes the call, and carried unchanged to every rank.
 
     Attributes:
         timeout: Bound in seconds on the call; None: the world's own bound.
@@ -150,17 +156,22 @@ class Call:
 
 @dataclass(frozen=True)
 class Regroup:
-    """Make a fresh default process group on the ``FileStore`` at ``store`` (a new file in the
-    world's directory), sent to every rank after a call that destroyed the harness's default
-    group on every rank, so that the next call has one again on the same processes."""
+    """Make a fresh default process group.
+
+    It is made on the ``FileStore`` at ``store`` (a new file in the world's directory). The
+    message is sent to every rank after a call that destroyed the harness's default group on
+    every rank, so that the next call has one again on the same processes.
+    """
 
     store: str
 
 
 @dataclass(frozen=True)
 class Ready:
-    """The rank is up, with its default process group unless the world has none, or (after
-    ``Regroup``) its fresh default group is.
+    """The rank is up, or its fresh default group is.
+
+    Up with its default process group unless the world has none, or (after ``Regroup``) its
+    fresh default group is up.
 
     Attributes:
         main_thread: Ident of the rank's main thread (listed first in its stacks).
@@ -231,7 +242,9 @@ class Failed:
 
 @dataclass(frozen=True)
 class Fired:
-    """A fault of the call acted on this rank (sent before it acts: a killed rank cannot).
+    """A fault of the call acted on this rank.
+
+    It is sent before the fault acts: a killed rank cannot send.
 
     Attributes:
         index: The fault's index in ``CallOptions.faults``.
@@ -252,11 +265,13 @@ class Fired:
 
 @dataclass(frozen=True)
 class Failing:
-    """A pytest test's body, or a rank-side fixture's setup, raised (fields as in ``Failed``);
-    sent before the rank tears down the fixtures already set up, which may take long (a rank
+    """A test's body or a fixture's setup raised, before teardown.
+
+    A pytest test's body, or a rank-side fixture's setup, raised (fields as in ``Failed``). It
+    is sent before the rank tears down the fixtures already set up, which may take long (a rank
     still at it when the controller stops waiting is torn down), then sends ``Failed``. The
-    controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and
-    the peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
+    controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and the
+    peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
     """
 
     failure: RankFailure
