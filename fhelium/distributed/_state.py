@@ -36,7 +36,9 @@ def local_device() -> torch.device:
 
 
 def default_backend() -> str:
-    """The backend ``init`` uses when none is given: NCCL when CUDA is available, else Gloo.
+    """The backend ``init`` uses when none is given.
+
+    NCCL when CUDA is available, else Gloo.
 
     Not part of the public API.
     """
@@ -229,7 +231,10 @@ def _env_int(name: str, *, default: int) -> int:
 
 
 def _select_device(device_id: object, cuda: bool) -> torch.device | None:
-    """Return the CUDA device ``init`` applies, or None when no CUDA device is applied."""
+    """Return the CUDA device ``init`` applies, or None.
+
+    None when no CUDA device is applied.
+    """
     if device_id is None:
         if not cuda:
             return None

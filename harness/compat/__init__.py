@@ -1,4 +1,6 @@
-"""Every private API of torch, pytest, CPython and coverage that the harness relies on.
+"""Every private API of another project the harness uses.
+
+These are the private APIs of torch, pytest, CPython and coverage that the harness relies on.
 
 Nothing else in the harness touches a private name of another project. One module per
 owner, each function wrapping one such use and saying which public API is missing, next

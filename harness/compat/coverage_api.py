@@ -1,4 +1,7 @@
-"""coverage.py's private name the harness relies on (the configuration file in use)."""
+"""coverage.py's private name the harness relies on.
+
+It gives the configuration file in use.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ __all__ = ["coverage_config_file"]
 
 
 def coverage_config_file(cov: Any) -> str | bool:
-    """The configuration file a ``coverage.Coverage`` read, or False when it read none.
+    """The configuration file a ``coverage.Coverage`` read.
+
+    False when it read none.
 
     ``Coverage.get_option`` reads every setting but not which file they came from; ranks
     read the same file so that settings we do not copy (plugins, ``[paths]``) still apply.

@@ -1,4 +1,7 @@
-"""``harness.run``: one run on fresh ranks, stopped before it returns, with its restarts."""
+"""``harness.run``: one run on fresh ranks.
+
+The ranks are stopped before it returns; it makes its restarts.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +29,9 @@ def run(
     faults: Sequence[Fault] = (),
     restarts: int | Sequence[int] = 0,
 ) -> list[Any]:
-    """Run ``fn(*args, **kwargs)`` once on each of ``world_size`` fresh ranks, stopped before
-    this returns.
+    """Run ``fn(*args, **kwargs)`` once on fresh ranks.
+
+    It runs once on each of ``world_size`` fresh ranks, stopped before this returns.
 
     Each rank has the torchrun environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
     ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR=127.0.0.1``, ``MASTER_PORT``) and a default process

@@ -28,9 +28,11 @@ def format_dump(
     main_thread: int | None = None,
     hidden: tuple[int, ...] = (),
 ) -> str:
-    """Rewrite a faulthandler dump as traceback-style text with source lines: one block
-    per thread, ``(most recent call last)``, without the harness's own outermost frames;
-    lines that are no part of a stack (``Fatal Python error: ...``) stay at the top.
+    """Rewrite a faulthandler dump as traceback-style text.
+
+    The text has source lines: one block per thread, ``(most recent call last)``, without the
+    harness's own outermost frames; lines that are no part of a stack
+    (``Fatal Python error: ...``) stay at the top.
 
     Args:
         dump: What :mod:`faulthandler` wrote.

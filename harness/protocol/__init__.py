@@ -1,4 +1,6 @@
-"""What the controller and its ranks agree on: shared by both sides, imports only the stdlib.
+"""What the controller and its ranks agree on.
+
+It is shared by both sides, and imports only the stdlib.
 
 * :mod:`~harness.protocol.messages`    the named messages that cross a rank's pipe, and what a
   rank is told when it starts

@@ -1,4 +1,6 @@
-"""The rank side: everything here runs INSIDE a rank process, never in the controller.
+"""The rank side, run inside each rank process.
+
+Everything here runs INSIDE a rank process, never in the controller.
 
 * :mod:`~harness.rank.entry`        what the controller names (a rank's target, a test
   body's runner), importing the rest only once it runs in the rank

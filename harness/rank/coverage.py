@@ -1,6 +1,8 @@
-"""Coverage inside a rank, the rank's half of :mod:`harness.controller.coverage`: a rank
-measures itself with the controller's settings and writes its data into the world's
-directory when it ends; the controller merges it.
+"""Coverage inside a rank: the rank's half.
+
+This is the rank's half of :mod:`harness.controller.coverage`: a rank measures itself with
+the controller's settings and writes its data into the world's directory when it ends; the
+controller merges it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from harness.protocol.rank_files import coverage_data_file
 
 
 def start(settings: dict[str, Any] | None, workdir: str, rank: int) -> Any | None:
-    """Start measuring with the controller's settings; return the Coverage (None when the
-    controller is not measured)."""
+    """Start measuring with the controller's settings.
+
+    Returns the Coverage (None when the controller is not measured).
+    """
     if settings is None:
         return None
     import coverage

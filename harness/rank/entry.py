@@ -1,4 +1,6 @@
-"""Where the rank side is entered: the functions the controller names, importing nothing.
+"""Where the rank side is entered.
+
+These are the functions the controller names, importing nothing.
 
 A new rank process starts in :func:`rank_main`; a pytest test body runs through
 :func:`run_test`, and rank-side fixtures of a wider scope end through :func:`end_scopes`.
@@ -21,8 +23,11 @@ if TYPE_CHECKING:
 
 
 def rank_main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
-    """A rank process's target: named for ``ps`` (``harness rank 1/4 (gloo)``), then
-    :func:`harness.rank.loop.main`."""
+    """A rank process's target.
+
+    It names the process for ``ps`` (``harness rank 1/4 (gloo)``), then runs
+    :func:`harness.rank.loop.main`.
+    """
     from harness.rank import loop, title
 
     title.set_title(f"harness rank {setup.rank}/{setup.world_size} ({setup.backend})")

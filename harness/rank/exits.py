@@ -29,9 +29,11 @@ def real_exit(code: int) -> NoReturn:
 
 
 def install(files: RankFiles) -> None:
-    """Make ``os._exit`` in this process record its caller in ``files`` before exiting; a
-    process forked from the rank (multiprocessing's fork children call ``os._exit``) records
-    nothing."""
+    """Make ``os._exit`` record its caller before exiting.
+
+    In this process, it records its caller in ``files``; a process forked from the rank
+    (multiprocessing's fork children call ``os._exit``) records nothing.
+    """
     pid = os.getpid()
 
     def _exit(status: int) -> NoReturn:
@@ -47,8 +49,11 @@ def install(files: RankFiles) -> None:
 
 
 def _caller(frame: FrameType | None) -> tuple[str, str]:
-    """``("test_x.py:12", traceback-style stack)`` of a call in ``frame``: its frames out to
-    the rank's own code, outermost first."""
+    """The place and stack of a call in ``frame``.
+
+    They read ``("test_x.py:12", traceback-style stack)``: its frames out to the rank's own
+    code, outermost first.
+    """
     frames = []
     while frame is not None and not frame.f_code.co_filename.startswith(CODE_DIR):
         frames.append((frame, frame.f_lineno))

@@ -1,5 +1,7 @@
-"""A project's own warm-up, run once in the forkserver before it forks any rank (ini
-``dist_preload``): every rank, of every world and every rebuild, starts with it done.
+"""A project's own warm-up, run once in the forkserver.
+
+It runs before the forkserver forks any rank (ini ``dist_preload``): every rank, of every
+world and every rebuild, starts with it done.
 
 The server imports this module after torch; it reads the entries from
 :data:`~harness.protocol.messages.PRELOAD_VARIABLE`, set in the server's environment alone:
@@ -19,8 +21,11 @@ from harness.protocol.messages import PRELOAD_REPORT, PRELOAD_VARIABLE
 
 
 def run(entries: str) -> list[str]:
-    """Import or call each entry of ``entries`` (comma-separated); return one line per
-    entry that failed: ``"entry: ExceptionType: message"``."""
+    """Import or call each entry of ``entries``.
+
+    ``entries`` is comma-separated. Returns one line per entry that failed:
+    ``"entry: ExceptionType: message"``.
+    """
     problems = []
     for entry in (part.strip() for part in entries.split(",")):
         if not entry:

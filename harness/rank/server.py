@@ -1,5 +1,7 @@
-"""The forkserver's first preload (:mod:`harness.controller.forkserver`): importing it sets up
-that process before it imports torch. Nothing else imports it.
+"""The forkserver's first preload, which sets the process up.
+
+It is the first preload of :mod:`harness.controller.forkserver`: importing it sets up that
+process before it imports torch. Nothing else imports it.
 
 * Its name in ``ps``: ``harness forkserver`` (each rank forked from it then names itself:
   :func:`harness.rank.entry.rank_main`).
