@@ -71,7 +71,7 @@ def __getattr__(name: str) -> Any:
 
 
 def restart_count() -> int:
-    """Which attempt of a run with restarts this rank is in.
+    """Which attempt of a restarted run this rank is in.
 
     0 in the first, 1 after the first restart, ... (``TORCHELASTIC_RESTART_COUNT``, as
     torchrun's agent sets it; 0 where it is unset). Call it in a rank, to resume from a

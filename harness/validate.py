@@ -196,7 +196,7 @@ def call_args(value: object, where: str = "args") -> tuple[Any, ...]:
 
 
 def call_kwargs(value: object, where: str = "kwargs") -> dict[str, Any]:
-    """Check a call's keyword arguments; return them as a new dict.
+    """Check a call's keyword arguments; return a new dict.
 
     The arguments are as in ``World.run(fn, kwargs=...)``: a mapping from names (``str``) to
     values, or None for none.

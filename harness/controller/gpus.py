@@ -1,4 +1,4 @@
-"""The GPUs a run may use, and exclusive leases on them.
+"""GPUs a run may use, and exclusive leases on them.
 
 The leases are shared by every process on the machine.
 
@@ -157,7 +157,7 @@ class LeaseError(Exception):
 
 
 class LeaseDirectoryError(LeaseError, OSError):
-    """The lease directory, or a file in it, cannot be opened.
+    """The lease directory, or a file in it, is unusable.
 
     It cannot be created or opened; the message gives its path and why.
     """

@@ -143,7 +143,7 @@ class Supervision:
         return pending and any(fired.ends for fired in self.fired.values())
 
     def wake(self) -> tuple[str | None, float | None]:
-        """Whether the wait is over, or how long it may sleep.
+        """Whether the wait is over, or how long to sleep.
 
         Returns:
             Why the wait is over: ``DEADLINE``, ``CERTAIN``, or '' (every rank answered,

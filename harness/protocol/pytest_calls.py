@@ -90,7 +90,7 @@ ARG_REQUEST = "request"
 
 @dataclass(frozen=True)
 class Arg:
-    """Where one argument of a test or rank-side fixture comes from.
+    """Where an argument of a test or rank-side fixture comes from.
 
     ``kind`` is ``ARG_VALUE`` (a controller fixture's value, ``FixturePlan.values[key]``),
     ``ARG_FIXTURE`` (the rank-side fixture whose ``RankFixture.key`` is ``key``) or

@@ -118,7 +118,7 @@ class RankFiles:
         os.replace(path + ".tmp", path)
 
     def capture(self) -> OutputCapture:
-        """Redirect file descriptors 1 and 2 to the ``out`` and ``err`` files.
+        """Redirect fd 1 and 2 to the ``out`` and ``err`` files.
 
         See :class:`OutputCapture`; make one per process and reuse it.
         """

@@ -1,8 +1,8 @@
-"""Leak checks: what a call leaves running or open in its rank.
+"""Leak checks: what a call leaves running or open.
 
-These are leaks no reset can undo, reported rather than put back (:mod:`harness.rank.reset`
-puts back what it can). Each finding is one line, which the controller shows with the call
-and the rank:
+These are what it leaves in its rank that no reset can undo, reported rather than put back
+(:mod:`harness.rank.reset` puts back what it can). Each finding is one line, which the
+controller shows with the call and the rank:
 
 * **threads** the call started (``threading.Thread.start``, daemon or not) that are still
   alive when it returns, with where each was started: the first frame outside the standard
@@ -60,10 +60,10 @@ _current: Watch | None = None
 
 @contextmanager
 def lasting() -> Iterator[None]:
-    """Mark what the block starts or opens as meant to outlive the call.
+    """Mark what the block starts or opens as lasting.
 
-    A wider-scoped fixture's threads, files, processes end with its scope: not a leak of the
-    call.
+    It is meant to outlive the call: a wider-scoped fixture's threads, files, processes end with
+    its scope: not a leak of the call.
     """
     if _current is None:  # between calls, or the call checks no leaks
         yield
@@ -172,7 +172,7 @@ def note_group_sites() -> None:
 
 
 def _left_groups(before: set[Any]) -> list[str]:
-    """One line per place where the call made groups it left.
+    """One line per place that made groups the call left.
 
     The default group is left aside: a call that replaced the harness's is handled as such.
     """
