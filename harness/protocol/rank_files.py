@@ -226,7 +226,7 @@ class OutputCapture:
         return any(self._ends)
 
     def release(self) -> None:
-        """Give fd 1 and 2 back to the rank's streams."""
+        """Give fd 1 and 2 back to the rank's own streams."""
         if not self._saved:
             return
         flush_std_streams()
