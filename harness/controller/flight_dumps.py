@@ -20,6 +20,8 @@ Built from the harness's own trace, so it holds what the harness saw, in torch's
   torch's Gloo records it), a reduce_scatter's input the group's size times its output;
   object collectives (``broadcast_object_list``...) are recorded as the collective carrying
   them, sized by their number of objects, in bytes.
+- The layout has no field for a reduce op or a root: a desync in those alone (``SUM`` on one
+  rank, ``MAX`` on another) is not in the dumps; the report and ``trace.json`` name it.
 - States: completed stays ``completed``; in flight and raised are ``started`` (the work was
   entered and never completed); issued (``async_op=True``) is ``scheduled``.
 - ``profiling_name`` is ``"nccl:..."`` when the backend has NCCL in it, else ``"gloo:..."``
