@@ -25,10 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ALL",
     "KINDS",
     "WHEN",
     "Fault",
     "FaultFired",
+    "OpenSweep",
     "Sweep",
     "corrupt",
     "delay",
@@ -224,6 +226,68 @@ class Sweep(tuple):  # type: ignore[type-arg]
     __slots__ = ()
 
 
+ALL = "all"
+"""``ranks``/``at`` of :func:`sweep`: every rank of the world, every collective of a clean run."""
+
+
+@dataclass(frozen=True)
+class OpenSweep:
+    """A sweep over ``"all"`` ranks or collectives, until the marker knows them: it resolves
+    it (:meth:`faults`) with the test's world size and a clean run's collective counts.
+
+    Attributes:
+        kind: The kind of fault.
+        ranks: ``"all"`` or the ranks.
+        at: ``"all"`` or the collectives.
+        kwargs: The kind's other arguments, as sorted ``(name, value)`` pairs.
+    """
+
+    kind: str
+    ranks: tuple[int, ...] | str
+    at: tuple[int, ...] | str
+    kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The kind's other arguments, by name."""
+        return dict(self.kwargs)
+
+    @property
+    def group(self) -> tuple[int, ...] | None:
+        """The group whose collectives ``at`` counts (None: the default group)."""
+        group = self.options.get("group")
+        return None if group is None else tuple(sorted(group))
+
+    def faults(self, world_size: int, counts: Callable[[int], int] | None = None) -> Sweep:
+        """The sweep's faults, rank by rank, then collective by collective.
+
+        Args:
+            world_size: The world the faults act in (``"all"`` ranks: every rank of it).
+            counts: With ``at="all"``: how many collectives a clean run makes on a rank
+                (on the fault's group).
+
+        Raises:
+            ValueError: ``at="all"`` and no counts are given.
+        """
+        ranks: Iterable[int] = self.ranks  # type: ignore[assignment]
+        if self.ranks == ALL:  # every rank of the world, of the fault's group
+            ranks = [r for r in range(world_size) if self.group is None or r in self.group]
+        faults = []
+        for rank in ranks:
+            if self.at == ALL:
+                if counts is None:
+                    raise ValueError("at='all' needs a clean run's collective counts")
+                at: Iterable[int] = range(1, counts(rank) + 1)
+            else:
+                at = self.at  # type: ignore[assignment]
+            faults += [_MAKERS[self.kind](rank, n, **self.options) for n in at]
+        return Sweep(faults)
+
+    def __str__(self) -> str:
+        extra = "".join(f", {name}={value!r}" for name, value in self.kwargs)
+        return f"sweep({self.kind!r}, ranks={self.ranks!r}, at={self.at!r}{extra})"
+
+
 def kill(
     rank: int,
     at: int,
@@ -314,26 +378,45 @@ _MAKERS: dict[str, Callable[..., Fault]] = {
 
 
 def sweep(
-    kind: str | Callable[..., Fault], *, ranks: Iterable[int], at: Iterable[int], **kwargs: Any
-) -> Sweep:
+    kind: str | Callable[..., Fault],
+    *,
+    ranks: Iterable[int] | str,
+    at: Iterable[int] | str,
+    **kwargs: Any,
+) -> Sweep | OpenSweep:
     """One fault of ``kind`` for every (rank, collective) pair, meant one at a time.
 
     Args:
         kind: A kind's name (``"kill"``) or its function (``faults.kill``).
-        ranks: The ranks to place it on.
-        at: The collectives to place it at (``range(1, 4)``).
+        ranks: The ranks to place it on, or ``"all"``: every rank of the test's world.
+        at: The collectives to place it at (``range(1, 4)``), or ``"all"``: every
+            collective a clean run of the test makes on each rank (on the fault's group),
+            counted at collection (:mod:`harness.plugin.sweeps`).
         **kwargs: The kind's other arguments (``when="during"``, ``code=3``, ...).
 
     Returns:
-        The faults, rank by rank, then collective by collective.
+        The faults, rank by rank, then collective by collective; with ``"all"``, an
+        :class:`OpenSweep` that the marker resolves into them.
 
     Raises:
-        ValueError: ``kind`` is unknown, or ``ranks`` or ``at`` is empty.
+        ValueError: ``kind`` is unknown, ``ranks`` or ``at`` is empty, or a string other
+            than ``"all"``.
         TypeError, ValueError: As the kind's function, for a bad argument.
     """
     maker = _MAKERS.get(kind) if isinstance(kind, str) else kind
     if maker is None or maker not in _MAKERS.values():
         raise ValueError(f"unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
+    if ranks == ALL or at == ALL:
+        for name, value in (("ranks", ranks), ("at", at)):
+            if isinstance(value, str) and value != ALL:
+                raise ValueError(f"{name} must be {ALL!r} or ints, not {value!r}")
+        maker(0, 1, **kwargs)  # its arguments checked now, not once the cases are made
+        return OpenSweep(
+            maker.__name__,
+            ALL if ranks == ALL else tuple(ranks),  # type: ignore[arg-type]
+            ALL if at == ALL else tuple(at),  # type: ignore[arg-type]
+            tuple(sorted(kwargs.items())),
+        )
     pairs = [(rank, n) for rank in ranks for n in at]
     if not pairs:
         raise ValueError(f"sweep of {kind!r} has no (rank, at) pair: give ranks and at")
@@ -357,7 +440,7 @@ def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fau
         ValueError: A fault does not fit the world, or two act at the same collective of
             the same rank.
     """
-    if isinstance(faults, Sweep):
+    if isinstance(faults, (Sweep, OpenSweep)):
         raise TypeError(
             f"{where}: a sweep of faults is meant one fault at a time: run each "
             "(for fault in sweep: world.run(fn, faults=[fault]))"

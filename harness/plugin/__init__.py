@@ -43,7 +43,7 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
-from harness.plugin import interrupts, marker, report, settings, warmup  # noqa: E402
+from harness.plugin import interrupts, marker, report, settings, sweep_report, warmup  # noqa: E402
 from harness.plugin.marker import (  # noqa: E402
     MARKER,
     find_mark,
@@ -176,15 +176,17 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
-            "init=True, check_collectives=True, faults=(), gpus_per_rank=None, restarts=0): run "
-            "the test body on every rank "
+            "init=True, check_collectives=True, faults=(), gpus_per_rank=None, restarts=0, "
+            "verify=None): run the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
             "check_collectives=False: a passing test's collectives are not compared between "
             "ranks; faults: harness.faults injected at the ranks' collectives; "
             "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0; restarts: how often the "
-            "run starts again on fresh ranks when a rank fails, or each restart's world size)",
+            "run starts again on fresh ranks when a rank fails, or each restart's world size; "
+            "verify: a module-level function run on the ranks of a fresh world after each "
+            "case of a sweep)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
@@ -220,7 +222,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     # Counted from the reports' user_properties, which pytest-xdist's workers send back:
     # the controller sees every worker's tests.
-    noted: dict[str, list[str]] = {report.VERIFIED: [], report.GPU_TESTS: []}
+    noted: dict[str, list[str]] = {report.VERIFIED: [], report.GPU_TESTS: [], sweep_report.CASE: []}
     for reports in terminalreporter.stats.values():
         for made in reports:
             if getattr(made, "when", None) == "setup":
@@ -235,6 +237,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"processes, {differ} differ"
             + (" (each reported as an order dependence)" if differ else "")
         )
+    if noted[sweep_report.CASE]:  # each sweep's cases, in ranges of the same verdict
+        terminalreporter.write_sep("=", "harness: fault sweeps")
+        cases = (sweep_report.Case.loads(text) for text in noted[sweep_report.CASE])
+        for line in sweep_report.summary(cases):
+            terminalreporter.write_line(line)
     gpu_tests = noted[report.GPU_TESTS]
     if gpu_tests:
         ran, skipped = gpu_tests.count("ran"), gpu_tests.count("skipped")

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from harness.faults import Sweep
+from harness.faults import OpenSweep, Sweep
 
 MARKER = "distributed"  # the marker's default name
 
@@ -39,6 +39,20 @@ class MarkSpec:
     faults: Any = ()
     gpus_per_rank: Any = None
     restarts: Any = 0
+    verify: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CleanRun:
+    """The fault parameter of a clean run that counts a sweep's collectives
+    (:mod:`harness.plugin.sweeps`): no fault; ``number`` 1 and 2 are the two runs compared,
+    0 a test that is not being counted (never run)."""
+
+    number: int
+
+    @property
+    def id(self) -> str:
+        return f"clean{self.number}" if self.number else "uncounted"
 
 
 _CLAIMED = pytest.StashKey["str | None"]()
@@ -128,7 +142,12 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
 
 def parametrize(metafunc: pytest.Metafunc) -> None:
     """Turn list-valued ``world_size`` / ``backend`` and a sweep of ``faults`` into parameters
-    (ids ``ws2``, ``gloo``, ``kill-r1-at3``)."""
+    (ids ``ws2``, ``gloo``, ``kill-r1-at3``); a sweep over ``"all"`` is resolved first.
+
+    Raises:
+        pytest.fail.Exception: A sweep over ``"all"`` that cannot be resolved (a collection
+            error of the module, naming why).
+    """
     mark = find_mark(metafunc.definition)
     if mark is None:
         return
@@ -136,7 +155,11 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
         spec = parse_mark(mark)
     except ValueError:
         return  # reported when the test runs, so the module's other tests still run
-    sweep = spec.faults if isinstance(spec.faults, Sweep) else ()
+    sweep: Any = spec.faults if isinstance(spec.faults, Sweep) else ()
+    if isinstance(spec.faults, OpenSweep):
+        from harness.plugin import sweeps  # only for a sweep over "all"
+
+        sweep = sweeps.resolve(metafunc, spec, spec.faults)
     for name, values, make_id in (
         (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
         (BACKEND_PARAM, spec.backend, str),

@@ -27,7 +27,16 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.gpus import LeaseError
 from harness.controller.world import World
 from harness.errors import DistributedError
-from harness.plugin import interrupts, rank_fixtures, refs, replay, report, settings, trace_folders
+from harness.plugin import (
+    interrupts,
+    rank_fixtures,
+    refs,
+    replay,
+    report,
+    settings,
+    sweeps,
+    trace_folders,
+)
 from harness.plugin.leases import Leases
 from harness.plugin.marker import launcher_world
 from harness.plugin.runner import Runner, Shape
@@ -175,7 +184,8 @@ class DistSession:
             shape = (test.world_size, backend, test.init, per_rank)
 
             def marked(options: CallOptions) -> _MarkedTest:
-                step = replay.Step(item.nodeid, run_test, (ref, plan), options)
+                body, args = sweeps.body(item, run_test, (ref, plan))  # a sweep's count
+                step = replay.Step(item.nodeid, body, args, options)
                 return _MarkedTest(self, item, plan, step, test.timeout)
 
             try:
@@ -200,6 +210,14 @@ class DistSession:
                 item.stash[_CALL] = pytest.fail.Exception(self.preload_failure(), pytrace=False)
                 return
         outcome = checked.result
+        try:  # a sweep's verify= runs after the case, on a world of its own
+            outcome = sweeps.after_case(
+                item, outcome, lambda size: self._new_world((size, *shape[1:])), options
+            )
+        except pytest.fail.Exception as exc:
+            item.stash[_CALL] = exc
+            return
+        sweeps.note(item, outcome, option)
         trace_folders.write(item, self.settings, outcome, test.world_size, backend)
         report.add_output_sections(item, outcome.outputs)
         report.keep_times(item, _rank_times(outcome))

@@ -28,6 +28,7 @@ from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
     WORLD_SIZE_PARAM,
+    CleanRun,
     parse_mark,
     run_mark,
 )
@@ -272,6 +273,8 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
         world_size = validate.positive_int(size, "world_size")
         faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
+        if isinstance(params.get(FAULT_PARAM), CleanRun):  # a sweep's counting run: none
+            faults = []
         sizes = validate.attempt_sizes(spec.restarts, world_size)
         placed = checked(faults, max(sizes))
         check_attempts(placed, sizes)

@@ -1,0 +1,180 @@
+"""How a sweep's cases read at the end of a run: verdicts that agree, summarised as ranges.
+
+A sweep over every collective of every rank is dozens of cases; the terminal summary groups
+those of one test with the same verdict into ranges (``kill at #1-#14 on any rank:
+passed``), and lists each failing case with its kill point, the call site of its collective
+and the command that runs it alone. Each case notes what the summary needs in its reports'
+``user_properties`` (:data:`CASE`, as JSON), which pytest-xdist's workers send back to the
+controller. This module is pure: no pytest, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+
+CASE = "dist_sweep_case"
+"""The ``user_properties`` name under which a sweep's case notes itself (:meth:`Case.dumps`)."""
+
+MAX_CASES = 500
+"""The most cases a sweep over ``"all"`` may make: beyond, collection fails, saying how many."""
+
+_VERDICT_WIDTH = 120  # a failure's message in a range line is cut to this
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case of a sweep, as the summary reads it.
+
+    Attributes:
+        test: The test's node id without the case's parameters.
+        fault: How the fault reads without its rank and collective (``"kill"``, ``"kill
+            after"``, ``"exit code=3"``), so the cases of one sweep share it.
+        rank: The rank it acts on.
+        at: The collective it acts at.
+        site: Where that collective is issued in a clean run (``"all_reduce at x.py:12"``;
+            '' when unknown: the sweep named its collectives itself).
+        verdict: ``"passed"``, ``"skipped"`` or ``"failed (RankError: ...)"``.
+        repro: The command that runs the case alone.
+    """
+
+    test: str
+    fault: str
+    rank: int
+    at: int
+    site: str
+    verdict: str
+    repro: str
+
+    def dumps(self) -> str:
+        """The case as JSON, for ``user_properties``."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: str) -> Case:
+        """A case from :meth:`dumps`."""
+        return cls(**json.loads(text))
+
+    @property
+    def point(self) -> str:
+        """Its kill point: ``rank 1, #3 (all_reduce at x.py:12)``."""
+        site = f" ({self.site})" if self.site else ""
+        return f"rank {self.rank}, #{self.at}{site}"
+
+
+def verdict(failed: bool, skipped: bool, message: str) -> str:
+    """A case's verdict as the summary groups it: ``failed (...)`` shows the first line of
+    the failure's message, cut short."""
+    if failed:
+        first = message.strip().splitlines()[0] if message.strip() else "failed"
+        if len(first) > _VERDICT_WIDTH:
+            first = first[: _VERDICT_WIDTH - 3] + "..."
+        return f"failed ({first})"
+    return "skipped" if skipped else "passed"
+
+
+def fault_label(kind: str, when: str = "before") -> str:
+    """How a range line names a sweep's fault: ``kill``, ``kill after``, ``kill during``."""
+    return f"{kind} {when}" if kind == "kill" and when != "before" else kind
+
+
+def too_many(test: str, cases: int, per_rank: dict[int, int]) -> str:
+    """The collection error of a sweep over ``"all"`` with more than :data:`MAX_CASES`
+    cases, saying how many and how to sweep fewer."""
+    counts = ", ".join(f"rank {rank}: {count}" for rank, count in sorted(per_rank.items()))
+    return (
+        f"{test}: a sweep over every collective would make {cases} cases (collectives of a "
+        f"clean run: {counts}), more than {MAX_CASES}: sweep some of them, e.g. "
+        "at=range(1, 50), or fewer ranks (ranks=[1])"
+    )
+
+
+def ranges(numbers: Iterable[int]) -> list[tuple[int, int]]:
+    """Consecutive runs of ``numbers``, as ``(first, last)`` pairs, in order."""
+    found: list[tuple[int, int]] = []
+    for number in sorted(set(numbers)):
+        if found and number == found[-1][1] + 1:
+            found[-1] = (found[-1][0], number)
+        else:
+            found.append((number, number))
+    return found
+
+
+def _span(first: int, last: int) -> str:
+    return f"#{first}" if first == last else f"#{first}-#{last}"
+
+
+def _ranks(ranks: frozenset[int], present: frozenset[int]) -> str:
+    if ranks == present and len(present) > 1:
+        return "on any rank"
+    if len(ranks) == 1:
+        return f"on rank {next(iter(ranks))}"
+    return "on ranks " + ", ".join(map(str, sorted(ranks)))
+
+
+def range_lines(cases: Sequence[Case]) -> list[str]:
+    """The cases of one sweep (one test, one fault), summarised: collectives in a row whose
+    cases end alike on the same ranks make one line (``kill at #1-#14 on any rank:
+    passed``); ordered by collective."""
+    if not cases:
+        return []
+    present: dict[int, set[int]] = {}
+    by_verdict: dict[str, dict[int, set[int]]] = {}
+    for case in cases:
+        present.setdefault(case.at, set()).add(case.rank)
+        by_verdict.setdefault(case.verdict, {}).setdefault(case.at, set()).add(case.rank)
+    lines: list[tuple[int, int, str]] = []
+    label = cases[0].fault
+    for verdict_text, ats in by_verdict.items():
+        # Collectives in a row with the same ranks (and the same ranks present) merge.
+        run: list[int] = []
+        for at in sorted(ats):
+            key = (frozenset(ats[at]), frozenset(present[at]))
+            if run and at == run[-1] + 1 and key == _key(ats, present, run[-1]):
+                run.append(at)
+                continue
+            if run:
+                lines.append(_line(label, run, ats, present, verdict_text))
+            run = [at]
+        if run:
+            lines.append(_line(label, run, ats, present, verdict_text))
+    return [text for _, _, text in sorted(lines)]
+
+
+def _key(
+    ats: dict[int, set[int]], present: dict[int, set[int]], at: int
+) -> tuple[frozenset[int], frozenset[int]]:
+    return frozenset(ats[at]), frozenset(present[at])
+
+
+def _line(
+    label: str,
+    run: list[int],
+    ats: dict[int, set[int]],
+    present: dict[int, set[int]],
+    verdict_text: str,
+) -> tuple[int, int, str]:
+    ranks, here = _key(ats, present, run[0])
+    where = _ranks(ranks, here)
+    # "kill at #3" kills before collective #3; "kill after #3", "kill during #3" say when.
+    at = " " if " " in label else " at "
+    return run[0], min(ranks), f"{label}{at}{_span(run[0], run[-1])} {where}: {verdict_text}"
+
+
+def summary(cases: Iterable[Case]) -> list[str]:
+    """The terminal summary's lines for every sweep's cases: per test and fault, a heading,
+    the range lines, then each failing case's kill point and command."""
+    groups: dict[tuple[str, str], list[Case]] = {}
+    for case in cases:
+        groups.setdefault((case.test, case.fault), []).append(case)
+    out = []
+    for (test, fault), found in sorted(groups.items()):
+        found.sort(key=lambda case: (case.rank, case.at))
+        failed = [case for case in found if case.verdict.startswith("failed")]
+        counted = f"{len(found)} case{'' if len(found) == 1 else 's'}"
+        out.append(f"{test}: {fault}, {counted}, {len(failed)} failed")
+        out += [f"  {line}" for line in range_lines(found)]
+        for case in failed:
+            out.append(f"  failed at {case.point}: {case.repro}")
+    return out
