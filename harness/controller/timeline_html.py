@@ -35,6 +35,15 @@ from harness.controller.timeline_layout import (
 from harness.controller.timeline_page import COLOURS, DEFS, SCRIPT, style
 from harness.protocol.timeline import NEVER_REACHED, STATES, Timeline
 
+TOOLS = (
+    '<div class="tools" id="tools">time axis: <button type="button" data-zoom="fit">fit'
+    ' the window</button><button type="button" data-zoom="out">&minus;</button>'
+    '<button type="button" data-zoom="in">+</button><button type="button" data-zoom="1">'
+    "as drawn</button></div>"
+)
+"""The zoom buttons over the plot (they stretch the time axis; the text keeps its size)."""
+FLAG_CHARS = 110
+"""The most characters of the flag over the marked collective."""
 CHAR_W = 6.2
 """Roughly how wide one character of a box's label is, in pixels (to leave out what would
 not fit)."""
@@ -107,8 +116,8 @@ def _axis(lay: Layout) -> str:
     out += [
         f'<line class="axis-line" x1="{X0:.1f}" x2="{lay.end:.1f}" y1="{bottom - 0.5:.1f}"'
         f' y2="{bottom - 0.5:.1f}"/><line class="end-line" x1="{lay.end:.1f}"'
-        f' x2="{lay.end:.1f}" y1="{AXIS_TOP + 4:.1f}" y2="{lay.height:.1f}"/>'
-        f'<text class="end-label" x="{lay.end + 4:.1f}" y="{AXIS_TOP + 18:.1f}">end</text>'
+        f' x2="{lay.end:.1f}" y1="{AXIS_TOP + 4:.1f}" y2="{lay.height:.1f}">'
+        "<title>the traces were taken here: a collective still open ends here</title></line>"
     ]
     for gap in lay.gaps:
         out.append(
@@ -216,6 +225,9 @@ def _mark(timeline: Timeline, lay: Layout, names: dict[str, str]) -> str:
     boxes = sorted((b for b in lay.boxes if b.span.key == timeline.mark), key=lambda b: b.y)
     where = f"#{seq} on {names.get(group, f'group {group!r}')}"
     text = f"{timeline.mark_kind.upper() or 'MARK'}  {where}: {timeline.mark_text}"
+    full = text
+    if len(text) > FLAG_CHARS:  # the whole text is in the header and the flag's tooltip
+        text = text[: FLAG_CHARS - 1] + "…"
     flag_w = len(text) * 7.0 + 16
     x = min((b.x for b in boxes), default=X0)
     flag_x = max(4.0, min(x - 2, lay.width - flag_w - 8))
@@ -227,7 +239,8 @@ def _mark(timeline: Timeline, lay: Layout, names: dict[str, str]) -> str:
         f' data-group="{escape(group)}" data-seq="{seq}" data-x="{x:.1f}">'
         f'<polyline class="mark-join" points="{" ".join(points)}"/>'
         f'<rect class="flag" x="{flag_x:.1f}" y="4" width="{flag_w:.1f}" height="22" rx="4"/>'
-        f'<text class="flag-text" x="{flag_x + 8:.1f}" y="19.5">{escape(text)}</text></g>'
+        f'<text class="flag-text" x="{flag_x + 8:.1f}" y="19.5">{escape(text)}'
+        f"<title>{escape(full)}</title></text></g>"
     )
 
 
@@ -263,7 +276,8 @@ def _header(timeline: Timeline, lay: Layout, names: dict[str, str]) -> str:
     out.append(
         '</div><p class="note">Time runs left to right in seconds since the call\'s start,'
         " one axis for every rank; a hatched stretch with no collective starting or ending"
-        " in it is drawn shortened, labelled with its length. Hover over a box to light the"
+        " in it is drawn shortened, labelled with its length; the dotted line at the right"
+        " is when the traces were taken. Hover over a box to light the"
         " same collective on every rank; click to keep it.</p>"
     )
     if lay.bands:
@@ -332,7 +346,7 @@ def render(timeline: Timeline) -> str:
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{escape(title)}</title><style>{style()}</style></head><body>"
-        f'{_header(timeline, lay, names)}<div class="chart">{_labels(lay, names, label_w)}'
+        f'{_header(timeline, lay, names)}{TOOLS}<div class="chart">{_labels(lay, names, label_w)}'
         f'<div class="scroll" id="scroll">{plot}</div></div>'
         '<section class="details" id="details" aria-live="polite"></section>'
         f'<script type="application/json" id="timeline-data">{_data(timeline, lay, names)}'

@@ -36,7 +36,7 @@ PLACEHOLDERS = 6
 """The most boxes without a start drawn on one track; the rest are counted."""
 PITCH_PX = 64
 GAP_PX = 200
-BREAK_PX = 48
+BREAK_PX = 56
 ELIDED_PX = 170
 MIN_PLOT, MAX_PLOT = 1150, 24000
 MAX_STRETCH = 40.0

@@ -41,8 +41,8 @@ h1 .what { color: #656d76; font-weight: 400; margin-right: 6px; }
 .legend span { display: inline-flex; align-items: center; gap: 6px; }
 .legend i { display: inline-block; width: 26px; height: 12px; border: 1.5px solid;
   border-radius: 2px; }
-.legend i.sw-gap { border-style: dotted; background: repeating-linear-gradient(135deg, #eef0f3 0 3px,
-  #d5d9de 3px 5px); border-color: #aab1b9; }
+.legend i.sw-gap { border-style: dotted; border-color: #aab1b9;
+  background: repeating-linear-gradient(135deg, #eef0f3 0 3px, #d5d9de 3px 5px); }
 .legend i.sw-band { background: #e4e6ea; border-color: #a5abb3; }
 .legend i.sw-marked { background: #fff; border: 3px solid var(--mark); }
 .note { margin: 2px 0 0; color: #656d76; font-size: 12px; }
@@ -67,7 +67,6 @@ svg text { font-family: system-ui, "DejaVu Sans", "Liberation Sans", Arial, sans
 .box.marked { stroke: var(--mark); stroke-width: 3; }
 .bl.odd { fill: #b42318; font-weight: 700; }
 .end-line { stroke: #57606a; stroke-width: 1; stroke-dasharray: 2 3; }
-.end-label { font-size: 11px; fill: #57606a; }
 .hovering .box { opacity: .35; }
 .hovering .box.hl { opacity: 1; stroke: #111; stroke-width: 2.2; }
 .hovering .box.hl.marked { stroke: var(--mark); stroke-width: 3; }
@@ -90,6 +89,10 @@ svg text { font-family: system-ui, "DejaVu Sans", "Liberation Sans", Arial, sans
 .details td.code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; }
 .details .hint { margin: 0; color: #656d76; }
 .details .differs { color: #cf222e; font-weight: 600; }
+.tools { display: flex; gap: 6px; align-items: center; padding: 4px 18px; color: #57606a;
+  font-size: 12px; border-bottom: 1px solid #d8dee4; }
+.tools button { font: inherit; cursor: pointer; border: 1px solid #afb8c1; background: #fff;
+  border-radius: 4px; padding: 0 8px; min-width: 28px; }
 """
 
 
@@ -218,9 +221,66 @@ SCRIPT = r"""
   document.addEventListener("keydown", function (e) {
     if (e.key === "Escape") { pinned = null; rest(); }
   });
+  var scroll = document.getElementById("scroll");
+  var width0 = num(plot, "width"), height = num(plot, "height"), factor = 1, saved = null;
+  function zoom(f) {
+    // Only the time axis stretches: x positions and widths scale, text keeps its size.
+    if (!saved) {
+      saved = [];
+      Array.prototype.forEach.call(plot.querySelectorAll("rect, text, line, polyline"),
+        function (el) {
+          if (!el.closest("defs")) {
+            saved.push([el, ["x", "width", "x1", "x2"].map(function (a) {
+              return el.getAttribute(a);
+            }), el.getAttribute("points")]);
+          }
+        });
+    }
+    var middle = (scroll.scrollLeft + scroll.clientWidth / 2) / factor;
+    factor = f;
+    saved.forEach(function (s) {
+      var el = s[0];
+      ["x", "width", "x1", "x2"].forEach(function (a, i) {
+        if (s[1][i] !== null) {
+          var v = parseFloat(s[1][i]) * f;
+          el.setAttribute(a, (a === "width" && el.classList.contains("box") ? Math.max(3, v)
+            : v).toFixed(1));
+        }
+      });
+      if (s[2]) {
+        el.setAttribute("points", s[2].split(" ").map(function (p) {
+          var xy = p.split(",");
+          return (parseFloat(xy[0]) * f).toFixed(1) + "," + xy[1];
+        }).join(" "));
+      }
+    });
+    var w = Math.ceil(width0 * f);
+    plot.setAttribute("width", w);
+    plot.setAttribute("viewBox", "0 0 " + w + " " + height);
+    Array.prototype.forEach.call(plot.querySelectorAll(".bl"), function (t) {
+      var box = t.previousElementSibling;
+      t.setAttribute("x", (num(box, "x") + 4).toFixed(1));
+      t.style.display = t.getComputedTextLength() + 6 > num(box, "width") ? "none" : "";
+    });
+    var last = -1e9;
+    Array.prototype.forEach.call(plot.querySelectorAll(".tick"), function (t) {
+      var x = num(t, "x"), show = x - last >= 64;
+      t.style.display = show ? "" : "none";
+      if (show) { last = x; }
+    });
+    scroll.scrollLeft = middle * f - scroll.clientWidth / 2;
+    if (mark) { placeFlag(); }
+  }
+  function fit() { return Math.min(1, (scroll.clientWidth - 2) / width0); }
+  Array.prototype.forEach.call(document.querySelectorAll("[data-zoom]"), function (b) {
+    b.addEventListener("click", function () {
+      var how = b.getAttribute("data-zoom");
+      zoom(how === "fit" ? fit() : how === "in" ? Math.min(8, factor * 1.5)
+        : how === "out" ? Math.max(fit(), factor / 1.5) : 1);
+    });
+  });
   function toMark() {
-    var scroll = document.getElementById("scroll");
-    var x = num(mark, "data-x");
+    var x = num(mark, "data-x") * factor;
     // As little as shows the mark with room after it: what led to it stays in view.
     if (x < scroll.scrollLeft || x + 240 > scroll.scrollLeft + scroll.clientWidth) {
       scroll.scrollLeft = Math.max(0, Math.min(x - 40, x + 240 - scroll.clientWidth));
@@ -233,20 +293,21 @@ SCRIPT = r"""
   function placeFlag() {
     // The flag's width as drawn, and its place within the visible part of the plot.
     var text = mark.querySelector(".flag-text"), flag = mark.querySelector(".flag");
-    var scroll = document.getElementById("scroll");
-    var w = text.getComputedTextLength() + 16, x = num(mark, "data-x") - 2;
+    var w = text.getComputedTextLength() + 16, x = num(mark, "data-x") * factor - 2;
     var left = scroll.scrollLeft, right = Math.min(left + scroll.clientWidth, num(plot, "width"));
     if (x >= left && x <= right) { x = Math.max(left + 4, Math.min(x, right - 8 - w)); }
     flag.setAttribute("width", w.toFixed(1));
     flag.setAttribute("x", x.toFixed(1));
     text.setAttribute("x", (x + 8).toFixed(1));
   }
+  // A plot a little wider than the window is fitted to it; a wider one scrolls.
+  if (width0 > scroll.clientWidth && width0 <= 1.6 * scroll.clientWidth) { zoom(fit()); }
   if (mark) {
     var button = document.getElementById("to-mark");
     if (button) { button.addEventListener("click", toMark); }
     toMark();
     placeFlag();
-    document.getElementById("scroll").addEventListener("scroll", placeFlag);
+    scroll.addEventListener("scroll", placeFlag);
   }
   rest();
 })();
