@@ -48,14 +48,16 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
     return changes or None
 
 
-def _kept_traces(
-    ranks: list[RankProcess], replies: dict[int, Reply]
-) -> dict[int, RankTrace | None]:
-    """Every rank's trace of a call that succeeded: asked of the ranks (they keep the last
-    call's), that of a rank a fault ended as it sent it when the fault acted."""
-    faulted = {r: m.fired.trace for r, m in replies.items() if isinstance(m, Faulted)}
-    traces = supervise.traces_now([proc for proc in ranks if proc.rank not in faulted])
-    traces.update(faulted)
+def _kept_traces(world_size: int, replies: dict[int, Reply]) -> dict[int, RankTrace | None]:
+    """Every rank's trace of a call that succeeded and asked for them: as its answer
+    carries it, or, for a rank a fault ended, as it sent it when the fault acted."""
+    traces: dict[int, RankTrace | None] = {}
+    for rank in range(world_size):
+        reply = replies.get(rank)
+        if isinstance(reply, Done):
+            traces[rank] = reply.trace
+        else:
+            traces[rank] = reply.fired.trace if isinstance(reply, Faulted) else None
     return traces
 
 
@@ -125,7 +127,7 @@ def exchange(
         if outcome.leaks and leaks == "error" and outcome.error is None:
             outcome = leak_error(outcome, what)
         if options is not None and options.keep_traces and outcome.values is not None:
-            outcome.traces = _kept_traces(ranks, replies)
+            outcome.traces = _kept_traces(world_size, replies)
         return outcome, replies
     except KeyboardInterrupt as interrupt:
         if options is not None:

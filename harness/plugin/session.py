@@ -151,6 +151,7 @@ class DistSession:
         worlds, self._worlds = list(self._worlds.values()), {}
         for world in worlds:
             world.close()
+        trace_folders.close()
         if self.launcher is not None:
             self.launcher.close()
 

@@ -17,11 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from harness.controller import timeline_build, trace_dir
+from harness.controller import timeline_build, trace_dir, trace_writer
 from harness.controller.outcome import Outcome
 from harness.faults import FaultFired
 from harness.plugin import report
 from harness.plugin.settings import Settings
+
+# Passing tests' folders, written in the background (the session waits for it at its end).
+_BACKGROUND = trace_writer.Writer()
 
 
 def keep_traces(settings: Settings, faults: Sequence[object]) -> bool:
@@ -62,7 +65,9 @@ def write(
             if not outcome.traces or not (settings.trace_all or fired):
                 return None
             failure = "; ".join(f"{f} (injected)" for f in fired)
-            timeline = timeline_build.build(
+            # No report waits for it: written in the background.
+            return _BACKGROUND.submit(
+                Path(settings.trace_dir),
                 outcome.traces,
                 len(outcome.traces),
                 test=item.nodeid,
@@ -81,3 +86,8 @@ def write(
         line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
     report.set_trace_line(item, line)
     return folder
+
+
+def close() -> None:
+    """Wait until the folders written in the background are, at the session's end."""
+    _BACKGROUND.close()

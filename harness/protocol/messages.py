@@ -209,6 +209,8 @@ class Done:
         output_written: False when the call's output was captured and it wrote none: the
             controller then does not read the capture files (most calls print nothing).
         unfired: Each strict fault of this rank that never fired, as its error's line.
+        trace: The call's whole trace, when it asked (``CallOptions.keep_traces``), else
+            None.
     """
 
     value: bytes
@@ -219,6 +221,7 @@ class Done:
     collectives: Fingerprint | None = None
     output_written: bool = True
     unfired: tuple[str, ...] = ()
+    trace: RankTrace | None = None
 
 
 @dataclass(frozen=True)

@@ -223,6 +223,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
         unfired=recorder.plan.unfired(recorder.counts(), rank) if recorder.plan else (),
+        trace=recorder.trace() if call.options.keep_traces else None,
     )
 
 
