@@ -29,13 +29,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness import validate
-from harness.errors import DistributedError
 from harness.faults import ALL, Fault, OpenSweep, Sweep
 from harness.plugin import report
 from harness.plugin.marker import FAULT_PARAM, CleanRun, MarkSpec, find_mark, parse_mark
@@ -57,7 +57,7 @@ COUNT_DIR = "HARNESS_SWEEP_COUNT_DIR"
 _COUNTED = pytest.StashKey[dict[str, dict[int, dict[str, list[list[str]]]]]]()
 # The name of the verify= function that failed after a case.
 _VERIFY_FAILED = pytest.StashKey[str]()
-_FLAGS = ("-p", "-o", "-c", "--rootdir", "--confcutdir")  # passed on to the counting run
+_FLAGS = ("-p", "-o", "--confcutdir")  # passed on to the counting run
 _OPTIONS = ("--dist-backend", "--dist-timeout", "--dist-gpus")
 
 
@@ -154,7 +154,7 @@ def _count_now(config: pytest.Config, nodeid: str, workdir: Path) -> dict[str, A
     if config.pluginmanager.hasplugin("xdist"):
         args.append("-n0")
     if config.inipath is not None:
-        args.append(f"-c={config.inipath}")
+        args.append(f"--config-file={config.inipath}")
     args += _passed_on(list(config.invocation_params.args))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     env.pop("PYTEST_CURRENT_TEST", None)
@@ -210,7 +210,7 @@ def _passed_on(args: list[str]) -> list[str]:
         name = arg.split("=", 1)[0]
         if arg in _FLAGS and index + 1 < len(args):
             kept += [arg, args[index + 1]]
-        elif name in _OPTIONS or name in _FLAGS[3:]:
+        elif name in _OPTIONS or name == "--confcutdir":
             kept.append(arg if "=" in arg or index + 1 >= len(args) else f"{arg}={args[index + 1]}")
         elif arg[:2] in ("-p", "-o") and len(arg) > 2:
             kept.append(arg)
@@ -281,13 +281,13 @@ def after_case(
             argument the test has no value for.
     """
     mark = find_mark(item)
-    spec = parse_mark(mark) if mark is not None else MarkSpec()
+    if mark is None:
+        return outcome
     try:
-        verify = check_verify(spec.verify)
+        verify = check_verify(parse_mark(mark).verify)
     except TypeError as exc:
-        raise pytest.fail.Exception(
-            f"invalid @pytest.mark.{mark.name if mark else ''}: {exc}", pytrace=False
-        ) from None
+        problem = f"invalid @pytest.mark.{mark.name}: {exc}"
+        raise pytest.fail.Exception(problem, pytrace=False) from None
     if verify is None or outcome.error is not None or outcome.skip is not None:
         return outcome
     if isinstance(_param(item), CleanRun):
@@ -326,12 +326,6 @@ def after_case(
     after = "a clean run" if fault is None else f"{fault} ({_point(item, fault)})"
     error.summary = f"verify {verify.__qualname__} failed after {after}: {error.summary}"
     item.stash[_VERIFY_FAILED] = verify.__qualname__
-    return _failed(outcome, error)
-
-
-def _failed(outcome: Outcome, error: DistributedError) -> Outcome:
-    from dataclasses import replace
-
     return replace(outcome, values=None, error=error)
 
 

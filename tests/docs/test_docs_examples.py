@@ -110,12 +110,16 @@ _KEY_LINE = re.compile(
     r"^(?:RankError|WorldTimeout|WorldHang|CollectiveMismatch|RankCrash|RankLeak): "
     r"|^rank \d+ never reached |^run \(|^confirmed on fresh processes; |^The deadline was "
     r"|^\S+ (?:failed|passed) (?:after|on a reused world) "
+    # A fault sweep's summary: its headings, ranges and failing kill points.
+    r"|^\S+::\S+: \w+.*, \d+ cases?, \d+ failed$|^  (?:kill|exit|error|delay|hang|corrupt)\b"
+    r"|^  failed at rank \d"
 )
 
 
 def key_lines(shown: str) -> list[str]:
     """The lines of a shown report that must be in the real output: the error's summary,
-    verdicts, the repro command, an order dependence's message (without its file path)."""
+    verdicts, the repro command, an order dependence's message (without its file path), a
+    fault sweep's summary."""
     found = []
     for line in shown.splitlines():
         if "OrderDependenceWarning: " in line:
