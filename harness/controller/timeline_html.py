@@ -201,6 +201,7 @@ def _box(
     state = span.state if span.state in STATES else "other"
     classes = f"box s-{state.replace(' ', '-')}" + (" marked" if span.key == mark else "")
     differs = " odd" if (span.rank, span.group, span.seq) in odd else ""
+    classes += " placed" if box.placed else ""
     y = box.y + (TRACK_H - BOX_H) / 2
     text = _label(box)
     label = (
@@ -217,14 +218,22 @@ def _box(
     )
 
 
+def _what_is_marked(timeline: Timeline, names: dict[str, str]) -> str:
+    """Which collective is marked and what is wrong there (its text names it, or is
+    preceded by its name)."""
+    assert timeline.mark is not None
+    group, seq = timeline.mark
+    where = f"#{seq} on {names.get(group, f'group {group!r}')}"
+    return timeline.mark_text if where in timeline.mark_text else f"{where}: {timeline.mark_text}"
+
+
 def _mark(timeline: Timeline, lay: Layout, names: dict[str, str]) -> str:
     """The flag over the marked collective and the line down through its boxes."""
     if timeline.mark is None:
         return ""
     group, seq = timeline.mark
     boxes = sorted((b for b in lay.boxes if b.span.key == timeline.mark), key=lambda b: b.y)
-    where = f"#{seq} on {names.get(group, f'group {group!r}')}"
-    text = f"{timeline.mark_kind.upper() or 'MARK'}  {where}: {timeline.mark_text}"
+    text = f"{timeline.mark_kind.upper() or 'MARK'}  {_what_is_marked(timeline, names)}"
     full = text
     if len(text) > FLAG_CHARS:  # the whole text is in the header and the flag's tooltip
         text = text[: FLAG_CHARS - 1] + "…"
@@ -257,11 +266,9 @@ def _header(timeline: Timeline, lay: Layout, names: dict[str, str]) -> str:
         f" {len(timeline.spans):,} collectives · {timeline.duration:.3f} s traced</p>"
     ]
     if timeline.mark is not None:
-        group, seq = timeline.mark
         out.append(
             f'<p class="mark-note" id="mark-note"><b>{escape(timeline.mark_kind.upper())}</b>'
-            f" at #{seq} on {escape(names.get(group, repr(group)))}:"
-            f" {escape(timeline.mark_text)}"
+            f" {escape(_what_is_marked(timeline, names))}"
             '<button type="button" id="to-mark">show it</button></p>'
         )
     legend = "".join(

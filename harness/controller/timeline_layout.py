@@ -37,11 +37,12 @@ PLACEHOLDERS = 6
 PITCH_PX = 64
 GAP_PX = 200
 BREAK_PX = 56
+SLIVER_PX = 24
 ELIDED_PX = 170
 MIN_PLOT, MAX_PLOT = 1150, 24000
 MAX_STRETCH = 40.0
 TICK_PX = 90
-X0, RIGHT_PAD = 12.0, 40.0
+X0, RIGHT_PAD = 12.0, 56.0
 AXIS_TOP, AXIS_H = 30.0, 30.0
 TRACK_H, BOX_H, LANE_PAD = 24.0, 16.0, 6.0
 PLACEHOLDER_W, MIN_BOX_W, BOX_GAP = 100.0, 3.0, 4.0
@@ -208,17 +209,29 @@ class Axis:
             else 0
             for a, b in pairs
         ]
-        linear = sum(b - a for (a, b), f in zip(pairs, fixed, strict=True) if not f) * s0
+        # Gaps next to each other, or with only a sliver of time between, become one gap
+        # (one label): an instant inside it is placed in proportion.
+        merged: list[tuple[float, float, int]] = []
+        for (a, b), f in zip(pairs, fixed, strict=True):
+            if f and merged and merged[-1][2]:
+                merged[-1] = (merged[-1][0], b, max(f, merged[-1][2]))
+            elif f and len(merged) > 1 and merged[-2][2] and _sliver(merged[-1], s0):
+                merged.pop()
+                merged[-1] = (merged[-1][0], b, max(f, merged[-1][2]))
+            else:
+                merged.append((a, b, f))
+        linear = sum(b - a for a, b, f in merged if not f) * s0
+        gaps = sum(f for _, _, f in merged)
         factor = 1.0
-        if linear > 0 and linear + sum(fixed) < MIN_PLOT:
-            factor = min(MAX_STRETCH, (MIN_PLOT - sum(fixed)) / linear)
-        elif linear > 0 and linear + sum(fixed) > MAX_PLOT:
-            factor = max(0.02, (MAX_PLOT - sum(fixed)) / linear)
+        if linear > 0 and linear + gaps < MIN_PLOT:
+            factor = min(MAX_STRETCH, (MIN_PLOT - gaps) / linear)
+        elif linear > 0 and linear + gaps > MAX_PLOT:
+            factor = max(0.02, (MAX_PLOT - gaps) / linear)
         self.scale = s0 * factor
         self.starts: list[float] = []
         self.pieces: list[tuple[float, float, float, float, int]] = []
         x = X0
-        for (a, b), f in zip(pairs, fixed, strict=True):
+        for a, b, f in merged:
             w = f or (b - a) * self.scale
             self.starts.append(a)
             self.pieces.append((a, b, x, x + w, f))
@@ -259,6 +272,11 @@ class Axis:
                     ticks.append((x, f"{k * step:.{decimals}f} s"))
                     last = x
         return ticks
+
+
+def _sliver(piece: tuple[float, float, int], scale: float) -> bool:
+    """Whether a linear piece is too narrow to show between two gaps."""
+    return piece[2] == 0 and (piece[1] - piece[0]) * scale < SLIVER_PX
 
 
 def _nice(raw: float) -> float:

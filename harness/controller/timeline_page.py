@@ -242,9 +242,11 @@ SCRIPT = r"""
       var el = s[0];
       ["x", "width", "x1", "x2"].forEach(function (a, i) {
         if (s[1][i] !== null) {
-          var v = parseFloat(s[1][i]) * f;
-          el.setAttribute(a, (a === "width" && el.classList.contains("box") ? Math.max(3, v)
-            : v).toFixed(1));
+          var v = parseFloat(s[1][i]), box = el.classList.contains("box");
+          // A placeholder has no length in time: it keeps its width, after its track's last.
+          v = a === "width" && box ? (el.classList.contains("placed") ? v : Math.max(3, v * f))
+            : v * f;
+          el.setAttribute(a, v.toFixed(1));
         }
       });
       if (s[2]) {
@@ -253,6 +255,15 @@ SCRIPT = r"""
           return (parseFloat(xy[0]) * f).toFixed(1) + "," + xy[1];
         }).join(" "));
       }
+    });
+    var right = {};
+    Array.prototype.slice.call(plot.querySelectorAll(".box.placed")).sort(function (a, b) {
+      return num(a, "x") - num(b, "x");
+    }).forEach(function (b) {
+      var track = b.getAttribute("data-rank") + "/" + b.getAttribute("data-group");
+      var x = Math.max(num(b, "x"), right[track] || 0);
+      b.setAttribute("x", x.toFixed(1));
+      right[track] = x + num(b, "width") + 4;
     });
     var w = Math.ceil(width0 * f);
     plot.setAttribute("width", w);
@@ -264,7 +275,7 @@ SCRIPT = r"""
     });
     var last = -1e9;
     Array.prototype.forEach.call(plot.querySelectorAll(".tick"), function (t) {
-      var x = num(t, "x"), show = x - last >= 64;
+      var x = num(t, "x"), show = x - last >= 64 && x + 48 <= w;
       t.style.display = show ? "" : "none";
       if (show) { last = x; }
     });
