@@ -21,13 +21,13 @@ import json
 from collections import Counter
 from html import escape
 
+from harness.controller.timeline_axis import X0
 from harness.controller.timeline_layout import (
     AXIS_H,
     AXIS_TOP,
     BOX_H,
     LANE_PAD,
     TRACK_H,
-    X0,
     Box,
     Layout,
     layout,

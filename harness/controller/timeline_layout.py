@@ -1,11 +1,10 @@
 """Where each part of the timeline picture goes (:func:`layout`): lanes, tracks, boxes, the
 shortened time axis and the summarised stretches of a huge trace, in pixels.
 
-Time runs left to right in seconds since :attr:`Timeline.origin`, on one axis for every rank.
-The scale gives the typical interval between a rank's collectives :data:`PITCH_PX` pixels, and
-a stretch with no collective starting or ending in it that would be wider than :data:`GAP_PX`
-(the wait before a hang, the start-up before the first collective) is drawn as a hatched gap of
-fixed width, labelled with its length: the collectives stay readable however long a call waited.
+Time runs left to right in seconds since :attr:`Timeline.origin`, on one axis for every rank
+(:class:`~harness.controller.timeline_axis.Axis`, which shortens long idle stretches); the
+scale gives the typical interval between a rank's starts
+:data:`~harness.controller.timeline_axis.PITCH_PX` pixels.
 
 A call with more than :data:`MAX_BOXES` collectives is windowed: each rank keeps a box for its
 first and last collectives and for those around the marked one (:attr:`Timeline.mark`), a
@@ -18,13 +17,13 @@ in order, aligned with their peers' boxes where those are later; a track keeps t
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from harness.controller.timeline_axis import MIN_PLOT, PITCH_PX, X0, Axis, Gap
 from harness.protocol.timeline import Span, Timeline
 from harness.protocol.traces import IN_FLIGHT, ISSUED
 
@@ -34,15 +33,11 @@ MIN_KEEP = 30
 """The fewest boxes a windowed rank keeps, however many ranks share :data:`MAX_BOXES`."""
 PLACEHOLDERS = 6
 """The most boxes without a start drawn on one track; the rest are counted."""
-PITCH_PX = 64
-GAP_PX = 200
-BREAK_PX = 56
-SLIVER_PX = 24
-ELIDED_PX = 170
-MIN_PLOT, MAX_PLOT = 1150, 24000
-MAX_STRETCH = 40.0
-TICK_PX = 90
-X0, RIGHT_PAD = 12.0, 56.0
+# The rows and boxes, in pixels: the margin right of the plot, the axis's top and height, a
+# track's and a box's height, the space above and below a lane's tracks, a placeholder's width,
+# the narrowest box (a collective of a microsecond stays visible), the space between
+# placeholders.
+RIGHT_PAD = 56.0
 AXIS_TOP, AXIS_H = 30.0, 30.0
 TRACK_H, BOX_H, LANE_PAD = 24.0, 16.0, 6.0
 PLACEHOLDER_W, MIN_BOX_W, BOX_GAP = 100.0, 3.0, 4.0
@@ -92,17 +87,6 @@ class Band:
     x: float
     w: float
     states: tuple[tuple[str, int], ...]
-
-
-@dataclass(frozen=True)
-class Gap:
-    """A stretch of the axis drawn shorter than its length: ``seconds`` long, ``elided``
-    when it lies inside a summarised band."""
-
-    x: float
-    w: float
-    seconds: float
-    elided: bool
 
 
 @dataclass(frozen=True)
@@ -189,102 +173,6 @@ def _window(
     return drawn, runs, budget
 
 
-class Axis:
-    """Seconds to pixels: linear pieces joined by fixed-width gaps (see the module)."""
-
-    def __init__(self, times: list[float], s0: float, elided: list[tuple[float, float]]) -> None:
-        """Lay out the axis over ``times`` (every start and end drawn, 0 and the end).
-
-        Args:
-            times: The instants the picture must place exactly.
-            s0: The scale before stretching to the plot's bounds, pixels per second.
-            elided: The stretches summarised by bands, as ``(start, end)``.
-        """
-        ts = sorted(set(times))
-        pairs = list(itertools.pairwise(ts))
-        # Per piece: 0 linear, else the fixed width of a gap (wider inside a band: its label).
-        fixed = [
-            (ELIDED_PX if any(lo <= a and b <= hi for lo, hi in elided) else BREAK_PX)
-            if (b - a) * s0 > GAP_PX
-            else 0
-            for a, b in pairs
-        ]
-        # Gaps next to each other, or with only a sliver of time between, become one gap
-        # (one label): an instant inside it is placed in proportion.
-        merged: list[tuple[float, float, int]] = []
-        for (a, b), f in zip(pairs, fixed, strict=True):
-            if f and merged and merged[-1][2]:
-                merged[-1] = (merged[-1][0], b, max(f, merged[-1][2]))
-            elif f and len(merged) > 1 and merged[-2][2] and _sliver(merged[-1], s0):
-                merged.pop()
-                merged[-1] = (merged[-1][0], b, max(f, merged[-1][2]))
-            else:
-                merged.append((a, b, f))
-        linear = sum(b - a for a, b, f in merged if not f) * s0
-        gaps = sum(f for _, _, f in merged)
-        factor = 1.0
-        if linear > 0 and linear + gaps < MIN_PLOT:
-            factor = min(MAX_STRETCH, (MIN_PLOT - gaps) / linear)
-        elif linear > 0 and linear + gaps > MAX_PLOT:
-            factor = max(0.02, (MAX_PLOT - gaps) / linear)
-        self.scale = s0 * factor
-        self.starts: list[float] = []
-        self.pieces: list[tuple[float, float, float, float, int]] = []
-        x = X0
-        for a, b, f in merged:
-            w = f or (b - a) * self.scale
-            self.starts.append(a)
-            self.pieces.append((a, b, x, x + w, f))
-            x += w
-        self.end = (ts[-1] if ts else 0.0, x)
-
-    def x(self, t: float) -> float:
-        """Where instant ``t`` is drawn."""
-        i = bisect.bisect_right(self.starts, t) - 1
-        if i < 0:
-            return X0
-        a, b, x0, x1, _ = self.pieces[i]
-        if t >= b:
-            return self.end[1] + (t - self.end[0]) * self.scale
-        return x0 + (t - a) / (b - a) * (x1 - x0)
-
-    def gaps(self) -> list[Gap]:
-        """The shortened stretches."""
-        return [Gap(x0, x1 - x0, b - a, f == ELIDED_PX) for a, b, x0, x1, f in self.pieces if f]
-
-    def ticks(self) -> list[tuple[float, str]]:
-        """Tick marks at round numbers of seconds on the linear pieces, with their labels."""
-        step = _nice(TICK_PX / self.scale)
-        decimals = max(0, -math.floor(math.log10(step)))
-        ticks: list[tuple[float, str]] = []
-        last = -math.inf
-        gaps = [(x0, x1) for _, _, x0, x1, f in self.pieces if f]
-        starts = [x0 for x0, _ in gaps]
-        for a, b, _, _, f in self.pieces:
-            if f:
-                continue
-            for k in range(math.ceil(a / step - 1e-9), math.floor(b / step + 1e-9) + 1):
-                x = self.x(k * step)
-                # A label running into the next gap would overlap that gap's own label.
-                i = bisect.bisect_left(starts, x)
-                clear = i == len(gaps) or x + TICK_PX * 0.6 <= gaps[i][0]
-                if x - last >= TICK_PX * 0.7 and clear:
-                    ticks.append((x, f"{k * step:.{decimals}f} s"))
-                    last = x
-        return ticks
-
-
-def _sliver(piece: tuple[float, float, int], scale: float) -> bool:
-    """Whether a linear piece is too narrow to show between two gaps."""
-    return piece[2] == 0 and (piece[1] - piece[0]) * scale < SLIVER_PX
-
-
-def _nice(raw: float) -> float:
-    """The smallest of 1, 2 or 5 times a power of ten that is at least ``raw``."""
-    power = 10.0 ** math.floor(math.log10(raw))
-    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
-
-
 def _scale(timed: list[Span], t_end: float) -> float:
     """Pixels per second that give the typical interval between a rank's starts
     :data:`PITCH_PX` (see the module)."""
@@ -326,6 +214,49 @@ def _lanes(timeline: Timeline) -> list[tuple[int, list[str], str]]:
     return lanes
 
 
+def _rows(timeline: Timeline) -> tuple[list[Lane], dict[tuple[int, str], float], float]:
+    """The lanes, each track's top by ``(rank, group)``, and where the last lane ends."""
+    lanes: list[Lane] = []
+    rows: dict[tuple[int, str], float] = {}
+    y = AXIS_TOP + AXIS_H
+    for rank, ids, note in _lanes(timeline):
+        tracks = tuple(Track(gid, y + LANE_PAD + i * TRACK_H) for i, gid in enumerate(ids))
+        height = 2 * LANE_PAD + TRACK_H * max(1, len(tracks))
+        lanes.append(Lane(rank, y, height, tracks, note))
+        rows.update({(rank, t.group): t.y for t in tracks})
+        y += height
+    return lanes, rows, y
+
+
+def _placeholders(
+    timeline: Timeline,
+    axis: Axis,
+    rows: dict[tuple[int, str], float],
+    right: dict[tuple[int, str], float],
+    boxes: list[Box],
+) -> list[tuple[float, float, int]]:
+    """Add a box for each collective without a start to ``boxes`` (see the module), after
+    ``right``, its track's last box; returns the ``(x, y, count)`` of tracks that had more."""
+    first_start: dict[tuple[str, int], float] = {}
+    untimed: dict[tuple[int, str], list[Span]] = {}
+    for span in timeline.spans:
+        if span.start is not None:
+            first_start[span.key] = min(first_start.get(span.key, math.inf), span.start)
+        else:
+            untimed.setdefault((span.rank, span.group), []).append(span)
+    more = []
+    for (rank, group), spans in untimed.items():
+        x = right.get((rank, group), X0) + BOX_GAP
+        for span in sorted(spans, key=lambda s: s.seq)[:PLACEHOLDERS]:
+            anchor = first_start.get(span.key)
+            x = max(x, axis.x(anchor)) if anchor is not None else x
+            boxes.append(Box(span, x, rows[rank, group], PLACEHOLDER_W, True))
+            x += PLACEHOLDER_W + BOX_GAP
+        if len(spans) > PLACEHOLDERS:
+            more.append((x, rows[rank, group], len(spans) - PLACEHOLDERS))
+    return more
+
+
 def layout(timeline: Timeline) -> Layout:
     """Place every part of ``timeline``'s picture.
 
@@ -350,18 +281,9 @@ def layout(timeline: Timeline) -> Layout:
         times += [max(0.0, span.start), _end(span, t_end)]
     axis = Axis(times, _scale(drawn, t_end), elided)
 
+    lanes, rows, y = _rows(timeline)
     boxes: list[Box] = []
     bands: list[Band] = []
-    more: list[tuple[float, float, int]] = []
-    lanes: list[Lane] = []
-    rows: dict[tuple[int, str], float] = {}
-    y = AXIS_TOP + AXIS_H
-    for rank, ids, note in _lanes(timeline):
-        tracks = tuple(Track(gid, y + LANE_PAD + i * TRACK_H) for i, gid in enumerate(ids))
-        height = 2 * LANE_PAD + TRACK_H * max(1, len(tracks))
-        lanes.append(Lane(rank, y, height, tracks, note))
-        rows.update({(rank, t.group): t.y for t in tracks})
-        y += height
     right: dict[tuple[int, str], float] = {}
     for span in drawn:
         assert span.start is not None
@@ -375,23 +297,7 @@ def layout(timeline: Timeline) -> Layout:
             states[span.state] = states.get(span.state, 0) + 1
         x0 = axis.x(lo)
         bands.append(Band(rank, len(run), lo, hi, x0, axis.x(hi) - x0, tuple(states.items())))
-    first_start: dict[tuple[str, int], float] = {}
-    for span in timeline.spans:
-        if span.start is not None:
-            first_start[span.key] = min(first_start.get(span.key, math.inf), span.start)
-    untimed: dict[tuple[int, str], list[Span]] = {}
-    for span in timeline.spans:
-        if span.start is None:
-            untimed.setdefault((span.rank, span.group), []).append(span)
-    for (rank, group), spans in untimed.items():
-        x = right.get((rank, group), X0) + BOX_GAP
-        for span in sorted(spans, key=lambda s: s.seq)[:PLACEHOLDERS]:
-            anchor = first_start.get(span.key)
-            x = max(x, axis.x(anchor)) if anchor is not None else x
-            boxes.append(Box(span, x, rows[rank, group], PLACEHOLDER_W, True))
-            x += PLACEHOLDER_W + BOX_GAP
-        if len(spans) > PLACEHOLDERS:
-            more.append((x, rows[rank, group], len(spans) - PLACEHOLDERS))
+    more = _placeholders(timeline, axis, rows, right, boxes)
     order = {id(s): i for i, s in enumerate(timeline.spans)}
     boxes.sort(key=lambda b: order[id(b.span)])
     width = max([axis.end[1], *(b.x + b.w for b in boxes), *(x + 160 for x, _, _ in more)])
