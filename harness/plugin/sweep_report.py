@@ -105,8 +105,8 @@ def _span(first: int, last: int) -> str:
     return f"#{first}" if first == last else f"#{first}-#{last}"
 
 
-def _ranks(ranks: frozenset[int], present: frozenset[int]) -> str:
-    if ranks == present and len(present) > 1:
+def _ranks(ranks: frozenset[int], every: frozenset[int]) -> str:
+    if ranks == every and len(every) > 1:
         return "on any rank"
     if len(ranks) == 1:
         return f"on rank {next(iter(ranks))}"
@@ -116,50 +116,30 @@ def _ranks(ranks: frozenset[int], present: frozenset[int]) -> str:
 def range_lines(cases: Sequence[Case]) -> list[str]:
     """The cases of one sweep (one test, one fault), summarised: collectives in a row whose
     cases end alike on the same ranks make one line (``kill at #1-#14 on any rank:
-    passed``); ordered by collective."""
+    passed``; "any rank": every rank the sweep covers); ordered by collective."""
     if not cases:
         return []
-    present: dict[int, set[int]] = {}
+    every = frozenset(case.rank for case in cases)
     by_verdict: dict[str, dict[int, set[int]]] = {}
     for case in cases:
-        present.setdefault(case.at, set()).add(case.rank)
         by_verdict.setdefault(case.verdict, {}).setdefault(case.at, set()).add(case.rank)
-    lines: list[tuple[int, int, str]] = []
     label = cases[0].fault
-    for verdict_text, ats in by_verdict.items():
-        # Collectives in a row with the same ranks (and the same ranks present) merge.
-        run: list[int] = []
-        for at in sorted(ats):
-            key = (frozenset(ats[at]), frozenset(present[at]))
-            if run and at == run[-1] + 1 and key == _key(ats, present, run[-1]):
-                run.append(at)
-                continue
-            if run:
-                lines.append(_line(label, run, ats, present, verdict_text))
-            run = [at]
-        if run:
-            lines.append(_line(label, run, ats, present, verdict_text))
-    return [text for _, _, text in sorted(lines)]
-
-
-def _key(
-    ats: dict[int, set[int]], present: dict[int, set[int]], at: int
-) -> tuple[frozenset[int], frozenset[int]]:
-    return frozenset(ats[at]), frozenset(present[at])
-
-
-def _line(
-    label: str,
-    run: list[int],
-    ats: dict[int, set[int]],
-    present: dict[int, set[int]],
-    verdict_text: str,
-) -> tuple[int, int, str]:
-    ranks, here = _key(ats, present, run[0])
-    where = _ranks(ranks, here)
     # "kill at #3" kills before collective #3; "kill after #3", "kill during #3" say when.
-    at = " " if " " in label else " at "
-    return run[0], min(ranks), f"{label}{at}{_span(run[0], run[-1])} {where}: {verdict_text}"
+    at_word = " " if " " in label else " at "
+    lines: list[tuple[int, int, str]] = []
+    for verdict_text, ats in by_verdict.items():
+        # Collectives in a row that end alike on the same ranks make one line.
+        for first, last in ranges(ats):
+            run = [first]
+            for at in range(first + 1, last + 2):
+                if at <= last and ats[at] == ats[run[0]]:
+                    run.append(at)
+                    continue
+                ranks = frozenset(ats[run[0]])
+                text = f"{label}{at_word}{_span(run[0], run[-1])} {_ranks(ranks, every)}"
+                lines.append((run[0], min(ranks), f"{text}: {verdict_text}"))
+                run = [at]
+    return [text for _, _, text in sorted(lines)]
 
 
 def summary(cases: Iterable[Case]) -> list[str]:

@@ -198,8 +198,12 @@ def _difference(one: dict[str, Any], other: dict[str, Any]) -> str:
             a, b = len(mine.get(group, [])), len(theirs.get(group, []))
             if a != b:
                 where = "the default group" if not group else f"group ({group})"
-                return f"rank {rank} made {a} collectives on {where}, then {b}"
+                return f"rank {rank} made {_collectives(a)} on {where}, then {b}"
     return ""
+
+
+def _collectives(count: int) -> str:
+    return f"{count} collective{'' if count == 1 else 's'}"
 
 
 def _passed_on(args: list[str]) -> list[str]:
@@ -242,7 +246,7 @@ def body(
     directory = os.environ.get(COUNT_DIR)
     if not isinstance(param, CleanRun) or not directory:
         return fn, args
-    case = hashlib.sha256(item.nodeid.encode()).hexdigest()[:12]
+    case = item.name.replace(os.sep, "_")  # test_x[clean1]: how a difference names it
     return counted, (os.path.join(directory, case), fn, *args)
 
 
@@ -295,7 +299,7 @@ def after_case(
     param = _param(item)
     fault = param if isinstance(param, Fault) else None
     kwargs: dict[str, Any] = {"_harness_rank_args": []}
-    funcargs = getattr(item, "funcargs", {})
+    funcargs = {k: v for k, v in getattr(item, "funcargs", {}).items() if k != "request"}
     for name in inspect.signature(verify).parameters:
         if name in RANK_ARGS:
             kwargs["_harness_rank_args"].append(name)

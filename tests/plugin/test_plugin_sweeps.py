@@ -1,0 +1,270 @@
+"""Sweeps over every rank and collective: the clean run that counts them at collection, one
+case per (rank, collective), ``verify=`` after each case, the summary in ranges, and the
+same cases on every pytest-xdist worker."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+COPES = """
+import pytest
+import torch
+import torch.distributed as dist
+from harness import faults
+
+
+def steps():
+    try:
+        for _ in range(2):
+            dist.all_reduce(torch.ones(2))  # collectives #1 and #2
+    except RuntimeError:  # a peer was killed
+        pass
+
+
+def survived(rank, world_size, fault, tmp_path):
+    assert (rank, world_size) == (rank, 2)
+    assert fault.rank != 1 or fault.at != 2, f"{tmp_path.name}: lost rank 1 at #2"
+
+
+@pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
+def test_every_point(rank):
+    steps()
+
+
+@pytest.mark.distributed(
+    world_size=2, faults=faults.sweep("kill", ranks="all", at="all"), verify=survived
+)
+def test_verified(rank, tmp_path):
+    steps()
+"""
+
+CASES = ["kill-r0-at1", "kill-r0-at2", "kill-r1-at1", "kill-r1-at2"]
+
+
+def test_all_ranks_and_collectives_are_counted_once_then_swept(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=COPES)
+    result = pytester.runpytest("-p", "no:randomly", "-rA")
+    result.assert_outcomes(passed=7, failed=1)
+    for test in ("test_every_point", "test_verified"):
+        for case in CASES:
+            if (test, case) != ("test_verified", "kill-r1-at2"):
+                result.stdout.fnmatch_lines([f"PASSED test_sweep.py::{test}[[]{case}[]]"])
+    # One count per test, kept under pytest's cache: a second run collects from it.
+    counted = list((pytester.path / ".pytest_cache").rglob("harness-sweeps/*.json"))
+    assert len(counted) == 2
+    again = pytester.runpytest("-p", "no:randomly", "--collect-only", "-q")
+    again.stdout.fnmatch_lines(["test_sweep.py::test_every_point[[]kill-r1-at2[]]"])
+    assert sorted((pytester.path / ".pytest_cache").rglob("harness-sweeps/*.json")) == sorted(
+        counted
+    )
+
+
+def test_a_failing_verify_fails_the_case_naming_the_kill_point(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=COPES)
+    result = pytester.runpytest("-p", "no:randomly", "-k", "test_verified")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "RankError: verify survived failed after kill(rank=1, at=2) (collective #2: "
+            "all_reduce at test_sweep.py:10): rank * raised AssertionError: *: lost rank 1 "
+            "at #2*",
+            "run (2 ranks, gloo): pytest 'test_sweep.py::test_verified[[]kill-r1-at2[]]' "
+            "--dist-backend=gloo",
+        ]
+    )
+    # The summary: cases that agree in ranges, the failing one with its kill point.
+    result.stdout.fnmatch_lines(
+        [
+            "*= harness: fault sweeps =*",
+            "test_sweep.py::test_verified: kill, 4 cases, 1 failed",
+            "  kill at #1 on any rank: passed",
+            "  kill at #2 on rank 0: passed",
+            "  kill at #2 on rank 1: failed (verify survived: AssertionError: *: lost rank 1 "
+            "at #2*",
+            "  failed at rank 1, #2 (all_reduce at test_sweep.py:10): pytest "
+            "'test_sweep.py::test_verified[[]kill-r1-at2[]]' --dist-backend=gloo",
+        ]
+    )
+
+
+def test_xdist_workers_collect_the_same_cases_and_run_each_once(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_sweep=COPES)
+    result = pytester.runpytest_subprocess("-p", "no:randomly", "-n", "2", "-rA")
+    result.assert_outcomes(passed=7, failed=1)
+    ran = re.findall(r"^(?:PASSED|FAILED) (test_sweep\.py::\S+)", result.stdout.str(), re.M)
+    assert len(ran) == len(set(ran)) == 8
+    result.stdout.fnmatch_lines(
+        [
+            "test_sweep.py::test_every_point: kill, 4 cases, 0 failed",
+            "  kill at #1-#2 on any rank: passed",
+        ]
+    )
+
+
+def test_explicit_sweeps_are_summarised_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch
+        import torch.distributed as dist
+        from harness import faults
+
+
+        @pytest.mark.distributed(
+            world_size=2, faults=faults.sweep("kill", ranks=[1], at=[1, 2], when="after")
+        )
+        def test_copes(rank):
+            with pytest.raises(RuntimeError):
+                for _ in range(3):
+                    dist.all_reduce(torch.ones(2))
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "test_*.py::test_copes: kill after, 2 cases, 0 failed",
+            "  kill after #1-#2 on rank 1: passed",
+        ]
+    )
+
+
+def test_a_count_that_differs_between_clean_runs_fails_collection(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_moody="""
+        import pathlib
+        import pytest
+        import torch
+        import torch.distributed as dist
+        from harness import faults
+
+        RUNS = pathlib.Path(__file__).parent / "runs"
+
+
+        @pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
+        def test_moody(rank):
+            RUNS.mkdir(exist_ok=True)
+            earlier = len(list(RUNS.iterdir()))
+            dist.barrier()
+            if rank == 0:
+                (RUNS / str(earlier)).touch()
+            for _ in range(earlier):  # one more in each run
+                dist.all_reduce(torch.ones(1))
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*test_moody.py::test_moody: sweep('kill', ranks='all', at='all'): two clean runs "
+            "issued different collectives (test_moody[[]clean1[]] and test_moody[[]clean2[]]: "
+            "rank 0 made 1 collective on the default "
+            "group, then 2); a sweep over 'all' needs the same ones in every run*"
+        ]
+    )
+
+
+def test_more_than_500_cases_fail_collection_saying_how_many(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_long="""
+        import pytest
+        import torch
+        import torch.distributed as dist
+        from harness import faults
+
+
+        @pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
+        def test_long(rank):
+            for _ in range(251):
+                dist.all_reduce(torch.ones(1))
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*test_long.py::test_long: a sweep over every collective would make 502 cases "
+            "(collectives of a clean run: rank 0: 251, rank 1: 251), more than 500: sweep "
+            "some of them, e.g. at=range(1, 50)*"
+        ]
+    )
+
+
+def test_bad_sweeps_and_verify_values_are_named(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_bad="""
+        import pytest
+        import torch.distributed as dist
+        from harness import faults
+
+        ALL = faults.sweep("kill", ranks="all", at=[1])
+
+
+        @pytest.mark.distributed(world_size=2, faults=ALL, verify=lambda tmp_path: None)
+        def test_lambda(rank):
+            try:
+                dist.barrier()
+            except RuntimeError:
+                pass
+
+
+        def needs_a_fixture(checkpoints):
+            pass
+
+
+        @pytest.mark.distributed(world_size=2, faults=ALL, verify=needs_a_fixture)
+        def test_unknown_argument(rank):
+            try:
+                dist.barrier()
+            except RuntimeError:
+                pass
+        """,
+        test_failing_count="""
+        import pytest
+        from harness import faults
+
+
+        @pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
+        def test_broken(rank):
+            assert rank == 5, "broken without any fault"
+        """,
+        test_sizes="""
+        import pytest
+        from harness import faults
+
+
+        @pytest.mark.distributed(
+            world_size=[2, 3], faults=faults.sweep("kill", ranks="all", at="all")
+        )
+        def test_sizes(rank):
+            pass
+        """,
+    )
+    result = pytester.runpytest("-p", "no:randomly", "--continue-on-collection-errors")
+    result.assert_outcomes(failed=4, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*invalid @pytest.mark.distributed: verify must be a module-level function (it "
+            "runs in the ranks of a fresh world, by reference), not <function <lambda>*",
+            "*verify needs_a_fixture asks for 'checkpoints', which the test has no value for; "
+            "valid: fault, rank, world_size*",
+        ],
+        consecutive=False,
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*test_failing_count.py::test_broken: sweep('kill', ranks='all', at='all'): the "
+            "clean run that counts its collectives did not pass (exit status 1)*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["*a sweep over 'all' needs one world_size, not [[]2, 3[]]*"])
