@@ -375,3 +375,19 @@ def test_a_hundred_thousand_collectives_are_windowed_and_stay_small(ranks: int) 
     assert "first and last" in note
     (plot,) = page.by_id("plot")
     assert float(plot.attrs["width"]) < 30_000
+
+
+def test_gaps_side_by_side_become_one_and_ticks_read_seconds() -> None:
+    group = Group("", "the default group", (0, 1))
+    spans = [span(0, group, seq) for seq in (1, 2, 3)]  # 10 ms apart: the scale
+    spans += [span(1, group, 1, start=2.0, end=2.0002), span(1, group, 2, start=4.0, end=4.004)]
+    timeline = Timeline("t", "", 2, "gloo", (group,), tuple(spans), duration=4.01)
+    page = parse(render(timeline))
+    (gap,) = page.find("gap")  # 0.035 s to 4.0 s, the instant at 2.0 s inside it
+    assert float(gap.attrs["data-seconds"]) == pytest.approx(4.0 - 0.035, abs=1e-3)
+    ticks = [n.all_text() for n in page.find("tick")]
+    assert ticks[0] == "0.000 s"
+    assert all(t.endswith(" s") for t in ticks)
+    values = [float(t.removesuffix(" s")) for t in ticks]
+    assert values == sorted(values)
+    assert values[-1] > 4.0
