@@ -80,7 +80,7 @@ svg text { font-family: system-ui, "DejaVu Sans", "Liberation Sans", Arial, sans
 %(states)s
 .details { position: sticky; bottom: 0; background: #fff; border-top: 2px solid #d0d7de;
   padding: 8px 18px 10px; box-shadow: 0 -2px 6px rgba(0,0,0,.06); min-height: 40px;
-  max-height: 38vh; overflow-y: auto; }
+  max-height: 32vh; overflow-y: auto; }
 .details h2 { font-size: 13.5px; margin: 0 0 4px; }
 .details .cols { display: flex; gap: 28px; flex-wrap: wrap; align-items: flex-start; }
 .details table { border-collapse: collapse; font-size: 12px; }
