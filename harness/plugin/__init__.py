@@ -292,7 +292,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker.parametrize(metafunc)
+    marker.parametrize(metafunc, _resolve_sweep)
+
+
+def _resolve_sweep(metafunc: pytest.Metafunc, spec: marker.MarkSpec, sweep: Any) -> list[Any]:
+    # Only for a sweep over "all": it counts a clean run, with torch.
+    from harness.plugin import sweeps
+
+    return sweeps.resolve(metafunc, spec, sweep)
 
 
 @pytest.hookimpl(wrapper=True)

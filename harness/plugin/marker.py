@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -140,9 +140,13 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
     return MarkSpec(**kwargs)
 
 
-def parametrize(metafunc: pytest.Metafunc) -> None:
+def parametrize(
+    metafunc: pytest.Metafunc,
+    resolve: Callable[[pytest.Metafunc, MarkSpec, OpenSweep], list[Any]] | None = None,
+) -> None:
     """Turn list-valued ``world_size`` / ``backend`` and a sweep of ``faults`` into parameters
-    (ids ``ws2``, ``gloo``, ``kill-r1-at3``); a sweep over ``"all"`` is resolved first.
+    (ids ``ws2``, ``gloo``, ``kill-r1-at3``); a sweep over ``"all"`` is resolved first, by
+    ``resolve`` (:func:`harness.plugin.sweeps.resolve`).
 
     Raises:
         pytest.fail.Exception: A sweep over ``"all"`` that cannot be resolved (a collection
@@ -156,10 +160,8 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
     except ValueError:
         return  # reported when the test runs, so the module's other tests still run
     sweep: Any = spec.faults if isinstance(spec.faults, Sweep) else ()
-    if isinstance(spec.faults, OpenSweep):
-        from harness.plugin import sweeps  # only for a sweep over "all"
-
-        sweep = sweeps.resolve(metafunc, spec, spec.faults)
+    if isinstance(spec.faults, OpenSweep) and resolve is not None:
+        sweep = resolve(metafunc, spec, spec.faults)
     for name, values, make_id in (
         (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
         (BACKEND_PARAM, spec.backend, str),
