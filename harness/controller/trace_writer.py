@@ -1,42 +1,44 @@
-"""Trace folders written in the background, by a child process of the lowest priority.
+"""Trace folders of passing tests, written when the session ends (``--dist-trace-all``).
 
-Under ``--dist-trace-all`` every passing test gets a trace folder. Building its timeline and
-writing the three files takes far longer than fetching the ranks' traces (tens of
-milliseconds for a thousand collectives), and a passing test has no report to wait for: the
-controller hands the traces to :class:`Writer`, which pickles them to a child
-(``python -m harness.controller.trace_writer``) that builds and writes each folder at
-``nice`` 19, with whatever CPU the ranks leave. A feeder thread does the sending, so a
-test never waits for a busy child; :meth:`Writer.close` (at the session's end) waits until
-every folder is written. A folder the child cannot write is said on its standard error.
+Building a test's timeline and writing its three files costs far more CPU than running a
+short test's collectives (tens of milliseconds for a thousand of them), and a passing test
+has no report that waits for its folder. Written during the session, even by a process of
+the lowest priority, that work took the CPU the ranks of the tests still running needed,
+and their durations grew. So :class:`Writer` only spools each test's traces (pickled,
+appended to a file in the trace directory) and, at :meth:`Writer.close`, has child
+processes (``python -m harness.controller.trace_writer``, one per core, at most
+``MAX_WORKERS``) build and write every folder. A folder a child cannot write is said on its
+standard error.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import queue
 import struct
 import subprocess
 import sys
-import threading
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from harness.protocol.traces import RankTrace
 
-__all__ = ["Writer"]
+__all__ = ["MAX_WORKERS", "Writer"]
+
+MAX_WORKERS = 8
+"""The most child processes that write the spooled folders at once."""
 
 _LENGTH = struct.Struct("!I")
 
 
 class Writer:
-    """Writes trace folders in a child process, started with the first folder."""
+    """Spools the folders to write, and writes them at :meth:`close`."""
 
     def __init__(self) -> None:
-        self._jobs: queue.Queue[bytes | None] = queue.Queue()
-        self._child: subprocess.Popen[bytes] | None = None
-        self._feeder: threading.Thread | None = None
+        self._spool: IO[bytes] | None = None
+        self._count = 0
 
     def submit(
         self,
@@ -45,79 +47,70 @@ class Writer:
         world_size: int,
         **build: Any,
     ) -> Path:
-        """Have the folder of a call written: its timeline built from ``traces`` (see
+        """Spool the folder of a call: its timeline, to be built from ``traces`` (see
         :func:`harness.controller.timeline_build.build`, whose keyword arguments ``build``
         holds; ``test`` among them) and written into ``directory``.
 
         Returns:
             The folder it will be written to.
+
+        Raises:
+            OSError: The spool file cannot be made or written in ``directory``.
         """
         from harness.controller.trace_dir import folder_name
 
         job = pickle.dumps((str(directory), dict(traces), world_size, build), protocol=5)
-        if self._child is None:
-            self._start()
-        self._jobs.put(job)
+        if self._spool is None:
+            self._spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 (open until close)
+                dir=directory, prefix=".harness-spool-", delete=False
+            )
+        self._spool.write(_LENGTH.pack(len(job)) + job)
+        self._count += 1
         return directory / folder_name(str(build["test"]))
 
     def close(self) -> None:
-        """Wait until every folder submitted is written, and end the child."""
-        if self._child is None:
+        """Write every folder spooled, in child processes, and wait for them."""
+        spool, count = self._spool, self._count
+        self._spool, self._count = None, 0
+        if spool is None:
             return
-        self._jobs.put(None)
-        assert self._feeder is not None
-        self._feeder.join()
-        self._child.wait()
-        self._child = self._feeder = None
-
-    def _start(self) -> None:
+        spool.close()
         # This very harness, wherever it was imported from.
         here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-        self._child = subprocess.Popen(
-            [sys.executable, "-m", "harness.controller.trace_writer"],
-            stdin=subprocess.PIPE,
-            env=dict(os.environ, PYTHONPATH=path),
-        )
-        assert self._child.stdin is not None
-        self._feeder = threading.Thread(
-            target=_feed, args=(self._jobs, self._child.stdin), name="harness-trace-writer"
-        )
-        self._feeder.daemon = True
-        self._feeder.start()
-
-
-def _feed(jobs: queue.Queue[bytes | None], pipe: BinaryIO) -> None:
-    """Send each job to the child as it comes (blocking here, never in a test), until None."""
-    try:
-        while (job := jobs.get()) is not None:
-            pipe.write(_LENGTH.pack(len(job)) + job)
-            pipe.flush()
-    except OSError:
-        pass  # the child is gone; it said why on its standard error
-    finally:
+        workers = max(1, min(os.cpu_count() or 1, count, MAX_WORKERS))
+        children = []
         try:
-            pipe.close()
-        except OSError:
-            pass
+            for index in range(workers):
+                command = [sys.executable, "-m", __name__, spool.name, str(index), str(workers)]
+                children.append(subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=path)))
+        finally:
+            for child in children:
+                child.wait()
+            os.unlink(spool.name)
 
 
-def _serve(pipe: BinaryIO) -> None:
-    """The child: build and write each folder the pipe brings, until it closes."""
+def _serve(spool: str, index: int, workers: int) -> None:
+    """A child: build and write every ``workers``-th folder of the spool, from ``index``."""
     from harness.controller import timeline_build, trace_dir
 
-    while header := pipe.read(_LENGTH.size):
-        directory, traces, world_size, build = pickle.loads(pipe.read(_LENGTH.unpack(header)[0]))
-        try:
-            timeline = timeline_build.build(traces, world_size, **build)
-            folder, problems = trace_dir.write(Path(directory), timeline)
-        except Exception as exc:  # one folder's failure must not lose the others
-            folder, problems = Path(directory), {"all": f"{type(exc).__name__}: {exc}"}
-        for name, problem in problems.items():
-            print(f"harness: {folder}: {name} not written: {problem}", file=sys.stderr)
+    with open(spool, "rb") as handle:
+        number = 0
+        while header := handle.read(_LENGTH.size):
+            size = _LENGTH.unpack(header)[0]
+            number += 1
+            if (number - 1) % workers != index:
+                handle.seek(size, os.SEEK_CUR)
+                continue
+            directory, traces, world_size, build = pickle.loads(handle.read(size))
+            try:
+                timeline = timeline_build.build(traces, world_size, **build)
+                folder, problems = trace_dir.write(Path(directory), timeline)
+            except Exception as exc:  # one folder's failure must not lose the others
+                folder, problems = Path(directory), {"all": f"{type(exc).__name__}: {exc}"}
+            for name, problem in problems.items():
+                print(f"harness: {folder}: {name} not written: {problem}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    if hasattr(os, "nice"):
-        os.nice(19)  # the ranks of the tests still running come first
-    _serve(sys.stdin.buffer)
+    _serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))

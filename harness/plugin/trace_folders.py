@@ -23,7 +23,7 @@ from harness.faults import FaultFired
 from harness.plugin import report
 from harness.plugin.settings import Settings
 
-# Passing tests' folders, written in the background (the session waits for it at its end).
+# Passing tests' folders, written when the session ends (see trace_writer).
 _BACKGROUND = trace_writer.Writer()
 
 
@@ -65,7 +65,7 @@ def write(
             if not outcome.traces or not (settings.trace_all or fired):
                 return None
             failure = "; ".join(f"{f} (injected)" for f in fired)
-            # No report waits for it: written in the background.
+            # No report waits for it: written when the session ends.
             return _BACKGROUND.submit(
                 Path(settings.trace_dir),
                 outcome.traces,
@@ -89,5 +89,5 @@ def write(
 
 
 def close() -> None:
-    """Wait until the folders written in the background are, at the session's end."""
+    """Write the passing tests' folders, at the session's end."""
     _BACKGROUND.close()
