@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -133,7 +134,10 @@ def count(config: pytest.Config, nodeid: str, world_size: int) -> dict[int, dict
     with open(directory / f"{digest}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one process counts; the others wait, then read
         if not result.exists():
-            found = _count_now(config, nodeid, directory / digest)
+            try:
+                found = _count_now(config, nodeid, directory / digest)
+            finally:  # its ranks' files and its tmp_path: the count is all that is kept
+                shutil.rmtree(directory / digest, ignore_errors=True)
             result.with_suffix(".tmp").write_text(json.dumps(found), encoding="utf-8")
             os.replace(result.with_suffix(".tmp"), result)
     loaded = json.loads(result.read_text(encoding="utf-8"))
