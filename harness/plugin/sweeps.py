@@ -6,9 +6,9 @@ those a clean run of the test makes on each rank, on the fault's group. The clea
 pytest run of the test alone in a subprocess (its own fixtures, conftests and ini, on fresh
 ranks), twice, whose ranks write what they issued (:func:`harness.rank.sweep.counted`); the
 two must agree. Its result is cached under pytest's cache directory by the test's node id,
-its file's source and torch's version, behind a file lock: under pytest-xdist every worker
-collects the same cases, and only the first pays for the count. A change in another file
-the count depends on needs ``--cache-clear``.
+its file's source, the world size, ``--dist-backend`` and torch's version, behind a file
+lock: under pytest-xdist every worker collects the same cases, and only the first pays for
+the count. A change in another file the count depends on needs ``--cache-clear``.
 
 After each case that passed (its survivors coped, or its restarts resumed), the marker's
 ``verify=`` runs on every rank of a fresh world (:func:`after_case`); its failure is the
@@ -109,7 +109,7 @@ def resolve(metafunc: pytest.Metafunc, spec: MarkSpec, sweep: OpenSweep) -> list
     if not faults:
         raise pytest.fail.Exception(
             f"{nodeid}: {sweep} makes no case: a clean run issued no collective "
-            f"on {sweep.group or 'the default group'}",
+            f"on {'the default group' if sweep.group is None else f'group {sweep.group}'}",
             pytrace=False,
         )
     return list(faults)
@@ -127,7 +127,8 @@ def count(config: pytest.Config, nodeid: str, world_size: int) -> dict[int, dict
         return counted_here[nodeid]
     path, _, _ = nodeid.partition("::")
     source = (config.rootpath / path).read_bytes()
-    parts = [nodeid, str(world_size), _version("torch"), _version("fhelium")]
+    backend = str(config.getoption("dist_backend", None) or "auto")
+    parts = [nodeid, str(world_size), backend, _version("torch"), _version("fhelium")]
     digest = hashlib.sha256("\0".join(parts).encode() + b"\0" + source).hexdigest()[:20]
     directory = _cache_dir(config)
     result = directory / f"{digest}.json"
