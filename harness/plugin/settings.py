@@ -170,10 +170,8 @@ def _trace_dir(config: pytest.Config) -> str:
             written in (named).
     """
     given, where = config.getoption("dist_trace_dir", None), "--dist-trace-dir"
-    base = config.invocation_params.dir
     if not given:
         given, where = str(config.getini("dist_trace_dir") or "").strip(), "ini dist_trace_dir"
-        base = config.inipath.parent if config.inipath is not None else config.rootpath
     if not given:
         if config.getoption("dist_trace_all", False):
             raise ValueError(
@@ -184,6 +182,10 @@ def _trace_dir(config: pytest.Config) -> str:
     # Only here: a session that traces nothing loads nothing of the controller at start.
     from harness.controller.trace_dir import check_writable
 
+    if where == "--dist-trace-dir":
+        base = config.invocation_params.dir
+    else:
+        base = config.inipath.parent if config.inipath is not None else config.rootpath
     return str(check_writable(os.path.join(base, os.path.expanduser(str(given))), where))
 
 

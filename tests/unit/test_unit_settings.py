@@ -468,3 +468,43 @@ def test_single_values_and_bad_markers_are_not_parametrized(mark: pytest.Mark) -
 
 def test_a_test_without_the_marker_is_not_parametrized() -> None:
     assert _parametrized(_other("slow")).calls == []
+
+
+class _TraceConfig(FakeConfig):
+    """A config started from ``base``, its ini file there too."""
+
+    def __init__(self, base: Any, options: dict[str, Any] | None = None, **ini: Any) -> None:
+        super().__init__(options, **ini)
+        self.invocation_params = SimpleNamespace(dir=base / "cwd")
+        self.inipath = base / "pytest.ini"
+        self.rootpath = base
+
+
+def test_the_trace_dir_option_wins_over_the_ini_and_is_made(tmp_path: Any) -> None:
+    config = _TraceConfig(tmp_path, {"dist_trace_dir": "cli"}, dist_trace_dir="ini")
+    found = settings.read(config)
+    assert found.trace_dir == str(tmp_path / "cwd" / "cli")
+    assert (tmp_path / "cwd" / "cli").is_dir()
+    assert not found.trace_all
+    assert settings.read(_TraceConfig(tmp_path)).trace_dir == ""
+
+
+def test_the_ini_trace_dir_is_relative_to_the_ini_file(tmp_path: Any) -> None:
+    config = _TraceConfig(tmp_path, {"dist_trace_all": True}, dist_trace_dir="traces")
+    found = settings.read(config)
+    assert found.trace_dir == str(tmp_path / "traces")
+    assert found.trace_all
+
+
+def test_trace_all_needs_a_trace_dir(tmp_path: Any) -> None:
+    found = _usage_error(_TraceConfig(tmp_path, {"dist_trace_all": True}))
+    assert found == (
+        "--dist-trace-all writes each test's trace folder into --dist-trace-dir (or ini "
+        "dist_trace_dir): give one too"
+    )
+
+
+def test_an_unwritable_trace_dir_is_a_usage_error_naming_it(tmp_path: Any) -> None:
+    (tmp_path / "a-file").write_text("")
+    found = _usage_error(_TraceConfig(tmp_path, dist_trace_dir="a-file/traces"))
+    assert found.startswith(f"ini dist_trace_dir '{tmp_path / 'a-file' / 'traces'}' cannot be used")
