@@ -8,8 +8,9 @@ torch.distributed import all_reduce`` holds the wrapper too. Between calls a wra
 one global read. During a call (:class:`Recorder`, a context manager around it) it records,
 before calling torch, the collective's group, its number there, its op
 (:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as ids into
-per-call tables of the distinct ones; once torch returns, whether it completed, was issued
-(a ``Work``) or raised. A collective called by another on the same thread
+per-call tables of the distinct ones, and when it started (``time.monotonic()``, which every
+process of the machine shares); once torch returns, when, and whether it completed, was
+issued (a ``Work``) or raised. A collective called by another on the same thread
 (``all_gather_object`` calls ``all_gather``) is not recorded again; those of other threads
 are, in the order they start. While the main thread is blocked, the watchdog thread answers
 the controller with :func:`snapshot`.
@@ -100,18 +101,8 @@ class _Group:
         # id copied has its entry.
         count, op_ids, place_ids = self.count, self.op_ids.tobytes(), self.place_ids.tobytes()
         ops, places, times = tuple(self.ops), tuple(self.places), self.times.tobytes()
-        return GroupHistory(
-            self.id,
-            self.ranks,
-            count,
-            ops,
-            op_ids,
-            places,
-            place_ids,
-            self.raised,
-            self.timeout,
-            times,
-        )
+        kept = (count, ops, op_ids, places, place_ids, self.raised, self.timeout, times)
+        return GroupHistory(self.id, self.ranks, *kept)
 
     def fingerprint(self) -> tuple[str, tuple[int, ...] | None, int, int]:
         """The group's entry of :data:`~harness.protocol.traces.Fingerprint`: a checksum of
