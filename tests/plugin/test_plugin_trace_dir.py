@@ -110,16 +110,29 @@ def test_failing_and_faulted_tests_get_a_folder_named_in_the_report(
     assert len(os.listdir(out)) == 4
 
 
-def test_the_timeline_marks_what_the_report_says(pytester: pytest.Pytester, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("test", "kind", "verdict"),
+    [
+        ("test_mismatch", "mismatch", "collective #2 on the default group differs: "),
+        ("test_hang", "hang", "rank 3 finished the call after #1; ranks 0-2 wait in #2"),
+    ],
+)
+def test_the_trace_marks_the_collective_the_report_names(
+    pytester: pytest.Pytester, tmp_path: Path, test: str, kind: str, verdict: str
+) -> None:
     pytester.makepyfile(test_traced=BODY)
     out = tmp_path / "traces"
-    result = pytester.runpytest("-p", "no:randomly", f"--dist-trace-dir={out}", "-k", "mismatch")
+    result = pytester.runpytest("-p", "no:randomly", f"--dist-trace-dir={out}", "-k", test)
     result.assert_outcomes(failed=1)
-    text = str(reports(result)["test_mismatch"].longrepr)
-    assert "collective #2 on the default group differs" in text
-    events = assert_folder(folder_of(out, "test_mismatch"), 4)
+    text = str(reports(result)[test].longrepr)
+    line = next(line for line in text.splitlines() if verdict in line)
+    events = assert_folder(folder_of(out, test), 4)
     ranks = {event["pid"] for event in events if event.get("ph") == "X"}
     assert ranks == {0, 1, 2, 3}
+    marks = [event for event in events if event.get("cat") == "mark"]
+    assert len(marks) == 1
+    assert marks[0]["args"]["kind"] == kind
+    assert marks[0]["name"] in line  # the report's verdict, whole
 
 
 def test_trace_all_writes_the_folder_of_a_passing_test(
