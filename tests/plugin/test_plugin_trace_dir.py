@@ -216,3 +216,35 @@ def test_a_failing_mptc_case_gets_a_folder_too(pytester: pytest.Pytester, tmp_pa
     assert_folder(folder, 2)
     text = str(reports(result)["TestCase::test_fails"].longrepr)
     assert text.splitlines()[-1].startswith(f"trace folder: {folder}{os.sep}")
+
+
+def test_a_test_past_its_timeout_gets_a_folder_with_the_collective_in_flight(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    pytester.makepyfile(
+        test_slow="""
+        import threading
+        import pytest
+        import torch
+        import torch.distributed as dist
+
+        @pytest.mark.distributed(world_size=2, backend="gloo", timeout=2)
+        def test_straggler(rank):
+            dist.all_reduce(torch.ones(4))
+            if rank == 1:
+                threading.Event().wait()
+            dist.all_reduce(torch.ones(4))
+        """
+    )
+    out = tmp_path / "traces"
+    result = pytester.runpytest("-p", "no:randomly", f"--dist-trace-dir={out}")
+    result.assert_outcomes(failed=1)
+    text = str(reports(result)["test_straggler"].longrepr)
+    assert text.splitlines()[0].startswith("WorldTimeout: ")
+    events = assert_folder(out / folder_name("test_slow.py::test_straggler"), 2)
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert sorted((e["pid"], e["args"]["state"]) for e in spans) == [
+        (0, "completed"),
+        (0, "in flight"),
+        (1, "completed"),
+    ]
