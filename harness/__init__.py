@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
     from harness.protocol.traces import IssuedCollective
-    from harness.rank.trace import collectives
+    from harness.rank.issued import collectives
 
 
 # Where each name imported on first use lives. World and run need torch; reading them
@@ -57,7 +57,7 @@ _LAZY = {
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
     "IssuedCollective": "harness.protocol.traces",
-    "collectives": "harness.rank.trace",
+    "collectives": "harness.rank.issued",
     "FaultFired": "harness.faults",
     "fixture": "harness.plugin.rank_fixtures",
 }

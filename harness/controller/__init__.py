@@ -10,6 +10,9 @@
 * :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
+* :mod:`~harness.controller.timeline_build` a call's collectives across ranks on one time axis
+* :mod:`~harness.controller.trace_dir`   a test's trace folder (``--dist-trace-dir``): name, files
+* :mod:`~harness.controller.trace_writer` passing tests' folders, written at the session's end
 * :mod:`~harness.controller.outcome`     the outcome of a call, and what was seen of a rank
 * :mod:`~harness.controller.spawn`       the process manager: where a rank is spawned and stopped
 * :mod:`~harness.controller.forkserver`  the warm server ranks are forked from

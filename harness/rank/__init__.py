@@ -12,7 +12,8 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
-* :mod:`~harness.rank.trace`        which collectives a call issues, per process group
+* :mod:`~harness.rank.trace`        which collectives a call issues, per process group, and when
+* :mod:`~harness.rank.issued`       the ``collectives`` fixture's value, read from the recording
 * :mod:`~harness.rank.describe`     how a recorded call reads (its op); the flight recorder
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out

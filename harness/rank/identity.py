@@ -49,9 +49,9 @@ def rank_value(name: str) -> Any:
     if name == "world_size":
         return dist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE", "1"))
     if name == "collectives":
-        from harness.rank import trace
+        from harness.rank import issued
 
-        return trace.Issued()
+        return issued.Issued()
     if name == "restart_count":
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     if name == "local_rank":

@@ -33,8 +33,8 @@ import time
 import zlib
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable
+from typing import Any
 
 import torch.distributed as dist
 
@@ -59,7 +59,7 @@ from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
 from harness.rank.sites import is_call_site
 
-__all__ = ["RECENT", "Recorder", "install", "is_call_site", "snapshot"]
+__all__ = ["RECENT", "Recorder", "current", "install", "is_call_site", "snapshot"]
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -343,50 +343,9 @@ _current: Recorder | None = None
 _last: Recorder | None = None
 
 
-def collectives() -> list[IssuedCollective]:
-    """The collectives this rank's call in progress has issued so far (the ``collectives``
-    fixture's value; see :class:`~harness.protocol.traces.IssuedCollective`).
-
-    Raises:
-        RuntimeError: No call is in progress (outside a rank, or between calls).
-    """
-    recorder = _current
-    if recorder is None:
-        raise RuntimeError(
-            "collectives are recorded while a test or a World.run call runs in a rank; "
-            "none is running here"
-        )
-    return recorder.issued(dist.get_world_size() if dist.is_initialized() else 1)
-
-
-class Issued(Sequence[IssuedCollective]):
-    """The ``collectives`` fixture's value: what the call in progress has issued so far,
-    read anew at each use (``len``, indexing, iteration, comparison with a list)."""
-
-    def __len__(self) -> int:
-        return len(collectives())
-
-    @overload
-    def __getitem__(self, index: int) -> IssuedCollective: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[IssuedCollective]: ...
-
-    def __getitem__(self, index: int | slice) -> IssuedCollective | list[IssuedCollective]:
-        return collectives()[index]
-
-    def __iter__(self) -> Iterator[IssuedCollective]:
-        return iter(collectives())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, (list, tuple)):
-            return collectives() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(collectives())
+def current() -> Recorder | None:
+    """The recorder of the call in progress (None between calls, and outside a rank)."""
+    return _current
 
 
 def snapshot(main_thread: int) -> RankTrace:
