@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span
+from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span, without
 
 from harness.controller.flight_dumps import FILE_PREFIX, VERSION, dumps, write
 from harness.protocol.timeline import NEVER_REACHED, Group, Span, Timeline
@@ -163,16 +163,7 @@ def test_states_and_what_is_left_out() -> None:
 
 
 def test_a_rank_without_a_trace_has_no_dump(tmp_path: Path) -> None:
-    base = mismatch()
-    timeline = Timeline(
-        base.test,
-        base.failure,
-        base.world_size,
-        base.backend,
-        base.groups,
-        tuple(s for s in base.spans if s.rank != 1),
-        ranks_unknown=(1,),
-    )
+    timeline = without(mismatch(), 1)
     assert sorted(dumps(timeline)) == [0, 2, 3]
     write(tmp_path, timeline)
     status, output = fr_trace(tmp_path)

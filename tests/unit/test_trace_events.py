@@ -9,7 +9,7 @@ from collections import Counter, defaultdict
 from typing import Any
 
 import pytest
-from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span
+from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span, without
 
 from harness.controller.trace_events import CATEGORY, document
 from harness.protocol.timeline import Timeline
@@ -195,16 +195,7 @@ def test_overlapping_spans_on_one_thread_are_cut_to_nest() -> None:
 
 
 def test_a_rank_without_a_trace_is_named_so() -> None:
-    base = mismatch()
-    timeline = Timeline(
-        base.test,
-        base.failure,
-        base.world_size,
-        base.backend,
-        base.groups,
-        tuple(s for s in base.spans if s.rank != 3),
-        ranks_unknown=(3,),
-    )
+    timeline = without(mismatch(), 3)
     meta = _events(timeline, "M")
     names = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
     assert names[3] == "rank 3 (no trace)"

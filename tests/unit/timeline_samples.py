@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED, Group, Span, Timeline
 from harness.protocol.traces import COMPLETED, IN_FLIGHT
 
@@ -122,3 +124,9 @@ def big(ranks: int = 8, collectives: int = 200) -> Timeline:
         origin=0.0,
         duration=(collectives + 1) * 0.002,
     )
+
+
+def without(timeline: Timeline, rank: int) -> Timeline:
+    """``timeline`` as if ``rank``'s trace were missing (the rank died, or did not answer)."""
+    spans = tuple(s for s in timeline.spans if s.rank != rank)
+    return replace(timeline, spans=spans, ranks_unknown=(rank,), mark=None, mark_kind="")
