@@ -105,7 +105,7 @@ def classify(
         replies, world_size, timeout, stacks, skipped, fired or {}, stopped, certain=certain
     )
     if outcome.error is not None:
-        _add_collectives(outcome.error, replies, traces or {}, world_size)
+        _add_collectives(outcome.error, replies, traces or {}, world_size, faults)
     return outcome
 
 
@@ -314,6 +314,7 @@ def _add_collectives(
     replies: Mapping[int, Reply],
     fetched: Mapping[int, RankTrace | None],
     world_size: int,
+    faults: Sequence[Fault] = (),
 ) -> None:
     """Give a failed call's error each rank's collectives and the verdicts on them."""
     traces: dict[int, RankTrace | None] = {}
@@ -327,7 +328,10 @@ def _add_collectives(
         elif isinstance(reply, Died):
             traces[rank], states[rank] = None, verdicts.DIED
         elif isinstance(reply, Faulted):
-            died = reply.fired.ends and reply.then is not None
+            # A kill or an exit ends the rank even where its death was not seen yet (a
+            # peer's failure can end the wait first): the verdict must not depend on that.
+            kind = faults[reply.fired.index].kind if reply.fired.index < len(faults) else ""
+            died = reply.fired.ends and (reply.then is not None or kind in ("kill", "exit"))
             state = verdicts.DIED if died else verdicts.FAILED if reply.then else verdicts.RUNNING
             traces[rank], states[rank] = fetched.get(rank) or reply.fired.trace, state
         else:

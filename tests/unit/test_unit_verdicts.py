@@ -7,8 +7,12 @@ from array import array
 
 import pytest
 
-from harness.controller import verdicts
+from harness import faults
+from harness.controller import classify, verdicts
+from harness.controller.outcome import Died, Faulted, Reply
 from harness.controller.verdicts import DIED, DONE, FAILED, RUNNING
+from harness.protocol.failures import RankFailure
+from harness.protocol.messages import Failed, Fired
 from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
@@ -377,3 +381,25 @@ def test_torchs_flight_recorder_lines_come_after_the_ranks_own() -> None:
     assert lines[0] == "rank 0: none"
     assert lines[1:6] == [f"  torch's flight recorder: {line}" for line in recorded[-5:]]
     assert lines[6] == "rank 1: (1 on the default group)"
+
+
+def _raised_here() -> RankFailure:
+    try:
+        raise RuntimeError("Connection closed by peer")
+    except RuntimeError as exc:
+        return RankFailure.from_exception(exc, 0, hidden_dir="/nonexistent")
+
+
+@pytest.mark.parametrize("seen", [True, False], ids=["death-seen", "death-not-seen-yet"])
+def test_a_killed_rank_is_said_dead_whether_or_not_its_death_was_seen(seen: bool) -> None:
+    # A peer's failure can end the wait before the controller sees the killed rank's death.
+    survivor = _trace(_history([SUM, BARRIER]), last=RAISED)
+    lost = _trace(_history([SUM]))
+    fired = Fired(0, "killed (SIGKILL) before collective #2 (barrier)", 1.0, True, lost)
+    replies: dict[int, Reply] = {
+        0: Failed(_raised_here(), 2.0, survivor),
+        1: Faulted(fired, Died(-9, 3.0) if seen else None),
+    }
+    outcome = classify.classify(replies, 2, timeout=None, faults=[faults.kill(1, 2)])
+    assert outcome.error is not None
+    assert outcome.error.verdicts == ["rank 1 died after #1; rank 0 was in #2 (barrier)"]
