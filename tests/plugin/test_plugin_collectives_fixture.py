@@ -61,3 +61,41 @@ def test_collectives_outside_a_rank_say_where_they_are_recorded() -> None:
 
     with pytest.raises(RuntimeError, match="collectives are recorded while a test or a World"):
         issued.collectives()
+
+
+MPTC_CASE = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+import harness
+
+
+class CollectivesTest(MultiProcessTestCase):
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_what_the_case_communicates(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=2)
+        assert harness.collectives() == []
+        dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
+        dist.barrier()
+        found = harness.collectives()
+        assert [c.op for c in found] == ["all_reduce", "barrier"], found
+        assert found[0].reduce_op == "MAX" and found[0].group_ranks == (0, 1)
+        assert found[0].site.startswith("test_mptc_collectives.py:")
+        dist.destroy_process_group()
+"""
+
+
+@pytest.mark.usefixtures("torch_test_modules")
+def test_harness_collectives_works_in_a_multiprocess_test_case(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mptc_collectives=MPTC_CASE)
+    result = pytester.runpytest("-p", "no:randomly", "--dist-mptc")
+    result.assert_outcomes(passed=1)
