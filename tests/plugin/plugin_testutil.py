@@ -129,3 +129,27 @@ def register(name):
         raise ValueError(f"{name!r} is already registered")
     _registered.add(name)
 """
+
+
+TWO_RANKS = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+
+class TwoRanks(MultiProcessTestCase):
+    # Torch's own base as its tests use it: 2 ranks spawned for each test.
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def init_gloo(self):
+        store = dist.FileStore(self.file_name, self.world_size)
+        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+"""
+"""The head of an inner ``--dist-mptc`` test module: ``TwoRanks``, a ``MultiProcessTestCase``
+of 2 ranks with ``init_gloo()``."""

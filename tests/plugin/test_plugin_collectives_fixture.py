@@ -4,6 +4,7 @@ order across process groups (what torch's single-process ``CommDebugMode`` canno
 from __future__ import annotations
 
 import pytest
+from plugin_testutil import TWO_RANKS
 
 BODIES = """
 import pytest
@@ -63,26 +64,15 @@ def test_collectives_outside_a_rank_say_where_they_are_recorded() -> None:
         issued.collectives()
 
 
-MPTC_CASE = """
-import torch
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-
+MPTC_CASE = (
+    TWO_RANKS
+    + """
 import harness
 
 
-class CollectivesTest(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
+class CollectivesTest(TwoRanks):
     def test_what_the_case_communicates(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=2)
+        self.init_gloo()
         assert harness.collectives() == []
         dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)
         dist.barrier()
@@ -92,6 +82,7 @@ class CollectivesTest(MultiProcessTestCase):
         assert found[0].site.startswith("test_mptc_collectives.py:")
         dist.destroy_process_group()
 """
+)
 
 
 @pytest.mark.usefixtures("torch_test_modules")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from plugin_testutil import REGISTRY, reports
+from plugin_testutil import REGISTRY, TWO_RANKS, reports
 
 # Each run of a test appends one line per rank to runs/<test>: how often it ran.
 SUITE = """
@@ -404,22 +404,12 @@ def test_dist_verify_under_xdist(pytester: pytest.Pytester) -> None:
 def test_an_order_dependence_under_dist_mptc(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         registry=REGISTRY,
-        test_cases="""
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-
+        test_cases=TWO_RANKS
+        + """
 import registry
 
 
-class TestOrder(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
+class TestOrder(TwoRanks):
     def test_1_registers(self):
         registry.register("relu")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_testutil import reports
+from plugin_testutil import TWO_RANKS, reports
 
 from harness.controller.trace_dir import folder_name
 
@@ -176,29 +176,19 @@ def test_trace_all_needs_a_trace_dir(pytester: pytest.Pytester) -> None:
     result.stderr.fnmatch_lines(["ERROR: --dist-trace-all writes each test's trace folder*"])
 
 
-MPTC = """
-import torch
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
+MPTC = (
+    TWO_RANKS
+    + """
 
-
-class TestCase(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
+class TestCase(TwoRanks):
     def test_fails(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
+        self.init_gloo()
         dist.all_reduce(torch.ones(2))
         if self.rank == 1:
             raise ValueError("rank 1 gives up")
         dist.barrier()
 """
+)
 
 
 @pytest.mark.usefixtures("torch_test_modules")
