@@ -18,9 +18,8 @@ bad one fails before any process starts. This module imports neither torch nor p
 from __future__ import annotations
 
 import math
-import pickle
 import signal as _signal
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -423,53 +422,6 @@ def sweep(
     return Sweep(maker(rank, n, **kwargs) for rank, n in pairs)
 
 
-def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fault, ...]:
-    """Check the faults given to a run or a test case.
-
-    Args:
-        faults: What the user gave: a list or tuple of :class:`Fault`.
-        world_size: The size of the world they are used in.
-        where: What they are, for the message.
-
-    Returns:
-        The faults as a tuple.
-
-    Raises:
-        TypeError: ``faults`` is not a list or tuple of faults, is a :class:`Sweep` (meant
-            one fault at a time), or a fault does not pickle (to travel to the ranks).
-        ValueError: A fault does not fit the world, or two act at the same collective of
-            the same rank.
-    """
-    if isinstance(faults, (Sweep, OpenSweep)):
-        raise TypeError(
-            f"{where}: a sweep of faults is meant one fault at a time: run each "
-            "(for fault in sweep: world.run(fn, faults=[fault]))"
-        )
-    if not isinstance(faults, (list, tuple)) or not all(isinstance(f, Fault) for f in faults):
-        raise TypeError(
-            f"{where} must be a list of faults made by harness.faults (kill, exit, error, "
-            f"delay, hang, corrupt), not {faults!r}"
-        )
-    seen: dict[tuple[int, int, tuple[int, ...] | None, int], Fault] = {}
-    for fault in faults:
-        fault.check(world_size)
-        key = (fault.rank, fault.at, fault.group, fault.attempt)
-        if key in seen:
-            raise ValueError(
-                f"{where}: {seen[key]} and {fault} both act at collective #{fault.at} of "
-                f"rank {fault.rank} on {fault.group_name}; give one"
-            )
-        seen[key] = fault
-        try:
-            pickle.dumps(fault)
-        except Exception as exc:
-            raise TypeError(
-                f"fault {fault} does not pickle ({type(exc).__name__}: {exc}); its function "
-                "or exception must be defined at module level"
-            ) from None
-    return tuple(faults)
-
-
 def _index(value: object, what: str, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{what} must be an int >= {minimum}, not {value!r}")
@@ -481,20 +433,3 @@ def _is_exception(value: object) -> bool:
     if isinstance(value, BaseException):
         return True
     return isinstance(value, type) and issubclass(value, BaseException)
-
-
-def check_attempts(faults: Sequence[Fault], sizes: Sequence[int]) -> None:
-    """Check that each fault acts in an attempt the run has, and fits that attempt's world.
-
-    Raises:
-        ValueError: A fault's ``attempt`` is beyond the restarts, or its rank is not in that
-            attempt's world.
-    """
-    for fault in faults:
-        if fault.attempt >= len(sizes):
-            restarts = len(sizes) - 1
-            raise ValueError(
-                f"fault {fault} acts in attempt {fault.attempt}, but the run has "
-                f"{restarts} restart{'' if restarts == 1 else 's'} (attempts 0 to {restarts})"
-            )
-        fault.check(sizes[fault.attempt])

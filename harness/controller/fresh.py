@@ -12,7 +12,8 @@ from harness import validate
 from harness.controller.outcome import Outcome
 from harness.controller.restarts import run as run_attempts
 from harness.controller.world import World, result
-from harness.faults import Fault, check_attempts, checked
+from harness.fault_checks import check_attempts, checked
+from harness.faults import Fault
 from harness.protocol.messages import CallOptions
 
 

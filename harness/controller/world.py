@@ -29,7 +29,8 @@ from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run as run_attempts
 from harness.controller.spawn import RankProcess
 from harness.errors import WorldTimeout
-from harness.faults import Fault, check_attempts, checked
+from harness.fault_checks import check_attempts, checked
+from harness.faults import Fault
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUTS, Call, CallOptions, Done, Regroup
 from harness.protocol.rank_files import rendezvous_path

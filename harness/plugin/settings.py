@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.faults import check_attempts, checked
+from harness.fault_checks import check_attempts, checked
 from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,

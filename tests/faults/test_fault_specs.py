@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from harness import faults
+from harness import fault_checks, faults
 
 
 def negate(tensor):  # a module-level corruption: it must pickle
@@ -70,12 +70,12 @@ def test_a_bad_spec_fails_when_made_naming_the_value(make, error, message) -> No
 
 
 def test_faults_are_checked_against_the_world_they_run_in() -> None:
-    assert faults.checked([faults.kill(1, 1)], 2) == (faults.kill(1, 1),)
+    assert fault_checks.checked([faults.kill(1, 1)], 2) == (faults.kill(1, 1),)
     with pytest.raises(ValueError, match=r"rank 4 is not in a world of 4 \(valid ranks: 0 to 3\)"):
-        faults.checked([faults.kill(4, 1)], 4)
+        fault_checks.checked([faults.kill(4, 1)], 4)
     with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
-        faults.checked([faults.hang(0, 1, group=(0, 2))], 2)
+        fault_checks.checked([faults.hang(0, 1, group=(0, 2))], 2)
     with pytest.raises(TypeError, match="must be a list of faults"):
-        faults.checked(faults.kill(0, 1), 2)
+        fault_checks.checked(faults.kill(0, 1), 2)
     with pytest.raises(ValueError, match="both act at collective #1 of rank 0"):
-        faults.checked([faults.kill(0, 1), faults.delay(0, 1, 1.0)], 2)
+        fault_checks.checked([faults.kill(0, 1), faults.delay(0, 1, 1.0)], 2)

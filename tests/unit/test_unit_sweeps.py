@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import faults
+from harness import fault_checks, faults
 from harness.plugin import sweeps
 from harness.plugin.sweep_report import (
     MAX_CASES,
@@ -82,7 +82,7 @@ def test_explicit_ranks_and_collectives_are_a_plain_sweep_as_before() -> None:
             "at='all' needs a clean run's collective counts",
         ),
         (
-            lambda: faults.checked(faults.sweep("kill", ranks="all", at="all"), 2),
+            lambda: fault_checks.checked(faults.sweep("kill", ranks="all", at="all"), 2),
             TypeError,
             "a sweep of faults is meant one",
         ),
