@@ -13,8 +13,8 @@ call's verdicts point at (:func:`harness.controller.verdicts.findings`, kept on 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
+from harness.errors import DistributedError
 from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED, Group, Span, Timeline
 from harness.protocol.traces import (
     COMPLETED,
@@ -138,23 +138,23 @@ def build(
 
 
 def from_error(
-    error: Any,
+    error: DistributedError,
     world_size: int,
     *,
     test: str,
     backend: str,
     taken: float | None = None,
 ) -> Timeline:
-    """The timeline of a failed call, from its ``DistributedError`` (its ``collectives``,
-    ``verdicts``, ``marks`` and ``summary``); see :func:`build`."""
+    """The timeline of a failed call, from its error (its ``collectives``, ``verdicts``,
+    ``marks`` and ``summary``); see :func:`build`."""
     return build(
-        getattr(error, "collectives", None) or {},
+        error.collectives,
         world_size,
         test=test,
         backend=backend,
-        failure=f"{type(error).__name__}: {getattr(error, 'summary', str(error))}",
-        marks=getattr(error, "marks", ()),
-        verdicts=getattr(error, "verdicts", ()),
+        failure=f"{type(error).__name__}: {error.summary}",
+        marks=error.marks,
+        verdicts=error.verdicts,
         taken=taken,
     )
 

@@ -38,10 +38,10 @@ def counted(path: str, fn: Callable[..., Any], *args: Any) -> Any:
     issued: dict[str, list[list[str]]] = {}
     for history in trace.snapshot(main).groups.values():
         key = "" if history.ranks is None else ",".join(map(str, sorted(history.ranks)))
-        records = []
-        for seq in range(1, history.count + 1):
-            found = history.at(seq)
-            records.append([found[0].name, found[1]] if found else ["?", "?"])
+        # One pass (history.at() per number would decode the whole history each time);
+        # collectives past the kept sequence are counted without their op and site.
+        records = [[op.name, site] for op, site, _, _ in history.spans()]
+        records += [["?", "?"]] * (history.count - len(records))
         # Two groups of the same ranks: a fault at #N acts at the first to reach it.
         if len(records) > len(issued.get(key, [])):
             issued[key] = records
