@@ -113,7 +113,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
-    from harness.plugin import trace_folders
+    from harness.plugin import settings, trace_folders
     from harness.protocol.pytest_calls import CaseCall
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
@@ -129,7 +129,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     options = CallOptions(
         compat.mptc_timeout(case),
         session.settings.output,
-        keep_traces=trace_folders.keep_traces(session.settings, ()),
+        keep_traces=settings.keep_traces(session.settings, ()),
     )
     step = replay.Step(
         item.nodeid,

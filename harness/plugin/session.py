@@ -197,8 +197,7 @@ class DistSession:
                     if not test.isolate:
                         self._world(shape)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
-                keep = trace_folders.keep_traces(self.settings, test.call.faults)
-                options = replace(test.call, timeout=seconds, keep_traces=keep)
+                options = replace(test.call, timeout=seconds)
                 if len(test.attempts) > 1:
                     checked = self.runner.run_attempts(item, marked, options, shape, test.attempts)
                 else:

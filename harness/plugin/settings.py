@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +295,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
                 and session.check_collectives
             ),
             faults=placed,
+            keep_traces=keep_traces(session, placed),
         )
         return TestSettings(
             world_size=world_size,
@@ -311,6 +313,15 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
     except (TypeError, ValueError) as exc:
         problem = f"invalid @pytest.mark.{mark.name}: {exc}"
         raise pytest.fail.Exception(problem, pytrace=False) from None
+
+
+def keep_traces(session: Settings, faults: Sequence[object]) -> bool:
+    """Whether a test's call brings back its ranks' traces when it passes.
+
+    It does under ``--dist-trace-all``, and when it injects faults (a fired fault writes
+    the test's trace folder).
+    """
+    return bool(session.trace_dir) and (session.trace_all or bool(faults))
 
 
 def _seed(session: Settings, item: pytest.Item) -> int:

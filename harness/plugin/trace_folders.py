@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -25,12 +24,6 @@ from harness.plugin.settings import Settings
 
 # Passing tests' folders, written when the session ends (see trace_writer).
 _BACKGROUND = trace_writer.Writer()
-
-
-def keep_traces(settings: Settings, faults: Sequence[object]) -> bool:
-    """Whether a test's call must bring back its ranks' traces when it passes: under
-    ``--dist-trace-all``, or when it injects faults (a fired fault writes the folder)."""
-    return bool(settings.trace_dir) and (settings.trace_all or bool(faults))
 
 
 def write(

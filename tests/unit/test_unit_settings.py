@@ -276,6 +276,18 @@ def test_flags_of_the_session_only_add_to_the_markers() -> None:
     assert not _test(check_collectives=False).call.check_collectives
 
 
+def test_traces_are_kept_under_trace_all_or_with_faults_and_only_with_a_trace_dir() -> None:
+    kill = faults.kill(1, 1)
+    assert not _test().call.keep_traces
+    assert not _test(faults=[kill]).call.keep_traces  # no --dist-trace-dir
+    traced = Settings(trace_dir="traces")
+    assert not _test(session=traced).call.keep_traces  # a passing test's folder: never asked
+    assert _test(faults=[kill], session=traced).call.keep_traces  # a fired fault writes one
+    every = Settings(trace_dir="traces", trace_all=True)
+    assert _test(session=every).call.keep_traces
+    assert not _test(session=Settings(trace_all=True)).call.keep_traces
+
+
 def test_a_parametrized_case_takes_its_world_size_backend_and_fault() -> None:
     fault = faults.kill(3, 1)
     sweep = faults.sweep("kill", ranks=[0, 3], at=[1])
