@@ -19,6 +19,7 @@
 * :mod:`~harness.controller.stacks`      faulthandler dumps made readable
 * :mod:`~harness.controller.backends`    which backend, and whether it can run here
 * :mod:`~harness.controller.gpus`        the run's GPUs, and exclusive leases on them
+* :mod:`~harness.controller.lease_files` the lock files and waiters' tickets behind the leases
 * :mod:`~harness.controller.pickling`    sending a call by pickle, naming what does not pickle
 * :mod:`~harness.controller.coverage`    the ranks' coverage settings, and merging their data
 

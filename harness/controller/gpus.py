@@ -5,7 +5,8 @@ The leases are shared by every process on the machine.
 A world that needs GPUs takes all of them at once, as a :class:`Lease`, from the run's
 :class:`Inventory`, and holds them while it lives. Leases are OS file locks (``flock``) on one
 file per GPU in a lease directory that every pytest process and xdist worker of the machine
-shares, so a process that dies, even by SIGKILL, frees its GPUs with no clean-up step.
+shares, so a process that dies, even by SIGKILL, frees its GPUs with no clean-up step
+(those files, and the errors of the directory, are :mod:`harness.controller.lease_files`).
 
 Waiting is first come, first served: a waiter holds a ticket (a locked file named for when
 it came) and nobody takes GPUs while an earlier ticket is live, so a world that needs many
@@ -16,8 +17,6 @@ waits itself: no process waits while holding GPUs it is not using.
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import getpass
 import os
 import tempfile
@@ -25,10 +24,25 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from harness.controller import lease_files
+from harness.controller.lease_files import LeaseDirectoryError, LeaseError
+
+__all__ = [
+    "POLL_S",
+    "Inventory",
+    "Lease",
+    "LeaseDirectoryError",
+    "LeaseError",
+    "LeaseTimeout",
+    "acquire",
+    "default_lease_dir",
+    "holders",
+    "inventory",
+    "others_waiting",
+]
+
 POLL_S = 0.05
 """How often a waiter looks again for free GPUs."""
-
-_TICKET = ".ticket"
 
 
 def default_lease_dir() -> str:
@@ -152,17 +166,6 @@ class Lease:
         return f"<harness GPU lease {self.visible_devices} {state}>"
 
 
-class LeaseError(Exception):
-    """GPUs could not be leased (see the subclasses)."""
-
-
-class LeaseDirectoryError(LeaseError, OSError):
-    """The lease directory, or a file in it, is unusable.
-
-    It cannot be created or opened; the message gives its path and why.
-    """
-
-
 class LeaseTimeout(LeaseError):
     """A world's GPUs did not come free in time.
 
@@ -210,19 +213,19 @@ def acquire(
     """
     if not 1 <= count <= len(stock.ids):
         raise ValueError(f"cannot lease {count} GPUs from {len(stock.ids)}: {stock.ids}")
-    directory = _directory(stock.lease_dir)
+    directory = lease_files.lease_directory(stock.lease_dir)
     started = clock()
     ticket: tuple[str, int] | None = None
     gave_back = False
     try:
         while True:
-            with _locked(os.path.join(directory, "queue.lock")):
-                if _first_in_line(directory, ticket[0] if ticket else None):
+            with lease_files.locked(os.path.join(directory, "queue.lock")):
+                if lease_files.first_in_line(directory, ticket[0] if ticket else None):
                     lease = _take(directory, stock.ids, count, holder)
                     if lease is not None:
                         return lease
                 if ticket is None:
-                    ticket = _ticket(directory)
+                    ticket = lease_files.take_ticket(directory)
             if not gave_back:
                 before_waiting()  # then look again at once: that may have been enough
                 gave_back = True
@@ -232,7 +235,7 @@ def acquire(
             sleep(POLL_S)
     finally:
         if ticket is not None:
-            _drop_ticket(ticket)
+            lease_files.drop_ticket(ticket)
 
 
 def others_waiting(stock: Inventory) -> bool:
@@ -244,11 +247,11 @@ def others_waiting(stock: Inventory) -> bool:
         names = os.listdir(stock.lease_dir)
     except OSError:
         return False
-    mine = f"-{os.getpid()}{_TICKET}"
+    mine = f"-{os.getpid()}{lease_files.TICKET}"
     return any(
-        name.endswith(_TICKET)
+        name.endswith(lease_files.TICKET)
         and not name.endswith(mine)
-        and _live(os.path.join(stock.lease_dir, name))
+        and lease_files.live(os.path.join(stock.lease_dir, name))
         for name in names
     )
 
@@ -260,8 +263,8 @@ def holders(stock: Inventory) -> list[str]:
     """
     found = []
     for gpu in stock.ids:
-        path = _lock_path(stock.lease_dir, gpu)
-        if not _live(path):
+        path = lease_files.lock_path(stock.lease_dir, gpu)
+        if not lease_files.live(path):
             continue
         try:
             with open(path + ".owner") as owner:
@@ -272,76 +275,6 @@ def holders(stock: Inventory) -> list[str]:
     return found
 
 
-def _directory(path: str) -> str:
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise LeaseDirectoryError(
-            exc.errno, f"cannot create the GPU lease directory {path!r}: {exc.strerror}"
-        ) from None
-    if not os.access(path, os.W_OK):
-        raise LeaseDirectoryError(errno.EACCES, f"cannot write in the GPU lease directory {path!r}")
-    return path
-
-
-class _locked:
-    """Hold a blocking exclusive lock on ``path`` during the block."""
-
-    def __init__(self, path: str) -> None:
-        self._path = path
-        self._fd = -1
-
-    def __enter__(self) -> None:
-        self._fd = _open(self._path)
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc_info: object) -> None:
-        os.close(self._fd)
-
-
-def _open(path: str) -> int:
-    try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise LeaseDirectoryError(
-            exc.errno, f"cannot open the GPU lease file {path!r}: {exc.strerror}"
-        ) from None
-
-
-def _lock_path(directory: str, gpu: str) -> str:
-    # A UUID is a safe file name too; a path separator in an id is not.
-    return os.path.join(directory, "gpu-" + gpu.replace(os.sep, "_") + ".lock")
-
-
-def _try_lock(path: str) -> int | None:
-    """An open, exclusively locked ``path``.
-
-    None where another open file holds it.
-    """
-    fd = _open(path)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _live(path: str) -> bool:
-    """Whether another open file holds ``path`` locked."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease | None:
     """Lock ``count`` free GPUs, the first free ones in order.
 
@@ -349,7 +282,7 @@ def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease 
     """
     taken: list[tuple[str, int]] = []
     for gpu in ids:
-        fd = _try_lock(_lock_path(directory, gpu))
+        fd = lease_files.try_lock(lease_files.lock_path(directory, gpu))
         if fd is None:
             continue
         taken.append((gpu, fd))
@@ -360,47 +293,6 @@ def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease 
             os.close(fd)
         return None
     for gpu, _ in taken:
-        with open(_lock_path(directory, gpu) + ".owner", "w") as owner:
+        with open(lease_files.lock_path(directory, gpu) + ".owner", "w") as owner:
             owner.write(f"pid {os.getpid()}, {holder}\n")
     return Lease(tuple(gpu for gpu, _ in taken), [fd for _, fd in taken])
-
-
-def _ticket(directory: str) -> tuple[str, int]:
-    """A live ticket of this process.
-
-    It is a locked file whose name sorts by when it was made.
-    """
-    path = os.path.join(directory, f"{time.time_ns():020d}-{os.getpid()}{_TICKET}")
-    fd = _open(path)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return path, fd
-
-
-def _drop_ticket(ticket: tuple[str, int]) -> None:
-    path, fd = ticket
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-    os.close(fd)
-
-
-def _first_in_line(directory: str, mine: str | None) -> bool:
-    """Whether no live ticket came before ``mine``.
-
-    ``mine`` None stands for a newcomer, who has none yet. The stale tickets, of processes
-    that died waiting, are removed.
-    """
-    for name in sorted(os.listdir(directory)):
-        if not name.endswith(_TICKET):
-            continue
-        path = os.path.join(directory, name)
-        if path == mine:
-            return True
-        if _live(path):
-            return False
-        try:
-            os.unlink(path)  # its process died while waiting
-        except OSError:
-            pass
-    return True
