@@ -66,7 +66,7 @@ _WAITED = (State.RUNNING, State.FAILING, State.FAULT_ENDED)
 """The states in which what the rank says next is taken."""
 
 
-class Watch(Protocol):
+class HangCheck(Protocol):
     """What :class:`Supervision` asks of a hang watch (see ``HangWatch``)."""
 
     active: bool
@@ -107,7 +107,7 @@ class Supervision:
         ranks: Iterable[int],
         deadline: float | None,
         fired: dict[int, Fired] | None = None,
-        watch: Watch | None = None,
+        watch: HangCheck | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.replies: dict[int, Reply] = {}

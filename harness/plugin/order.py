@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class Finding:
+class Culprit:
     """What the search for an order dependence found.
 
     Attributes:
@@ -44,7 +44,7 @@ def bisect(
     attempt: Callable[[World], str],
     reused: str,
     budget: int,
-) -> Finding:
+) -> Culprit:
     """Find the earlier test after which the test ends as it did on the reused world.
 
     The tail of ``history`` that still reproduces ``reused`` is halved until one test is
@@ -78,19 +78,19 @@ def bisect(
             else:
                 high = middle
         if high - low > 1:
-            return Finding(ids[low:high], runs, spent)
+            return Culprit(ids[low:high], runs, spent)
         if shown_alone:
-            return Finding((ids[low],), runs)
+            return Culprit((ids[low],), runs)
         if runs >= budget:
-            return Finding(ids[low:], runs, spent)
+            return Culprit(ids[low:], runs, spent)
         if reproduces(history[low : low + 1]):
-            return Finding((ids[low],), runs)
-        return Finding(ids[low:], runs, f"{_name(ids[low])} alone before it does not reproduce it")
+            return Culprit((ids[low],), runs)
+        return Culprit(ids[low:], runs, f"{_name(ids[low])} alone before it does not reproduce it")
     except Replayed as replayed:
         why = f"{_name(replayed.nodeid)} failed when it was run again on fresh processes"
-        return Finding(ids[low:], runs, why)
+        return Culprit(ids[low:], runs, why)
     except Exception as exc:  # a fresh world that does not start
-        return Finding(ids[low:], runs, f"a fresh world did not start ({exc})")
+        return Culprit(ids[low:], runs, f"a fresh world did not start ({exc})")
 
 
 _REUSED = {PASSED: "passed", FAILED: "failed", SKIPPED: "was skipped"}
@@ -102,7 +102,7 @@ def message(
     earlier: Sequence[str],
     reused: str,
     fresh: str,
-    finding: Finding | None,
+    finding: Culprit | None,
     option: str,
 ) -> str:
     """How an order dependence reads, ending with the command that shows it.

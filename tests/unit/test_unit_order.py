@@ -131,7 +131,7 @@ def _bisect(
     budget: int = 8,
     history: str = HISTORY,
     reused: str = FAILED,
-) -> order.Finding:
+) -> order.Culprit:
     other = PASSED if reused == FAILED else FAILED
     test = FakeTest("target", culprits, reused, other)
     return order.bisect(worlds, _steps(history), test.ends, reused, budget)
@@ -146,7 +146,7 @@ def _bisect(
 )
 def test_bisect_finds_the_one_earlier_test_behind_the_failure(culprit: str, runs: int) -> None:
     worlds = Worlds()
-    assert _bisect(worlds, culprit) == order.Finding((_id(culprit),), runs)
+    assert _bisect(worlds, culprit) == order.Culprit((_id(culprit),), runs)
     assert len(worlds.made) == runs
     assert all(world.entered and world.exited for world in worlds.made)
 
@@ -164,7 +164,7 @@ def test_bisect_runs_tails_of_the_history_in_order_then_the_culprit_alone() -> N
 
 def test_bisect_halves_an_odd_history_rounding_down() -> None:
     worlds = Worlds()
-    assert _bisect(worlds, "b", history="abcde") == order.Finding((_id("b"),), 3)
+    assert _bisect(worlds, "b", history="abcde") == order.Culprit((_id("b"),), 3)
     assert worlds.runs() == [
         ["c", "d", "e", "target"],
         ["b", "c", "d", "e", "target"],
@@ -188,18 +188,18 @@ def test_bisect_replays_earlier_tests_with_their_output_captured() -> None:
 
 def test_bisect_of_the_last_test_needs_no_separate_run_alone() -> None:
     worlds = Worlds()
-    assert _bisect(worlds, "h") == order.Finding((_id("h"),), 3)
+    assert _bisect(worlds, "h") == order.Culprit((_id("h"),), 3)
     assert worlds.runs()[-1] == ["h", "target"]
 
 
 def test_bisect_of_a_single_earlier_test_runs_it_once() -> None:
     worlds = Worlds()
-    assert _bisect(worlds, "a", history="a") == order.Finding((_id("a"),), 1)
+    assert _bisect(worlds, "a", history="a") == order.Culprit((_id("a"),), 1)
     assert worlds.runs() == [["a", "target"]]
 
 
 def test_bisect_works_for_a_test_that_passed_on_the_reused_world() -> None:
-    assert _bisect(Worlds(), "e", reused=PASSED) == order.Finding((_id("e"),), 4)
+    assert _bisect(Worlds(), "e", reused=PASSED) == order.Culprit((_id("e"),), 4)
 
 
 @pytest.mark.parametrize(
@@ -215,14 +215,14 @@ def test_bisect_that_runs_out_of_fresh_worlds_names_the_tests_left(
 ) -> None:
     worlds = Worlds()
     finding = _bisect(worlds, "c", budget=budget)
-    assert finding == order.Finding(tuple(_id(t) for t in tests), budget, why)
+    assert finding == order.Culprit(tuple(_id(t) for t in tests), budget, why)
     assert len(worlds.made) == budget
 
 
 def test_a_cause_that_needs_two_earlier_tests_is_not_pinned_on_one() -> None:
     worlds = Worlds()
     finding = _bisect(worlds, "a", "c", history="abcd")
-    assert finding == order.Finding(
+    assert finding == order.Culprit(
         tuple(_id(t) for t in "abcd"), 3, "a alone before it does not reproduce it"
     )
     assert worlds.runs()[-1] == ["a", "target"]
@@ -231,7 +231,7 @@ def test_a_cause_that_needs_two_earlier_tests_is_not_pinned_on_one() -> None:
 def test_a_replayed_test_that_fails_stops_the_search() -> None:
     worlds = Worlds(breaks=["b"])
     finding = _bisect(worlds, "a", history="abcd")
-    assert finding == order.Finding(
+    assert finding == order.Culprit(
         tuple(_id(t) for t in "abcd"),
         2,
         "b failed when it was run again on fresh processes",
@@ -242,7 +242,7 @@ def test_a_replayed_test_that_fails_stops_the_search() -> None:
 
 def test_a_fresh_world_that_does_not_start_stops_the_search() -> None:
     finding = _bisect(Worlds(fail_at=2), "c")
-    assert finding == order.Finding(
+    assert finding == order.Culprit(
         tuple(_id(t) for t in HISTORY), 2, "a fresh world did not start (no free port)"
     )
 
@@ -345,13 +345,13 @@ def _item(name: str = "target") -> SimpleNamespace:
 
 
 def test_the_message_of_a_culprit_found() -> None:
-    finding = order.Finding((_id("test_a"),), 3)
+    finding = order.Culprit((_id("test_a"),), 3)
     earlier = [_id("test_a"), _id("test_b")]
     assert order.message(_item(), earlier, FAILED, PASSED, finding, "--o") == (
         "target failed after test_a on a reused world and passes on fresh processes "
         "(found in 3 runs); run: pytest tests/test_x.py::test_a tests/test_x.py::target --o"
     )
-    once = order.Finding(finding.tests, 1)
+    once = order.Culprit(finding.tests, 1)
     text = order.message(_item(), earlier, PASSED, FAILED, once, "--o")
     assert text.startswith("target passed after test_a on a reused world and fails on fresh ")
     assert "(found in 1 run)" in text
@@ -370,7 +370,7 @@ def test_the_message_without_a_search_lists_every_earlier_test() -> None:
 
 def test_the_message_of_a_search_stopped_short_names_where_the_cause_is() -> None:
     earlier = [_id(f"test_{c}") for c in "abcdefg"]
-    finding = order.Finding(tuple(earlier[1:]), 2, "the search used its 2 fresh worlds")
+    finding = order.Culprit(tuple(earlier[1:]), 2, "the search used its 2 fresh worlds")
     text = order.message(_item(), earlier, FAILED, PASSED, finding, "--o")
     assert text.startswith(
         "target failed on a reused world after 7 earlier tests and passes on fresh processes; "
