@@ -14,6 +14,8 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from harness.protocol.failures import ranks_phrase
+
 CASE = "dist_sweep_case"
 """The ``user_properties`` name under which a sweep's case notes itself (:meth:`Case.dumps`)."""
 
@@ -108,9 +110,7 @@ def _span(first: int, last: int) -> str:
 def _ranks(ranks: frozenset[int], every: frozenset[int]) -> str:
     if ranks == every and len(every) > 1:
         return "on any rank"
-    if len(ranks) == 1:
-        return f"on rank {next(iter(ranks))}"
-    return "on ranks " + ", ".join(map(str, sorted(ranks)))
+    return "on " + ranks_phrase(ranks)
 
 
 def range_lines(cases: Sequence[Case]) -> list[str]:

@@ -186,6 +186,14 @@ def test_ranks_with_more_collectives_than_others_read_as_theirs() -> None:
     ]
 
 
+def test_three_ranks_in_a_row_read_as_a_range() -> None:
+    cases = [_case(rank, 1, BROKEN if rank < 3 else PASSED) for rank in range(5)]
+    assert range_lines(cases) == [
+        f"kill at #1 on ranks 0-2: {BROKEN}",
+        "kill at #1 on ranks 3, 4: passed",
+    ]
+
+
 def test_a_kill_after_or_during_reads_so() -> None:
     assert fault_label("kill", "after") == "kill after"
     assert fault_label("kill") == "kill"
