@@ -3,6 +3,7 @@
 
 * :mod:`~harness.controller.world`       ``World``: a world's life and its calls
 * :mod:`~harness.controller.fresh`       ``harness.run``: one run on fresh ranks
+* :mod:`~harness.controller.calls`       a call's two ends: options checked, output and result out
 * :mod:`~harness.controller.restarts`    runs with restarts, as torchrun's agent restarts them
 * :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
 * :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call

@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness import validate
+from harness.controller.calls import result
 from harness.controller.outcome import Outcome
 from harness.controller.restarts import run as run_attempts
-from harness.controller.world import World, result
+from harness.controller.world import World
 from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
 from harness.protocol.messages import CallOptions

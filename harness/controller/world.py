@@ -15,27 +15,29 @@ import tempfile
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from harness import compat, validate
 from harness.controller import forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
+from harness.controller.calls import (
+    callers_level,
+    captured,
+    checked_options,
+    checked_timeout,
+    result,
+)
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run as run_attempts
-from harness.controller.spawn import RankProcess
-from harness.errors import WorldTimeout
 from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUTS, Call, CallOptions, Done, Regroup
+from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup
 from harness.protocol.rank_files import rendezvous_path
-
-_CONTROLLER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 START_TIMEOUT_S = 60.0
 """Bound on starting (or rebuilding) a world, separate from a run's timeout."""
@@ -119,7 +121,7 @@ class World:
         try:
             self.world_size: int = validate.positive_int(world_size, "world_size")
             self.backend: str = resolve_backend(backend)
-            self.timeout: float | None = _timeout(timeout)
+            self.timeout: float | None = checked_timeout(timeout)
             self.init: bool = validate.flag(init, "init")
             self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
             reason = unavailable_reason(self.backend, self.world_size)
@@ -278,7 +280,7 @@ class World:
         """
         if self.closed:
             raise RuntimeError("this World is closed; create a new one")
-        options = self._checked(options)
+        options = checked_options(options, self.timeout, self.world_size)
         payload = pickle_call(fn, args, kwargs, self.world_size)
         restarts = (options.attempt, options.restarts)
         if self._broken or restarts != self._generations.restarts:
@@ -293,36 +295,15 @@ class World:
             classified.notice = self._regroup()
         if classified.notice:
             # A warning: under pytest it is listed with the test that caused it.
-            warnings.warn(classified.notice, RuntimeWarning, stacklevel=_callers_level())
+            warnings.warn(classified.notice, RuntimeWarning, stacklevel=callers_level())
         if classified.leaks and self.leaks == "warn":
             report = leak_report(classified.leaks, name)
-            warnings.warn(report, RuntimeWarning, stacklevel=_callers_level())
+            warnings.warn(report, RuntimeWarning, stacklevel=callers_level())
         outcome = classified.outcome()
         if options.output == OUTPUT_CAPTURE:
             ranks = self._generations.ranks
-            outcome.outputs = {proc.rank: _captured(proc, replies.get(proc.rank)) for proc in ranks}
+            outcome.outputs = {proc.rank: captured(proc, replies.get(proc.rank)) for proc in ranks}
         return outcome
-
-    def _checked(self, options: CallOptions | None) -> CallOptions:
-        """``options`` checked for this World.
-
-        It uses its own timeout where the call gives none, and its faults are placed on these
-        ranks.
-        """
-        if options is None:
-            return CallOptions(self.timeout)
-        if not isinstance(options, CallOptions):
-            raise TypeError(f"options must be a harness.CallOptions, not {options!r}")
-        if options.output not in OUTPUTS:
-            raise ValueError(
-                f"output must be one of {', '.join(map(repr, OUTPUTS))}, not {options.output!r}"
-            )
-        validate.flag(options.check_collectives, "check_collectives")
-        timeout = self.timeout if options.timeout is None else _timeout(options.timeout)
-        faults = checked(options.faults, self.world_size)
-        if timeout == options.timeout and faults == options.faults:
-            return options
-        return replace(options, timeout=timeout, faults=faults)
 
     def close(self) -> None:
         """Stop the ranks and remove the World's files. Idempotent; also runs on ``__exit__``,
@@ -398,46 +379,5 @@ class World:
         return rendezvous_path(self._generations.workdir, self._rendezvous)
 
 
-def _captured(proc: RankProcess, reply: object) -> tuple[str, str]:
-    """What a rank wrote during a captured call.
-
-    It is read from its files unless it said it wrote nothing (a rank that failed or died
-    says nothing, so its files are read).
-    """
-    if isinstance(reply, Done) and not reply.output_written:
-        return "", ""
-    return proc.files.output()
-
-
-def _callers_level() -> int:
-    """The ``stacklevel`` of the first caller outside the controller.
-
-    It is counted from the function that calls this: a warning about a call points at the
-    code that made it (under the plugin, at the plugin, which moves it to the test).
-    """
-    level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
-    frame = compat.frame(2)
-    while frame is not None and frame.f_code.co_filename.startswith(_CONTROLLER_DIR):
-        frame = frame.f_back
-        level += 1
-    return level
-
-
 def _ranks(count: int) -> str:
     return f"{count} rank" + ("" if count == 1 else "s")
-
-
-def _timeout(value: float | None) -> float | None:
-    return None if value is None else validate.seconds(value, "timeout", optional=True)
-
-
-def result(outcome: Outcome) -> list[Any]:
-    """``outcome.result()``, a timeout saying how to change the bound."""
-    error = outcome.error
-    if isinstance(error, WorldTimeout) and error.timeout is not None and not error.hint:
-        error.hint = (
-            f"The bound is the run's timeout ({error.timeout:g} s): pass timeout=<seconds> "
-            "to World.run, World(...) or harness.run to change it; timeout=None on "
-            "World(...) or harness.run waits without bound."
-        )
-    return outcome.result()
