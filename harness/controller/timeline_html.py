@@ -70,15 +70,6 @@ def _label(box: Box) -> str:
     return next((c for c in choices if len(c) * CHAR_W + 8 <= box.w), "")
 
 
-def _group_names(timeline: Timeline, lay: Layout) -> dict[str, str]:
-    """Every drawn group's name: its own, else one made of its id."""
-    names = {g.id: g.name for g in timeline.groups}
-    for lane in lay.lanes:
-        for track in lane.tracks:
-            names.setdefault(track.group, f"group {track.group!r}")
-    return names
-
-
 def _labels(lay: Layout, names: dict[str, str], width: float) -> str:
     """The column that names each lane's rank and each track's group."""
     room = int((width - 82) / CHAR_W)
@@ -335,7 +326,7 @@ def render(timeline: Timeline) -> str:
         The page's text: it needs no other file and fetches nothing.
     """
     lay = layout(timeline)
-    names = _group_names(timeline, lay)
+    names = {group.id: group.name for group in timeline.groups}
     keys: dict[tuple[str, int], int] = {}
     for box in lay.boxes:
         keys.setdefault(box.span.key, len(keys))

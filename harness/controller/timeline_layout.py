@@ -199,7 +199,6 @@ def _lanes(timeline: Timeline) -> list[tuple[int, list[str], str]]:
         | set(timeline.ranks_unknown)
     )
     ids = [g.id for g in timeline.groups]
-    ids += list(dict.fromkeys(s.group for s in timeline.spans if s.group not in ids))
     members = {g.id: set(g.ranks) for g in timeline.groups}
     used = {(s.rank, s.group) for s in timeline.spans}
     lanes = []

@@ -69,9 +69,6 @@ def document(timeline: Timeline) -> dict[str, Any]:
     """
     tids = {group.id: index + 1 for index, group in enumerate(timeline.groups)}
     names = {group.id: group.name for group in timeline.groups}
-    for span in timeline.spans:  # a group the timeline does not list still gets a track
-        tids.setdefault(span.group, len(tids) + 1)
-        names.setdefault(span.group, f"group {span.group}")
     timed: list[tuple[float, int, int, dict[str, Any]]] = []
 
     def add(kind: int, event: dict[str, Any]) -> None:

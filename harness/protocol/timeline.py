@@ -93,7 +93,8 @@ class Timeline:
         world_size: How many ranks the world had.
         backend: Its backend (``"gloo"``, ``"nccl"``).
         groups: The groups its collectives ran on, the default group first.
-        spans: Every rank's collectives, by rank, then in the order the rank issued them.
+        spans: Every rank's collectives, by rank, then in the order the rank issued them;
+            each on a group of ``groups``.
         ranks_unknown: Ranks whose trace is missing (the rank died, or did not answer).
         mark: ``(group, seq)`` of the collective to point at (the first mismatch, or where a
             rank hangs); None when there is none.
@@ -118,3 +119,11 @@ class Timeline:
     mark_text: str = ""
     origin: float = 0.0
     duration: float = 0.0
+
+    def __post_init__(self) -> None:
+        listed = {group.id for group in self.groups}
+        unlisted = sorted({span.group for span in self.spans} - listed)
+        if unlisted:
+            raise ValueError(
+                f"spans on groups {unlisted} that the timeline's groups {sorted(listed)} lack"
+            )

@@ -220,16 +220,19 @@ def test_a_rank_without_a_trace_and_one_without_collectives_say_so() -> None:
     assert "no trace from this rank" in lanes["5"].all_text()
 
 
-def test_an_empty_call_and_an_unlisted_group_still_draw() -> None:
+def test_an_empty_call_still_draws() -> None:
     empty = Timeline("t", "", 2, "gloo", (), ())
     page = parse(render(empty))
     assert len(page.find("lane")) == 2
     assert _boxes(page) == []
+
+
+def test_a_timeline_lists_every_group_its_spans_are_on() -> None:
     odd = dataclasses.replace(span(0, DEFAULT, 1), group="7/x")
-    page = parse(render(Timeline("t", "x", 1, "gloo", (), (odd,), duration=0.1)))
-    (box,) = _boxes(page)
-    assert box.attrs["data-group"] == "7/x"
-    assert "group '7/x'" in [n.text for n in page.find("group-label")]
+    with pytest.raises(
+        ValueError, match=r"spans on groups \['7/x'\] that the timeline's groups \[''\] lack"
+    ):
+        Timeline("t", "x", 1, "gloo", (DEFAULT,), (odd,))
 
 
 def test_a_long_wait_is_drawn_as_a_short_labelled_gap() -> None:
