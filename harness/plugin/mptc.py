@@ -113,7 +113,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
-    from harness.plugin import settings, trace_folders
+    from harness.plugin import settings
     from harness.protocol.pytest_calls import CaseCall
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
@@ -151,7 +151,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
     backend = backend if isinstance(backend, str) else "gloo"
-    trace_folders.write(item, session.settings, ended.outcome, world_size, backend)
+    session.trace_folders.write(item, ended.outcome, world_size, backend)
     report.add_output_sections(item, ended.outcome.outputs)
     if error is not None:
         report.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")

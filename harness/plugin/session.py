@@ -57,6 +57,7 @@ class DistSession:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.settings = settings.read(config)
+        self.trace_folders = trace_folders.TraceFolders(self.settings)
         self._logs = _log_settings(config)
         launched = launcher_world()
         self.launcher: LauncherRank | None = None
@@ -151,7 +152,7 @@ class DistSession:
         worlds, self._worlds = list(self._worlds.values()), {}
         for world in worlds:
             world.close()
-        trace_folders.close()
+        self.trace_folders.close()
         if self.launcher is not None:
             self.launcher.close()
 
@@ -218,7 +219,7 @@ class DistSession:
             item.stash[_CALL] = exc
             return
         sweeps.note(item, outcome, option)
-        trace_folders.write(item, self.settings, outcome, test.world_size, backend)
+        self.trace_folders.write(item, outcome, test.world_size, backend)
         report.add_output_sections(item, outcome.outputs)
         report.keep_times(item, _rank_times(outcome))
         if checked.failure is not None:

@@ -22,65 +22,76 @@ from harness.faults import FaultFired
 from harness.plugin import report
 from harness.plugin.settings import Settings
 
-# Passing tests' folders, written when the session ends (see trace_writer).
-_BACKGROUND = trace_writer.Writer()
 
-
-def write(
-    item: pytest.Item, settings: Settings, outcome: Outcome, world_size: int, backend: str
-) -> Path | None:
-    """Write ``item``'s trace folder where its outcome calls for one, and note the report's
-    line for a failure; a folder that cannot be written is said on that line, never raised.
+class TraceFolders:
+    """A session's trace folders.
 
     Args:
-        item: The test.
         settings: The session's settings (``trace_dir``, ``trace_all``).
-        outcome: How the test's run ended (the one whose verdict stands).
-        world_size: The ranks of its world (of its last attempt, under restarts).
-        backend: The world's backend.
-
-    Returns:
-        The folder written, or None where none was.
     """
-    report.set_trace_line(item, "")
-    if not settings.trace_dir or outcome.skip is not None:
-        return None
-    error = outcome.error
-    taken = time.monotonic()
-    try:
-        if error is not None:
-            size = len(error.collectives) or world_size
-            timeline = timeline_build.from_error(
-                error, size, test=item.nodeid, backend=backend, taken=taken
-            )
-        else:
-            fired = [v for v in outcome.values or () if isinstance(v, FaultFired)]
-            if not outcome.traces or not (settings.trace_all or fired):
-                return None
-            failure = "; ".join(f"{f} (injected)" for f in fired)
-            # No report waits for it: written when the session ends.
-            return _BACKGROUND.submit(
-                Path(settings.trace_dir),
-                outcome.traces,
-                len(outcome.traces),
-                test=item.nodeid,
-                backend=backend,
-                failure=f"passed; {failure}" if failure else "",
-                taken=taken,
-            )
-        folder, problems = trace_dir.write(Path(settings.trace_dir), timeline)
-    except Exception as exc:  # never turn the test's own outcome into ours
-        report.set_trace_line(item, f"trace folder: not written ({type(exc).__name__}: {exc})")
-        return None
-    written = [name for name in trace_dir.FILES if name not in problems]
-    shown = ", ".join(name + ("/" if name == "fr" else "") for name in written)
-    line = f"trace folder: {folder}{os.sep}" + (f" ({shown})" if shown else "")
-    if problems:
-        line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
-    report.set_trace_line(item, line)
-    return folder
 
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        # Passing tests' folders, written when the session ends (see trace_writer).
+        self._background = trace_writer.Writer()
 
-def close() -> None:
-    """Write the passing tests' folders, at the session's end."""
-    _BACKGROUND.close()
+    def write(
+        self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str
+    ) -> Path | None:
+        """Write ``item``'s trace folder where its outcome calls for one.
+
+        It notes the report's line for a failure; a folder that cannot be written is said on
+        that line, never raised.
+
+        Args:
+            item: The test.
+            outcome: How the test's run ended (the one whose verdict stands).
+            world_size: The ranks of its world (of its last attempt, under restarts).
+            backend: The world's backend.
+
+        Returns:
+            The folder written, or None where none was.
+        """
+        settings = self._settings
+        report.set_trace_line(item, "")
+        if not settings.trace_dir or outcome.skip is not None:
+            return None
+        error = outcome.error
+        taken = time.monotonic()
+        try:
+            if error is not None:
+                size = len(error.collectives) or world_size
+                timeline = timeline_build.from_error(
+                    error, size, test=item.nodeid, backend=backend, taken=taken
+                )
+            else:
+                fired = [v for v in outcome.values or () if isinstance(v, FaultFired)]
+                if not outcome.traces or not (settings.trace_all or fired):
+                    return None
+                failure = "; ".join(f"{f} (injected)" for f in fired)
+                # No report waits for it: written when the session ends.
+                return self._background.submit(
+                    Path(settings.trace_dir),
+                    outcome.traces,
+                    len(outcome.traces),
+                    test=item.nodeid,
+                    backend=backend,
+                    failure=f"passed; {failure}" if failure else "",
+                    taken=taken,
+                )
+            folder, problems = trace_dir.write(Path(settings.trace_dir), timeline)
+        except Exception as exc:  # never turn the test's own outcome into ours
+            line = f"trace folder: not written ({type(exc).__name__}: {exc})"
+            report.set_trace_line(item, line)
+            return None
+        written = [name for name in trace_dir.FILES if name not in problems]
+        shown = ", ".join(name + ("/" if name == "fr" else "") for name in written)
+        line = f"trace folder: {folder}{os.sep}" + (f" ({shown})" if shown else "")
+        if problems:
+            line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
+        report.set_trace_line(item, line)
+        return folder
+
+    def close(self) -> None:
+        """Write the passing tests' folders, at the session's end."""
+        self._background.close()
