@@ -6,9 +6,11 @@ between pytest and the harness core, which works without pytest (:mod:`harness.c
 The rest of the plugin:
 
 * :mod:`~harness.plugin.marker`    the marker: its arguments, parametrized world sizes
+* :mod:`~harness.plugin.fixtures`  the fixtures it provides (``rank``, ..., ``dist_world``)
 * :mod:`~harness.plugin.settings`  the session's and each test's settings, one precedence
 * :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
 * :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
+* :mod:`~harness.plugin.lazy_session` that session, made on first use (loading imports no torch)
 * :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
 * :mod:`~harness.plugin.refs`      where a rank finds a test or fixture, what must pickle
 * :mod:`~harness.plugin.runner`    a test's runs: the reused world, then fresh processes
@@ -31,8 +33,8 @@ distributed test (or with ``--dist-mptc``).
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator
+from typing import Any
 
 import pytest
 
@@ -43,7 +45,27 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
-from harness.plugin import interrupts, marker, report, settings, sweep_report, warmup  # noqa: E402
+from harness.plugin import (  # noqa: E402
+    interrupts,
+    lazy_session,
+    marker,
+    report,
+    settings,
+    sweep_report,
+    warmup,
+)
+
+# The fixtures the plugin provides, defined in their own module: pytest finds a plugin's
+# fixtures among the attributes of its module, so they are imported here.
+from harness.plugin.fixtures import (  # noqa: E402, F401
+    collectives,
+    dist_world,
+    local_device,
+    local_rank,
+    rank,
+    restart_count,
+    world_size,
+)
 from harness.plugin.marker import (  # noqa: E402
     MARKER,
     find_mark,
@@ -53,22 +75,7 @@ from harness.plugin.marker import (  # noqa: E402
 )
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
-if TYPE_CHECKING:
-    from harness.controller.world import World
-    from harness.plugin.session import DistSession
-
-# Nothing here imports torch: the session (and with it torch) is created on first use.
-_SESSION = pytest.StashKey["DistSession"]()
 _MPTC = "harness-mptc"  # mptc.CasePlugin's name, when --dist-mptc is on
-
-
-def _session(config: pytest.Config) -> DistSession:
-    session = config.stash.get(_SESSION, None)
-    if session is None:
-        from harness.plugin.session import DistSession
-
-        session = config.stash[_SESSION] = DistSession(config)
-    return session
 
 
 _FLAGS = {
@@ -195,7 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if chosen.mptc:
         from harness.plugin import mptc
 
-        config.pluginmanager.register(mptc.CasePlugin(lambda: _session(config)), _MPTC)
+        config.pluginmanager.register(mptc.CasePlugin(lambda: lazy_session.get(config)), _MPTC)
     warmup.at_configure(config, name)
 
 
@@ -288,7 +295,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         for item in session.items
     ):
         warmup.at_collection_finish(session.config)
-        _session(session.config)
+        lazy_session.get(session.config)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -306,7 +313,7 @@ def _resolve_sweep(metafunc: pytest.Metafunc, spec: marker.MarkSpec, sweep: Any)
 def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     # Around pytest's own setup: first take the fixtures that run in the ranks out of its
     # hands (it sets up only the others), then, with those up, run the test on its ranks.
-    session = item.config.stash.get(_SESSION, None)
+    session = lazy_session.peek(item.config)
     if session is not None and session.holds_gpus() and session.leases.wanted():
         # Before any test, distributed or not: another process waits for GPUs that an idle
         # world of ours holds, and gets them.
@@ -317,14 +324,14 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
 
     rank_fixtures.split(item)
     yield
-    _session(item.config).run_item(item)
+    lazy_session.get(item.config).run_item(item)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if run_mark(pyfuncitem) is None:
         return None
-    _session(pyfuncitem.config).finish_call(pyfuncitem)
+    lazy_session.get(pyfuncitem.config).finish_call(pyfuncitem)
     return True
 
 
@@ -339,84 +346,6 @@ def pytest_runtestloop(session: pytest.Session) -> Generator[None, object, objec
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(_SESSION, None)
+    session = lazy_session.peek(config)
     if session is not None:
         session.close()
-
-
-def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
-    if launcher_world() is not None:
-        launcher = _session(request.config).launcher
-        assert launcher is not None
-        return launcher.fixture(name)
-    # A distributed test gets this fixture inside each rank; in the controller it is only
-    # reached by code that looks it up by name, or by a test that is not distributed.
-    # Shown as the message alone (no plugin frames).
-    if find_mark(request.node) is not None:
-        pytest.fail(
-            f"fixture {name!r} has a value only inside each rank: request it as an argument "
-            f"of the test or of a fixture (then that fixture runs in the ranks too), not "
-            f"with request.getfixturevalue (in {request.node.nodeid})",
-            pytrace=False,
-        )
-    shown = marker_name(request.config) or f"{MARKER} (off here: set ini dist_marker)"
-    pytest.fail(
-        f"fixture {name!r} is only available in tests marked @pytest.mark.{shown} "
-        f"(requested by {request.node.nodeid})",
-        pytrace=False,
-    )
-
-
-@pytest.fixture
-def rank(request: pytest.FixtureRequest) -> Any:
-    """This rank's global rank (filled in inside each rank; ``RANK`` under ``init=False``)."""
-    return _rank_side(request, "rank")
-
-
-@pytest.fixture
-def world_size(request: pytest.FixtureRequest) -> Any:
-    """The number of ranks (filled in inside each rank; ``WORLD_SIZE`` under ``init=False``)."""
-    return _rank_side(request, "world_size")
-
-
-@pytest.fixture
-def local_rank(request: pytest.FixtureRequest) -> Any:
-    """This rank's ``LOCAL_RANK`` (filled in inside each rank)."""
-    return _rank_side(request, "local_rank")
-
-
-@pytest.fixture
-def restart_count(request: pytest.FixtureRequest) -> Any:
-    """Which attempt of a test with ``restarts`` this is: 0, then 1 after the first restart,
-    ... (``TORCHELASTIC_RESTART_COUNT``, as torchrun sets it; filled in inside each rank)."""
-    return _rank_side(request, "restart_count")
-
-
-@pytest.fixture
-def collectives(request: pytest.FixtureRequest) -> Any:
-    """The collectives this rank has issued so far in the test, in order across process
-    groups, read anew at each use: records with ``op`` (``"all_reduce"``), ``group_ranks``,
-    ``shapes``, ``dtype``, ``reduce_op`` and ``site`` (``"test_x.py:14"``); point-to-point
-    ops are left out (filled in inside each rank)."""
-    return _rank_side(request, "collectives")
-
-
-@pytest.fixture
-def local_device(request: pytest.FixtureRequest) -> Any:
-    """``fhelium.distributed.local_device()`` of this rank (filled in inside each rank).
-
-    Under ``init=False``, where the rank has no process group yet, the device
-    ``fhelium.distributed.init()`` will select: ``cuda:LOCAL_RANK`` with CUDA, else the CPU.
-    """
-    return _rank_side(request, "local_device")
-
-
-@pytest.fixture(scope="session")
-def dist_world(request: pytest.FixtureRequest) -> Callable[..., World]:
-    """``dist_world(world_size, backend="auto", init=True)``: a World shared for the session.
-
-    The same World is returned for the same size, backend and ``init``; it is closed when the
-    session ends. ``"auto"`` follows ``--dist-backend`` as the marker does. Use it from
-    ordinary (unmarked) tests that drive ranks themselves.
-    """
-    return _session(request.config).world

@@ -44,7 +44,7 @@ from harness.protocol.pytest_calls import (
 F = TypeVar("F", bound=Callable[..., Any])
 
 _SCOPES = ("function", "class", "module", "package", "session")
-_PLUGIN_MODULE = "harness.plugin"
+_PLUGIN_MODULE = "harness.plugin.fixtures"  # where the plugin's own fixtures are defined
 _SHARED_FACTORY = "tmp_path_factory"
 _SIDE = pytest.StashKey["RankSide"]()
 _CONFIG_VIEW = pytest.StashKey[bytes]()

@@ -90,12 +90,12 @@ def test_fixtures_are_listed(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*fixtures defined from harness.plugin*",
-            "dist_world [[]session scope[]] -- *harness/plugin/__init__.py:*",
+            "dist_world [[]session scope[]] -- *harness/plugin/fixtures.py:*",
             '*dist_world(world_size, backend="auto", init=True)*',
         ]
     )
     for name in ("rank", "world_size", "local_rank", "local_device"):
-        result.stdout.fnmatch_lines([f"{name} -- *harness/plugin/__init__.py*"])
+        result.stdout.fnmatch_lines([f"{name} -- *harness/plugin/fixtures.py*"])
 
 
 def test_rank_side_fixtures_need_the_marker(pytester: pytest.Pytester) -> None:
