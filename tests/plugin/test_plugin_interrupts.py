@@ -41,7 +41,7 @@ def test_before(rank):
     pass
 
 
-@pytest.mark.distributed(world_size=2{dist}){marks}
+@pytest.mark.distributed(world_size=2{dist})
 def test_hang(rank):
     threading.Event().wait()
 
@@ -61,23 +61,21 @@ report are pytest-timeout's too (which source set the limit does not matter ther
 deadline is worked out once, for both runs)."""
 
 
-@pytest.mark.parametrize("how", ["option", "marker", "env", "ini", "func_only"])
+# One case per path of the harness's: pytest-timeout's timer armed (set here by the option;
+# the marker, PYTEST_TIMEOUT and ini reach the harness the same way, through pytest-timeout's
+# own settings lookup, which tests/unit/test_unit_timeout_sources.py checks for each), and
+# func_only, where the harness reads the settings itself.
+@pytest.mark.parametrize("how", ["option", "func_only"])
 def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, how: str
+    pytester: pytest.Pytester, how: str
 ) -> None:
-    marks = f"\n@pytest.mark.timeout({LIMIT_S})" if how == "marker" else ""
-    path = pytester.makepyfile(test_hang=HANG.format(dist="", marks=marks))
+    path = pytester.makepyfile(test_hang=HANG.format(dist=""))
     hang_line = path.read_text().splitlines().index("    threading.Event().wait()") + 1
     args = ["-p", "no:randomly", "--dist-timeout", "3600"]
-    if how != "option":
-        args += NO_CONFIRMATION
     if how == "option":
         args += ["--timeout", str(LIMIT_S)]
-    elif how == "env":
-        monkeypatch.setenv("PYTEST_TIMEOUT", str(LIMIT_S))
-    elif how == "ini":
-        pytester.makeini(f"[pytest]\ntimeout = {LIMIT_S}\n")
-    elif how == "func_only":
+    else:
+        args += NO_CONFIRMATION
         # pytest-timeout arms its timer only in the call phase there: after the ranks ran.
         pytester.makeini(f"[pytest]\ntimeout = {LIMIT_S}\ntimeout_func_only = true\n")
     result = pytester.runpytest(*args)
@@ -147,7 +145,7 @@ def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
 def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytester) -> None:
     # Its timer thread would end the whole pytest process (os._exit) when it fires: a run of
     # its own, and the session must go on to test_after.
-    pytester.makepyfile(test_hang=HANG.format(dist="", marks=""))
+    pytester.makepyfile(test_hang=HANG.format(dist=""))
     result = pytester.runpytest_subprocess(
         "-p", "no:randomly", "--dist-timeout", "3600", "--timeout", str(LIMIT_S),
         "--timeout-method", "thread", *NO_CONFIRMATION,
@@ -165,41 +163,30 @@ def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytest
     assert "+ Timeout +" not in result.stdout.str()
 
 
-def test_pytest_timeout_below_the_harness_timeout_leaves_the_harnesss_own(
+PLAIN_HANG = """
+
+@pytest.mark.timeout(2)
+def test_plain():
+    threading.Event().wait()
+"""
+
+
+def test_pytest_timeout_leaves_a_smaller_harness_timeout_and_plain_tests_alone(
     pytester: pytest.Pytester,
 ) -> None:
-    # The harness's own timeout is the smaller one here: it is the deadline, as without
-    # pytest-timeout, and the report says nothing about pytest-timeout.
-    pytester.makepyfile(test_hang=HANG.format(dist=", timeout=2", marks=""))
+    # One session, two independent checks. test_hang: the harness's own timeout is the
+    # smaller one, so it is the deadline, as without pytest-timeout, and the report says
+    # nothing about pytest-timeout. test_plain (no distributed marker): pytest-timeout's own
+    # behaviour, untouched.
+    pytester.makepyfile(test_hang=HANG.format(dist=", timeout=2") + PLAIN_HANG)
     result = pytester.runpytest("-p", "no:randomly", "--timeout", "3600", *NO_CONFIRMATION)
-    result.assert_outcomes(passed=2, failed=1)
-    text = reports(result)["test_hang"].longreprtext
+    result.assert_outcomes(passed=2, failed=2)
+    found = reports(result)
+    text = found["test_hang"].longreprtext
     assert text.startswith("WorldTimeout: the run did not finish within 2 s"), text
     assert "pytest-timeout" not in text
-
-
-def test_an_unmarked_test_keeps_pytest_timeouts_own_behaviour(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        test_plain="""
-        import threading
-
-        import pytest
-
-
-        @pytest.mark.timeout(300)
-        @pytest.mark.distributed(world_size=2)
-        def test_distributed(rank):
-            pass
-
-
-        def test_plain():
-            threading.Event().wait()
-        """
-    )
-    result = pytester.runpytest("-p", "no:randomly", "--timeout", "2")
-    result.assert_outcomes(passed=1, failed=1)
-    text = reports(result)["test_plain"].longreprtext
-    assert "Failed: Timeout (>2.0s) from pytest-timeout." in text
+    plain = found["test_plain"].longreprtext
+    assert "Failed: Timeout (>2.0s) from pytest-timeout." in plain, plain
 
 
 # ---------------------------------------------------------------- Ctrl-C
@@ -309,19 +296,6 @@ def test_ctrl_c_prints_every_rank_stack_and_leaves_nothing_behind(
     assert "no tests ran" in output
 
 
-def test_ctrl_c_ends_pytest_with_its_one_line_summary_and_leaves_nothing(
-    pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
-) -> None:
-    code, output = _interrupted(pytester, pids_dir, tmp_path, WAIT)
-    assert code == pytest.ExitCode.INTERRUPTED, output
-    assert "KeyboardInterrupt in a distributed test" in output
-    # pytest's own summary: where the interrupt hit, as one line, and the hint.
-    summary = output.split("!! KeyboardInterrupt !!", 1)[1].splitlines()[1:3]
-    assert re.fullmatch(r"\S+\.py:\d+: KeyboardInterrupt", summary[0]), output
-    assert summary[1] == "(to show a full traceback on KeyboardInterrupt use --full-trace)"
-    assert "no tests ran" in output
-
-
 def test_ctrl_c_with_full_trace_still_shows_the_whole_traceback(
     pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
 ) -> None:
@@ -334,13 +308,20 @@ def test_ctrl_c_with_full_trace_still_shows_the_whole_traceback(
     assert "use --full-trace" not in trace
 
 
-def test_ctrl_c_ends_ranks_that_cannot_answer(
+def test_ctrl_c_ends_ranks_that_cannot_answer_and_pytest_with_its_one_line_summary(
     pytester: pytest.Pytester, pids_dir: str, tmp_path: Path
 ) -> None:
     # Ranks inside one long C call hold the interpreter: no watchdog thread of theirs runs
     # to end them, so they are killed, and their stacks still come from the signal handler.
+    # pytest's own summary is the controller's, whatever the ranks do: one run shows both.
     code, output = _interrupted(pytester, pids_dir, tmp_path, HOLD_THE_GIL)
     assert code == pytest.ExitCode.INTERRUPTED, output
     for rank in (0, 1):
         section = output.split(f"-- rank {rank} --", 1)[1]
         assert "sum(range(10**15))" in section, output
+    assert "KeyboardInterrupt in a distributed test" in output
+    # pytest's own summary: where the interrupt hit, as one line, and the hint.
+    summary = output.split("!! KeyboardInterrupt !!", 1)[1].splitlines()[1:3]
+    assert re.fullmatch(r"\S+\.py:\d+: KeyboardInterrupt", summary[0]), output
+    assert summary[1] == "(to show a full traceback on KeyboardInterrupt use --full-trace)"
+    assert "no tests ran" in output

@@ -276,16 +276,17 @@ def test_xfail_applies_to_the_test_as_a_whole(pytester: pytest.Pytester) -> None
     assert reps["test_imperative_xfail"].wasxfail == "not yet"
 
 
-@pytest.mark.parametrize("how", ["marker", "option", "ini"])
 def test_timeout_reports_every_rank_stack_and_the_session_goes_on(
-    pytester: pytest.Pytester, how: str
+    pytester: pytest.Pytester,
 ) -> None:
-    limit = {"marker": ", timeout=1", "option": "", "ini": ""}[how]
+    # The deadline is the marker's, which wins over --dist-timeout; the option and the ini
+    # value reach the same per-test timeout (tests/unit/test_unit_settings.py for the order,
+    # tests/unit/test_unit_timeout_sources.py for pytest's real option and ini).
     # The tests around test_hang have bounds of their own: the first imports the module in
     # the ranks (so that at test_hang's deadline they sleep rather than import, also on a
     # loaded machine), the last runs on the rebuilt world's fresh ranks.
     pytester.makepyfile(
-        test_hang=f"""
+        test_hang="""
         import time
         import pytest
 
@@ -293,7 +294,7 @@ def test_timeout_reports_every_rank_stack_and_the_session_goes_on(
         def test_before(rank):
             pass
 
-        @pytest.mark.distributed(world_size=2{limit})
+        @pytest.mark.distributed(world_size=2, timeout=1)
         def test_hang(rank):
             time.sleep(3600)
 
@@ -302,15 +303,9 @@ def test_timeout_reports_every_rank_stack_and_the_session_goes_on(
             pass
         """
     )
-    args = []
-    if how == "option":
-        args = ["--dist-timeout", "1"]
-    elif how == "ini":
-        pytester.makeini("[pytest]\ndist_timeout = 1\n")
-    elif how == "marker":
-        args = ["--dist-timeout", "300"]  # the marker wins over the option
     started = time.monotonic()
-    result = pytester.runpytest("-p", "no:randomly", *args)
+    # The marker wins over the option.
+    result = pytester.runpytest("-p", "no:randomly", "--dist-timeout", "300")
     assert time.monotonic() - started < 300  # not the hour test_hang would sleep
     result.assert_outcomes(passed=2, failed=1)
     text = reports(result)["test_hang"].longreprtext
