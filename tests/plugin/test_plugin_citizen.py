@@ -157,7 +157,7 @@ def test_distributed(rank):
 @pytest.mark.parametrize(
     ("args", "started"),
     [
-        pytest.param(["test_named.py"], True, id="file"),
+        # A file named alone: test_pytest_does_not_rewrite_the_harnesss_own_modules.
         pytest.param(["test_named.py::test_distributed"], True, id="test-id"),
         pytest.param([], False, id="directory"),
     ],
@@ -220,23 +220,30 @@ def test_pytest_does_not_rewrite_the_harnesss_own_modules(pytester: pytest.Pytes
     # pytest rewrites every module of a plugin's distribution; where it cannot cache that
     # (read-only install, PYTHONDONTWRITEBYTECODE) it did so again in every run, ~0.1 s before
     # the first distributed test. The harness opts out before importing the rest of itself.
+    # The same run shows the file named alone starting the server before the conftests, as
+    # test_a_named_file_with_distributed_tests_starts_the_server_before_the_conftests does
+    # for the other ways of naming tests.
     pytester.makeconftest(
-        """
-        import sys
+        SERVER_STARTED
+        + """
+import sys
 
-        def pytest_sessionfinish(session):
-            rewritten = sorted(
-                name
-                for name, module in list(sys.modules.items())
-                if name.startswith(("harness.", "fhelium"))
-                and type(getattr(module, "__loader__", None)).__name__ == "AssertionRewritingHook"
-            )
-            print(f"rewritten by pytest: {rewritten}")
-        """
+def pytest_sessionfinish(session):
+    rewritten = sorted(
+        name
+        for name, module in list(sys.modules.items())
+        if name.startswith(("harness.", "fhelium"))
+        and type(getattr(module, "__loader__", None)).__name__ == "AssertionRewritingHook"
+    )
+    print(f"rewritten by pytest: {rewritten}")
+"""
     )
     pytester.makepyfile(test_named=NAMED)
     result = pytester.runpytest_subprocess("-s", "test_named.py")
     assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        ["forkserver at conftest import: True", "forkserver at session start: True"]
+    )
     output = result.stdout.str()
     rewritten = ast.literal_eval(output.split("rewritten by pytest: ", 1)[1].splitlines()[0])
     if "harness.plugin" not in rewritten:
