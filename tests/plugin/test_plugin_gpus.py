@@ -104,11 +104,14 @@ def test_xdist_workers_never_share_a_gpu(
     out.mkdir()
     monkeypatch.setenv("GPU_RECORDS", str(out))
     pytester.makepyfile(test_leases=RECORDING)
+    # Two workers are enough to compete for the four GPUs: a world of 4 needs every one of
+    # them, so each worker waits for the other's leases in turn; more workers would add a
+    # torch import each, not another way to share a GPU.
     result = pytester.runpytest_subprocess(
         "-p",
         "no:randomly",
         "-n",
-        "4",
+        "2",
         "--dist-gpus=0,1,2,3",
         "-o",
         f"dist_gpu_lease_dir={lease_dir}",
