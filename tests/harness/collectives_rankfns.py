@@ -7,7 +7,6 @@ so that editing this file does not break the tests.
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
@@ -63,13 +62,6 @@ def one_rank_sleeps() -> None:
     if dist.get_rank() == 2:
         time.sleep(3600)  # sleeps
     dist.barrier()  # barrier
-
-
-def one_rank_waits_for_an_event() -> None:
-    dist.all_reduce(torch.ones(4))
-    if dist.get_rank() == 2:
-        threading.Event().wait()  # event
-    dist.barrier()
 
 
 def one_rank_returns_early() -> None:
