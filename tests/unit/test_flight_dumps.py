@@ -1,11 +1,16 @@
 """``fr/``: a timeline as torch Flight Recorder dumps, read back and analyzed by torch's own
-analyzer (``python -m torch.distributed.flight_recorder.fr_trace``, run as a user would), which
-must name the same first mismatch or hang as the timeline's mark."""
+analyzer (``torch.distributed.flight_recorder.fr_trace``'s command line, in a subprocess as a
+user runs it), which must name the same first mismatch or hang as the timeline's mark.
+
+The analyses share one subprocess (:func:`analysed`): each is a run of the command's own
+``main`` on a directory, as ``python -m`` runs it, and torch's import is paid once.
+"""
 
 from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import os
 import pickle
 import subprocess
@@ -46,23 +51,71 @@ ENTRY_KEYS = {
 FINDINGS = ("has errors", "Not all ranks joining", "MISMATCH", "mismatch", "Traceback")
 
 
-def fr_trace(directory: Path, *flags: str) -> tuple[int, str]:
-    """torch's analyzer run on ``directory``: its exit status and its output (it logs to
-    stderr)."""
+_ANALYZER = """
+import json
+import sys
+import traceback
+
+from torch.distributed.flight_recorder.fr_trace import main
+
+for index, argv in enumerate(json.loads(sys.argv[1])):
+    status = 0
+    try:
+        main(argv)
+    except SystemExit as exc:  # as python -m ends: its code, 0 for None
+        status = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except BaseException:  # as python -m ends: the traceback, status 1
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.write(f"\\n@@fr_trace {index} exited {status}@@\\n")
+    sys.stderr.flush()
+"""
+
+
+def fr_trace(*runs: list[str]) -> list[tuple[int, str]]:
+    """torch's analyzer run on each ``[*flags, directory]`` of ``runs``, in one subprocess:
+    each run's exit status and output (it logs to stderr)."""
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.flight_recorder.fr_trace",
-            *flags,
-            str(directory),
-        ],
-        capture_output=True,
+        [sys.executable, "-c", _ANALYZER, json.dumps(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=300,  # a safety bound only
         check=False,
     )
-    return result.returncode, result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout
+    found, output = [], result.stdout
+    for index in range(len(runs)):
+        before, marker, output = output.partition(f"@@fr_trace {index} exited ")
+        assert marker, result.stdout
+        status, _, output = output.partition("@@")
+        found.append((int(status), before))
+    return found
+
+
+@pytest.fixture(scope="module")
+def analysed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int, str, Path]]:
+    """The analyzer's verdict on each sample, by name: (status, output, its directory)."""
+    samples = {
+        "incomplete": without(mismatch(), 1),
+        "mismatch": mismatch(),
+        "hang": hang(),
+        "passing": big(4, 20),
+        "every kind": _every_kind(),
+        "size mismatch": Timeline("t", "", 4, "gloo", (DEFAULT,), _size_mismatch()),
+    }
+    runs = {name: ([], name) for name in samples}
+    runs["incomplete, allowed"] = (["--allow-incomplete-ranks"], "incomplete")
+    directories = {}
+    for name, timeline in samples.items():
+        directories[name] = tmp_path_factory.mktemp("fr")
+        write(directories[name], timeline)
+    results = fr_trace(*([*flags, str(directories[sample])] for flags, sample in runs.values()))
+    return {
+        name: (status, output, directories[sample])
+        for (name, (_, sample)), (status, output) in zip(runs.items(), results, strict=True)
+    }
 
 
 def _first_read(directory: Path) -> int:
@@ -162,28 +215,25 @@ def test_states_and_what_is_left_out() -> None:
     assert entries[0]["profiling_name"] == "nccl:all_reduce"
 
 
-def test_a_rank_without_a_trace_has_no_dump(tmp_path: Path) -> None:
-    timeline = without(mismatch(), 1)
-    assert sorted(dumps(timeline)) == [0, 2, 3]
-    write(tmp_path, timeline)
-    status, output = fr_trace(tmp_path)
+def test_a_rank_without_a_trace_has_no_dump(analysed: dict[str, tuple[int, str, Path]]) -> None:
+    assert sorted(dumps(without(mismatch(), 1))) == [0, 2, 3]
+    status, output, _ = analysed["incomplete"]
     assert status != 0
     assert "Missing dump files from ranks {1}" in output
-    status, output = fr_trace(tmp_path, "--allow-incomplete-ranks")
+    status, output, _ = analysed["incomplete, allowed"]
     assert status == 0, output
     assert "Collective sequence number: 3 has errors" in output
 
 
-def test_fr_trace_names_the_mismatch(tmp_path: Path) -> None:
-    write(tmp_path, mismatch())
-    status, output = fr_trace(tmp_path)
+def test_fr_trace_names_the_mismatch(analysed: dict[str, tuple[int, str, Path]]) -> None:
+    status, output, directory = analysed["mismatch"]
     assert status == 0, output
     assert "Collective sequence number: 3 has errors" in output
     assert "group info: 0:default_pg" in output
     assert "COLLECTIVE_TYPE_MISMATCH" in output
     # The analyzer compares every rank with the first dump it reads and names those that
     # differ from it: rank 3, or, where rank 3's dump came first, all the others.
-    if _first_read(tmp_path) == 3:
+    if _first_read(directory) == 3:
         expected, found, culprits = "all_gather", "all_reduce", [0, 1, 2]
     else:
         expected, found, culprits = "all_reduce", "all_gather", [3]
@@ -218,9 +268,8 @@ def test_read_in_rank_order_the_analyzer_names_rank_3(caplog: pytest.LogCaptureF
     assert "Culprit rank 0" not in output
 
 
-def test_fr_trace_names_the_hang(tmp_path: Path) -> None:
-    write(tmp_path, hang())
-    status, output = fr_trace(tmp_path)
+def test_fr_trace_names_the_hang(analysed: dict[str, tuple[int, str, Path]]) -> None:
+    status, output, _ = analysed["hang"]
     assert status == 0, output
     # One report per group, in the order the analyzer meets them (that of the dumps).
     reports = output.split("Not all ranks joining collective, ")[1:]
@@ -236,9 +285,10 @@ def test_fr_trace_names_the_hang(tmp_path: Path) -> None:
     assert "has errors" not in output
 
 
-def test_fr_trace_finds_nothing_wrong_in_a_passing_call(tmp_path: Path) -> None:
-    write(tmp_path, big(4, 20))
-    status, output = fr_trace(tmp_path)
+def test_fr_trace_finds_nothing_wrong_in_a_passing_call(
+    analysed: dict[str, tuple[int, str, Path]],
+) -> None:
+    status, output, _ = analysed["passing"]
     assert status == 0, output
     assert not [finding for finding in FINDINGS if finding in output], output
 
@@ -307,24 +357,28 @@ def _every_kind() -> Timeline:
     return Timeline("t.py::test_kinds", "", 2, "gloo", (group,), spans)
 
 
-def test_fr_trace_matches_every_kind_called_alike(tmp_path: Path) -> None:
+def test_fr_trace_matches_every_kind_called_alike(
+    analysed: dict[str, tuple[int, str, Path]],
+) -> None:
     timeline = _every_kind()
     assert len(dumps(timeline)[0]["entries"]) == len(timeline.spans) // 2
-    write(tmp_path, timeline)
-    status, output = fr_trace(tmp_path)
+    status, output, _ = analysed["every kind"]
     assert status == 0, output
     assert not [finding for finding in FINDINGS if finding in output], output
 
 
-def test_fr_trace_names_a_size_mismatch(tmp_path: Path) -> None:
-    spans = (
+def _size_mismatch() -> tuple[Span, ...]:
+    """Rank 1 all-reduces 8 elements where its peers all-reduce 4."""
+    return (
         span(0, DEFAULT, 1),
         span(1, DEFAULT, 1, shape=(8,)),
         span(2, DEFAULT, 1),
         span(3, DEFAULT, 1),
     )
-    write(tmp_path, Timeline("t", "", 4, "gloo", (DEFAULT,), spans))
-    status, output = fr_trace(tmp_path)
+
+
+def test_fr_trace_names_a_size_mismatch(analysed: dict[str, tuple[int, str, Path]]) -> None:
+    status, output, _ = analysed["size mismatch"]
     assert status == 0, output
     assert "Collective sequence number: 1 has errors" in output
     assert "SIZE_OR_SYNTAX_MISMATCH" in output
@@ -336,7 +390,7 @@ def test_fr_trace_names_a_size_mismatch(tmp_path: Path) -> None:
 )
 def test_fr_trace_prints_the_entries(tmp_path: Path) -> None:
     write(tmp_path, mismatch())
-    status, output = fr_trace(tmp_path, "-j")
+    ((status, output),) = fr_trace(["-j", str(tmp_path)])
     assert status == 0, output
     assert "all_gather(input_sizes=[[4]], state=completed)" in output
     assert all(f"Rank {rank}" in output for rank in range(4))
