@@ -131,12 +131,7 @@ def register(name):
 """
 
 
-TWO_RANKS = """
-import torch
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-
-
+TWO_RANKS_CLASS = """
 class TwoRanks(MultiProcessTestCase):
     # Torch's own base as its tests use it: 2 ranks spawned for each test.
     @property
@@ -151,5 +146,17 @@ class TwoRanks(MultiProcessTestCase):
         store = dist.FileStore(self.file_name, self.world_size)
         dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
 """
-"""The head of an inner ``--dist-mptc`` test module: ``TwoRanks``, a ``MultiProcessTestCase``
-of 2 ranks with ``init_gloo()``."""
+"""``TwoRanks``, a ``MultiProcessTestCase`` of 2 ranks with ``init_gloo()``, for inner
+``--dist-mptc`` test modules that import ``torch.distributed as dist`` and the base (it has no
+braces: it may end a head formatted with ``str.format``)."""
+
+TWO_RANKS = (
+    """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+
+"""
+    + TWO_RANKS_CLASS
+)
+"""The head of an inner ``--dist-mptc`` test module: its imports and ``TwoRanks``."""

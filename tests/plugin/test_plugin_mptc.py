@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from plugin_testutil import alive, read_pids, reports
+from plugin_testutil import TWO_RANKS_CLASS, alive, read_pids, reports
 
 pytestmark = pytest.mark.usefixtures("torch_test_modules")
 
@@ -30,7 +30,8 @@ def _environment_restored() -> Iterator[None]:
     os.environ.update(saved)
 
 
-HEADER = """
+HEADER = (
+    """
 import os
 import signal
 import sys
@@ -55,19 +56,9 @@ def record(name, rank):
         f.write(str(os.getpid()))
 
 
-class Base(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
-    def init_pg(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
 """
+    + TWO_RANKS_CLASS
+)
 
 
 def _suite(pytester: pytest.Pytester, pids_dir: str, body: str, name: str = "test_suite") -> None:
@@ -97,15 +88,15 @@ def test_counts_and_skip_reasons_match_a_native_run(
         pytester,
         pids_dir,
         """
-class TestThree(Base):
+class TestThree(TwoRanks):
     def test_all_reduce(self):
-        self.init_pg()
+        self.init_gloo()
         t = torch.ones(2) * (self.rank + 1)
         dist.all_reduce(t)
         self.assertEqual(t.tolist(), [3.0, 3.0])
 
     def test_fails_on_rank_1(self):
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
         if self.rank == 1:
             raise ValueError("boom on rank one")
@@ -137,7 +128,7 @@ def test_tests_share_ranks_with_native_attributes(pytester: pytest.Pytester, pid
         pytester,
         pids_dir,
         """
-class TestShared(Base):
+class TestShared(TwoRanks):
     def setUp(self):
         record(f"setup-{self._testMethodName}", "c")  # setUp runs in the controller
         super().setUp()
@@ -155,7 +146,7 @@ class TestShared(Base):
         record(name, self.rank)
         if self.rank == 0:
             record(f"{name}-file-" + os.path.basename(self.file_name), self.rank)
-        self.init_pg()
+        self.init_gloo()
         t = torch.tensor([float(self.rank)])
         dist.all_reduce(t)
         assert t.item() == 1.0
@@ -170,14 +161,14 @@ class TestShared(Base):
         self._check("c")
 
 
-class TestThreeRanks(Base):
+class TestThreeRanks(TwoRanks):
     @property
     def world_size(self):
         return 3
 
     def test_d(self):
         record("d", self.rank)
-        self.init_pg()
+        self.init_gloo()
         t = torch.ones(1)
         dist.all_reduce(t)
         assert t.item() == 3.0
@@ -205,20 +196,20 @@ def test_a_failure_reports_the_failing_rank_and_the_next_test_gets_fresh_ranks(
         pytester,
         pids_dir,
         """
-class TestFailure(Base):
+class TestFailure(TwoRanks):
     def test_1_before(self):
         record("before", self.rank)
 
     def test_2_fails(self):
         record("fails", self.rank)
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
         if self.rank == 1:
             self.assertEqual(self.rank, 0, "rank 1 disagrees")
 
     def test_3_after(self):
         record("after", self.rank)
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
 """,
     )
@@ -248,7 +239,7 @@ def test_skips_through_exit_codes_keep_the_class_reasons(
         pytester,
         pids_dir,
         """
-class TestSkips(Base):
+class TestSkips(TwoRanks):
     def test_1_first(self):
         record("first", self.rank)
 
@@ -298,7 +289,7 @@ def test_a_hang_times_out_at_the_class_timeout_with_every_rank_stack(
         """
 TIMEOUT_OVERRIDE["test_2_hangs"] = 5  # the class's own per-test limit
 
-class TestHang(Base):
+class TestHang(TwoRanks):
     def test_1_first(self):
         pass
 
@@ -326,21 +317,21 @@ def test_a_crashing_rank_fails_the_test(pytester: pytest.Pytester, pids_dir: str
         pytester,
         pids_dir,
         """
-class TestCrash(Base):
+class TestCrash(TwoRanks):
     def test_1_exits(self):
         if self.rank == 0:
             os._exit(3)
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
 
     def test_2_killed(self):
         if self.rank == 0:
             os.kill(os.getpid(), signal.SIGKILL)
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
 
     def test_3_after(self):
-        self.init_pg()
+        self.init_gloo()
         dist.barrier()
 """,
     )
@@ -361,7 +352,7 @@ def test_the_class_check_decides_an_exit_it_expects(
         pytester,
         pids_dir,
         """
-class TestExpectedExit(Base):
+class TestExpectedExit(TwoRanks):
     def setUp(self):
         super().setUp()
         self.skip_return_code_checks = [self.test_1_expected_exit.__wrapped__]
@@ -398,7 +389,7 @@ from torch.testing._internal.common_distributed import (
 )
 
 
-class TestOwnInit(Base):
+class TestOwnInit(TwoRanks):
     def setUp(self):
         initialize_temp_directories()
         super().setUp()
@@ -430,7 +421,7 @@ class TestOwnInit(Base):
         self._round("c")
 
 
-class TestEnvInit(Base):
+class TestEnvInit(TwoRanks):
     # The port chosen in pytest's process is the one the processes see, as natively.
     def setUp(self):
         import socket
@@ -474,11 +465,11 @@ def test_parametrized_tests_run_each_instantiation(
         pytester,
         pids_dir,
         """
-class TestParam(Base):
+class TestParam(TwoRanks):
     @parametrize("n", [1, 2, 3])
     def test_scaled(self, n):
         record(f"n{n}", self.rank)
-        self.init_pg()
+        self.init_gloo()
         t = torch.full((1,), float(n))
         dist.all_reduce(t)
         self.assertEqual(t.item(), 2.0 * n)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from plugin_testutil import REGISTRY, read_pids
+from plugin_testutil import REGISTRY, TWO_RANKS_CLASS, read_pids
 
 # Every test here drives torch's MultiProcessTestCase through --dist-mptc with real Gloo
 # (and TensorPipe) between real processes.
@@ -36,7 +36,8 @@ def _environment_restored() -> Iterator[None]:
     os.environ.update(saved)
 
 
-HEADER = """
+HEADER = (
+    """
 import json
 import os
 import subprocess
@@ -54,15 +55,9 @@ def record(name, rank):
         f.write(str(os.getpid()))
 
 
-class Base(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
 """
+    + TWO_RANKS_CLASS
+)
 
 
 def _run(pytester: pytest.Pytester, pids_dir: str, body: str) -> pytest.RunResult:
@@ -79,7 +74,7 @@ def test_a_backend_registered_by_one_test_is_gone_in_the_next(
         pytester,
         pids_dir,
         """
-class TestRegistry(Base):
+class TestRegistry(TwoRanks):
     def test_1_registers(self):
         record("registers", self.rank)
         dist.Backend.register_backend("fidelitydummy", lambda *args: None, devices=["cpu"])
@@ -107,7 +102,7 @@ def test_torch_settings_a_test_changed_are_put_back(
         pytester,
         pids_dir,
         """
-class TestSettings(Base):
+class TestSettings(TwoRanks):
     def test_1_changes(self):
         record("changes", self.rank)
         torch.set_default_dtype(torch.float64)
@@ -146,7 +141,7 @@ def fresh_threads():
     return int(fresh.stdout)
 
 
-class TestEnvironment(Base):
+class TestEnvironment(TwoRanks):
     def setUp(self):
         os.environ["FIDELITY_FROM_SETUP"] = "1"
         with open(os.path.join(PIDS, "controller-environ.json"), "w") as f:
@@ -169,7 +164,7 @@ class TestEnvironment(Base):
         assert torch.get_num_threads() == fresh_threads()
 
 
-class TestThreadsFromEnvironment(Base):
+class TestThreadsFromEnvironment(TwoRanks):
     def setUp(self):
         os.environ["OMP_NUM_THREADS"] = "1"
         super().setUp()
@@ -186,7 +181,7 @@ RPC_SUITE = """
 import torch.distributed.rpc as rpc
 
 
-class TestRpc(Base):
+class TestRpc(TwoRanks):
     def _init(self):
         options = rpc.TensorPipeRpcBackendOptions(init_method=f"file://{self.file_name}")
         rpc.init_rpc(
@@ -247,7 +242,7 @@ def test_rpc_tests_in_a_row_each_start_rpc_as_in_a_fresh_process(
 
 FLIGHT_RECORDER = """
 
-class TestRecorder(Base):
+class TestRecorder(TwoRanks):
     def test_1_collectives(self):
         dist.init_process_group(
             "gloo", init_method=f"file://{self.file_name}", rank=self.rank, world_size=2
@@ -257,7 +252,7 @@ class TestRecorder(Base):
         dist.destroy_process_group()
 
 
-class TestRecorderRead(Base):
+class TestRecorderRead(TwoRanks):
     # As torch's own flight recorder tests do: the variable is set for the test's processes.
     def setUp(self):
         os.environ["TORCH_FR_BUFFER_SIZE"] = "10"
@@ -295,7 +290,7 @@ STALE_STORE = """
 import registry
 
 
-class TestStore(Base):
+class TestStore(TwoRanks):
     def test_1_registers(self):
         registry.register("relu")
 
