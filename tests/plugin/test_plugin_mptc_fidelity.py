@@ -132,13 +132,20 @@ def test_a_rank_has_the_environment_and_threads_of_a_native_process(
         pytester,
         pids_dir,
         """
-def fresh_threads():
-    # What a fresh interpreter with this environment has (torch caps OMP_NUM_THREADS, say).
+def note_fresh_threads():
+    # What a fresh interpreter with this environment has (torch caps OMP_NUM_THREADS, say):
+    # asked once, in setUp's process, and read back by every rank.
     fresh = subprocess.run(
         [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
         capture_output=True, text=True, check=True,
     )
-    return int(fresh.stdout)
+    with open(os.path.join(PIDS, "fresh-threads"), "w") as f:
+        f.write(fresh.stdout)
+
+
+def fresh_threads():
+    with open(os.path.join(PIDS, "fresh-threads")) as f:
+        return int(f.read())
 
 
 class TestEnvironment(TwoRanks):
@@ -146,6 +153,8 @@ class TestEnvironment(TwoRanks):
         os.environ["FIDELITY_FROM_SETUP"] = "1"
         with open(os.path.join(PIDS, "controller-environ.json"), "w") as f:
             json.dump(dict(os.environ), f)
+        if self._testMethodName == "test_threads":
+            note_fresh_threads()
         super().setUp()
 
     def test_environment(self):
@@ -167,6 +176,7 @@ class TestEnvironment(TwoRanks):
 class TestThreadsFromEnvironment(TwoRanks):
     def setUp(self):
         os.environ["OMP_NUM_THREADS"] = "1"
+        note_fresh_threads()
         super().setUp()
 
     def test_threads(self):
