@@ -11,6 +11,10 @@ harness (in one child process with its own TMPDIR, so nothing the harness leaves
 outlives the benchmark; and one fresh child process per "first result" sample)
   * per call of a reused ``World``: median of ``--repeat`` ``world.run(noop)`` and
     ``world.run(all_reduce_barrier)`` calls, after a few warm-up calls;
+  * the floor: the workload alone, in a loop of ``--repeat // 4`` iterations inside one
+    call, per iteration; four such loops, interleaved with the workload calls above, and
+    their median. What a reused-world test costs above this floor is what the harness (or
+    ``MultiProcContinuousTest``) adds to the workload;
   * fresh world: ``World(n)`` until ready, then ``close()``; median of ``--fresh``, with the
     forkserver already warm. Also ``harness.run(workload, world_size=n)``, a fresh world that
     runs the workload once, which is what one ``MultiProcessTestCase`` test does;
@@ -69,6 +73,8 @@ class Measured:
 
     noop: float = float("nan")
     work: float = float("nan")
+    floor: float = float("nan")
+    above: float = float("nan")  # work - the harness's floor: what the base adds to it
     fresh: float = float("nan")
     fresh_work: float = float("nan")
     first: float = float("nan")
@@ -123,13 +129,20 @@ def measure_worlds(args: argparse.Namespace) -> Measured:
             world.run(wl.noop)
             world.run(wl.all_reduce_barrier)
         noops = [timed(lambda: world.run(wl.noop)) for _ in range(args.repeat)]
-        works = [timed(lambda: world.run(wl.all_reduce_barrier)) for _ in range(args.repeat)]
-        out.noop, out.work = wl.median(noops), wl.median(works)
+        # Interleaved, so that the calls and the floor see the same load on a shared machine.
+        chunk = max(1, args.repeat // 4)
+        works: list[float] = []
+        floors = []
+        for _ in range(4):
+            works += [timed(lambda: world.run(wl.all_reduce_barrier)) for _ in range(chunk)]
+            floors.append(timed(lambda: world.run(wl.workload_loop, args=(chunk,))) / chunk)
+        out.noop, out.work, out.floor = wl.median(noops), wl.median(works), wl.median(floors)
         out.notes.append(
             f"harness: reused run(noop) p10/p90 {wl.fmt(_pct(noops, 10), 'ms')} / "
             f"{wl.fmt(_pct(noops, 90), 'ms')}; run(workload) p10/p90 "
             f"{wl.fmt(_pct(works, 10), 'ms')} / {wl.fmt(_pct(works, 90), 'ms')} "
-            f"({args.repeat} runs each)"
+            f"({args.repeat} runs each); floor per loop "
+            + ", ".join(wl.fmt(f, "ms") for f in floors)
         )
         time.sleep(0.5)  # let the ranks go idle
         memory = [wl.memory_mib(pid) for pid in world.pids]
@@ -310,6 +323,8 @@ def report(args: argparse.Namespace, ours: Measured, cont: Measured, mptc: Measu
         # (label, attribute, unit, target key)
         ("reused world: one run, no-op body", "noop", "ms", "reused"),
         ("reused world: one run, workload", "work", "ms", ""),
+        ("the workload alone, per iteration (floor)", "floor", "ms", ""),
+        ("reused world: workload above the floor", "above", "ms", ""),
         ("fresh world: start until ready + close", "fresh", "s", "fresh"),
         ("fresh world + one workload run", "fresh_work", "s", ""),
         ("first result in a fresh Python process", "first", "s", "first"),
@@ -391,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
             write_cases(tmp, args)
             cont = bench_continuous(args, tmp)
             mptc = bench_mptc(args, tmp)
+    for measured in (ours, cont):
+        measured.above = measured.work - ours.floor
     print(
         f"bench_core: world size {args.world_size}, gloo, torch {torch.__version__}, "
         f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "

@@ -53,6 +53,12 @@ def noop() -> None:
     """A call with an empty body: measures the per-call machinery alone."""
 
 
+def workload_loop(times: int) -> None:
+    """The workload ``times`` times in a row inside one call: the floor a call is set against."""
+    for _ in range(times):
+        all_reduce_barrier()
+
+
 def memory_mib(pid: int | str = "self") -> tuple[float, float]:
     """(PSS, private) of a process in MiB, from ``/proc/<pid>/smaps_rollup`` (nan if unreadable).
 
