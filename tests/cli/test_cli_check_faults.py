@@ -96,17 +96,17 @@ def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
     # healthy row takes milliseconds on ranks that are up (their start has a bound of its
     # own), so the bound leaves plenty of room under load.
     code, rows, out, err = _fault_run(
-        monkeypatch, capsys, {"all_reduce (async)": [faults.hang(1, 1)]}, "--timeout", "5"
+        monkeypatch, capsys, {"all_reduce (async)": [faults.hang(1, 1)]}, "--timeout", "3"
     )
     assert rows["all_reduce (async)"] == (
-        "FAIL: timeout: not done within 5 s (every rank's stack is on stderr)",
+        "FAIL: timeout: not done within 3 s (every rank's stack is on stderr)",
         "-",
     ), out + err
     _others_ok(rows, "all_reduce (async)", out + err)
     assert out.splitlines()[-1] == "1 problem: all_reduce (async)"
     # The verdict names the fault; rank 0's stack at the deadline is in the row it waits in.
     assert (
-        "harness check: all_reduce (async): the run did not finish within 5 s: rank 0 still "
+        "harness check: all_reduce (async): the run did not finish within 3 s: rank 0 still "
         "running "
     ) in err
     assert " s after rank 1 hung before collective #1 (all_reduce) on the default group" in err

@@ -33,7 +33,7 @@ from harness.protocol.traces import (
 )
 from harness.rank import describe, trace
 
-HANG_S = 5.0
+HANG_S = 3.0
 """Bound on a run that hangs on purpose: the ranks reach their collective long before."""
 
 

@@ -21,7 +21,7 @@ import pytest
 from plugin_testutil import alive, assert_no_internal_frames, read_pids, reports
 from session_testutil import left_in_session
 
-LIMIT_S = 4
+LIMIT_S = 3
 """pytest-timeout's limit in these tests: the ranks reach the body well within it, also on a
 loaded machine (the module is imported in the ranks by the test before)."""
 
