@@ -11,6 +11,7 @@ Every test here also checks that no rank process is left behind once it is done.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Iterator
 
@@ -67,3 +68,17 @@ def torch_test_modules() -> None:
     modules its tests imported, and torch's test utilities cannot be imported twice in one
     process (they register operator libraries)."""
     importlib.import_module("torch.testing._internal.common_distributed")
+
+
+@pytest.fixture
+def environment_restored() -> Iterator[None]:
+    """This process's environment as it was, after the test.
+
+    The setUp methods of inner MultiProcessTestCase suites set variables in it (as torch's
+    do: TEMP_DIR, INIT_METHOD, WORLD_SIZE, MASTER_PORT); an in-process run must not leave
+    them to the tests that follow.
+    """
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)

@@ -10,24 +10,10 @@ interpreters for every test, so it runs the skipped test alone).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-
 import pytest
 from plugin_testutil import TWO_RANKS_CLASS, alive, read_pids, reports
 
-pytestmark = pytest.mark.usefixtures("torch_test_modules")
-
-
-@pytest.fixture(autouse=True)
-def _environment_restored() -> Iterator[None]:
-    """The inner suites' setUp methods set variables in this process's environment (as
-    torch's do: TEMP_DIR, INIT_METHOD, WORLD_SIZE, MASTER_PORT); an in-process run must not
-    leave them to the tests that follow."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("torch_test_modules", "environment_restored")
 
 
 HEADER = (

@@ -9,10 +9,6 @@ it; every outcome must be the native one.
 
 from __future__ import annotations
 
-import importlib
-import os
-from collections.abc import Iterator
-
 import pytest
 from plugin_testutil import REGISTRY, TWO_RANKS_CLASS, read_pids
 
@@ -20,20 +16,7 @@ from plugin_testutil import REGISTRY, TWO_RANKS_CLASS, read_pids
 # (and TensorPipe) between real processes.
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _torch_test_modules() -> None:
-    """Import torch's test utilities once: an in-process pytester run unloads the modules its
-    tests imported, and torch's test utilities cannot be imported twice in one process."""
-    importlib.import_module("torch.testing._internal.common_distributed")
-
-
-@pytest.fixture(autouse=True)
-def _environment_restored() -> Iterator[None]:
-    """The inner suites' setUp methods set variables in this process's environment."""
-    saved = dict(os.environ)
-    yield
-    os.environ.clear()
-    os.environ.update(saved)
+pytestmark = pytest.mark.usefixtures("torch_test_modules", "environment_restored")
 
 
 HEADER = (
