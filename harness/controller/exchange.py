@@ -12,6 +12,7 @@ from harness.controller.certain import HangWatch
 from harness.controller.classify import classify, desync, leak_error
 from harness.controller.outcome import Classified, Faulted, Reply
 from harness.controller.spawn import RankProcess
+from harness.controller.supervision import CERTAIN
 from harness.errors import note_interrupt
 from harness.protocol.messages import Call, CallOptions, Done, Fired, Regroup
 from harness.protocol.traces import RankTrace, render
@@ -119,7 +120,7 @@ def exchange(
             faults=options.faults if options is not None else (),
             fired=fired,
             stopped=stopped,
-            certain=stopped_by == supervise.CERTAIN,
+            certain=stopped_by == CERTAIN,
         )
         if outcome.suspect:
             # The ranks' fingerprints differ: their traces say how (kept since the call).

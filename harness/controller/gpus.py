@@ -1,6 +1,4 @@
-"""GPUs a run may use, and exclusive leases on them.
-
-The leases are shared by every process on the machine.
+"""GPUs a run may use, and exclusive leases on them, shared by every process on the machine.
 
 A world that needs GPUs takes all of them at once, as a :class:`Lease`, from the run's
 :class:`Inventory`, and holds them while it lives. Leases are OS file locks (``flock``) on one
@@ -25,21 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from harness.controller import lease_files
-from harness.controller.lease_files import LeaseDirectoryError, LeaseError
-
-__all__ = [
-    "POLL_S",
-    "Inventory",
-    "Lease",
-    "LeaseDirectoryError",
-    "LeaseError",
-    "LeaseTimeout",
-    "acquire",
-    "default_lease_dir",
-    "holders",
-    "inventory",
-    "others_waiting",
-]
+from harness.controller.lease_files import LeaseError as LeaseError
 
 POLL_S = 0.05
 """How often a waiter looks again for free GPUs."""
@@ -133,9 +117,7 @@ def _split(text: str, where: str) -> list[str]:
 
 
 class Lease:
-    """GPUs held exclusively by this process.
-
-    It holds them until :meth:`release` (or its death).
+    """GPUs held exclusively by this process until :meth:`release` (or its death).
 
     Attributes:
         ids: The GPUs, in the order the world's ranks use them.
@@ -192,9 +174,7 @@ def acquire(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Lease:
-    """Take ``count`` GPUs of ``stock``, all at once.
-
-    It waits for them in turn.
+    """Take ``count`` GPUs of ``stock``, all at once, waiting for them in turn.
 
     Args:
         stock: The run's GPUs.
@@ -239,10 +219,7 @@ def acquire(
 
 
 def others_waiting(stock: Inventory) -> bool:
-    """Whether another process waits for GPUs of ``stock``.
-
-    A process other than this one waits when it has a live ticket.
-    """
+    """Whether another process waits for GPUs of ``stock`` (has a live ticket)."""
     try:
         names = os.listdir(stock.lease_dir)
     except OSError:
@@ -257,10 +234,7 @@ def others_waiting(stock: Inventory) -> bool:
 
 
 def holders(stock: Inventory) -> list[str]:
-    """Who holds each held GPU of ``stock``.
-
-    One line each: ``"GPU 0: pid 123, test_x.py::test_a"``.
-    """
+    """Who holds each held GPU of ``stock``, one line each: ``"GPU 0: pid 123, test_x.py::t"``."""
     found = []
     for gpu in stock.ids:
         path = lease_files.lock_path(stock.lease_dir, gpu)
@@ -276,10 +250,7 @@ def holders(stock: Inventory) -> list[str]:
 
 
 def _take(directory: str, ids: Iterable[str], count: int, holder: str) -> Lease | None:
-    """Lock ``count`` free GPUs, the first free ones in order.
-
-    None if fewer are free.
-    """
+    """Lock the first ``count`` free GPUs in order; None if fewer are free."""
     taken: list[tuple[str, int]] = []
     for gpu in ids:
         fd = lease_files.try_lock(lease_files.lock_path(directory, gpu))

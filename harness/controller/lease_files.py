@@ -24,10 +24,7 @@ class LeaseError(Exception):
 
 
 class LeaseDirectoryError(LeaseError, OSError):
-    """The lease directory, or a file in it, is unusable.
-
-    It cannot be created or opened; the message gives its path and why.
-    """
+    """The lease directory, or a file in it, cannot be created or opened (its path and why)."""
 
 
 def lease_directory(path: str) -> str:
@@ -82,10 +79,7 @@ def lock_path(directory: str, gpu: str) -> str:
 
 
 def try_lock(path: str) -> int | None:
-    """An open, exclusively locked ``path``.
-
-    None where another open file holds it.
-    """
+    """An open, exclusively locked ``path``; None where another open file holds it."""
     fd = open_file(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -111,10 +105,7 @@ def live(path: str) -> bool:
 
 
 def take_ticket(directory: str) -> tuple[str, int]:
-    """A live ticket of this process.
-
-    It is a locked file whose name sorts by when it was made.
-    """
+    """A live ticket of this process: a locked file whose name sorts by when it was made."""
     path = os.path.join(directory, f"{time.time_ns():020d}-{os.getpid()}{TICKET}")
     fd = open_file(path)
     fcntl.flock(fd, fcntl.LOCK_EX)
@@ -132,10 +123,9 @@ def drop_ticket(held: tuple[str, int]) -> None:
 
 
 def first_in_line(directory: str, mine: str | None) -> bool:
-    """Whether no live ticket came before ``mine``.
+    """Whether no live ticket came before ``mine`` (None: a newcomer's, who has none yet).
 
-    ``mine`` None stands for a newcomer, who has none yet. The stale tickets, of processes
-    that died waiting, are removed.
+    The stale tickets, of processes that died waiting, are removed.
     """
     for name in sorted(os.listdir(directory)):
         if not name.endswith(TICKET):

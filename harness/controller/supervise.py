@@ -1,6 +1,4 @@
-"""Supervision of a call's ranks.
-
-It waits for each rank's answer or death, and reads what it left.
+"""Supervision of a call's ranks: waiting for each one's answer or death, reading what it left.
 
 :func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
 exception and a death are all seen the moment they happen; what they mean for the wait (the
@@ -20,11 +18,7 @@ from harness.controller import stacks
 from harness.controller.certain import HangWatch
 from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.controller.supervision import CERTAIN as CERTAIN
-from harness.controller.supervision import DEADLINE as DEADLINE
-from harness.controller.supervision import FAILURE_GRACE_S as FAILURE_GRACE_S
-from harness.controller.supervision import SKIP_GRACE_S as SKIP_GRACE_S
-from harness.controller.supervision import Supervision
+from harness.controller.supervision import FAILURE_GRACE_S, Supervision
 from harness.protocol.messages import STACKS_SIGNAL, Done, Fired, RankMessage, Ready
 from harness.protocol.traces import RankTrace
 
@@ -39,25 +33,16 @@ def gather(
     fired: dict[int, Fired] | None = None,
     watch: HangWatch | None = None,
 ) -> tuple[dict[int, Reply], str]:
-    """Wait for one reply (or death) per rank.
+    """Wait for one reply (or death) per rank, by the rules of ``Supervision``.
 
     Args:
         ranks: The ranks to wait for.
         deadline: ``time.monotonic()`` value to stop at; None waits without bound.
-        fired: Filled with the ``Fired`` each rank sent (its fault acted), by rank.
-        watch: Ends the wait early when the ranks' traces prove the call can never
-            finish; not consulted once a fault acted or a rank failed (those have their
-            own verdicts).
+        fired, watch: As ``Supervision`` takes them.
 
     Returns:
-        The replies by rank (those still silent after the grace missing), and why the wait
-        stopped before every rank answered: ``DEADLINE``, ``CERTAIN``, or '' (every rank
-        answered, or a failure's grace ran out). A rank whose test body failed says so
-        before its fixtures' teardown (``Failing``): that is its ``Failed`` from then on,
-        replaced by the ``Failed`` that ends its call if it comes in time, dated when the
-        body failed. A rank whose injected fault ended it (killed, exited, hung:
-        ``Fired.ends``) or whose fault's error escaped the call is ``Faulted``: no failure,
-        so no grace period; once only such ranks are left, the wait is over.
+        The replies by rank (those still silent when it stopped missing), and why it stopped
+        (``Supervision.stopped_by``).
     """
     supervision = Supervision([proc.rank for proc in ranks], deadline, fired, watch)
     # One poll set for the whole wait: the ranks answer one by one, and building a selector
@@ -90,12 +75,8 @@ def gather(
 
 
 def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
-    """End the ranks that returned.
-
-    They end as native processes end once their work is done: their connections close, so a
-    peer still blocked on one of them fails instead of hanging (a fault ended a rank: the
-    world is rebuilt anyway).
-    """
+    """End the ranks that returned, as native processes end once done: their connections
+    close, so a peer blocked on one fails instead of hanging (the world is rebuilt anyway)."""
     for proc in ranks:
         if isinstance(replies.get(proc.rank), Done) and proc.lifeline is not None:
             proc.lifeline.close()
@@ -103,10 +84,7 @@ def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
 
 
 def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, str]:
-    """Every rank's readable stacks, taken now by a signal.
-
-    '' for a rank that is gone.
-    """
+    """Every rank's readable stacks, taken now by a signal ('' for a rank that is gone)."""
     pending = {}
     for proc in ranks:
         if proc.alive():
@@ -130,11 +108,8 @@ def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, st
 
 
 def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, RankTrace | None]:
-    """The collectives each rank has issued in the call.
-
-    They are for the call in progress, taken now by its watchdog thread; None for a rank that
-    is gone or did not answer within ``timeout_s``.
-    """
+    """The collectives each rank has issued in the call in progress, taken now by its
+    watchdog thread; None for a rank that is gone or did not answer within ``timeout_s``."""
     pending = {}
     for proc in ranks:
         if proc.ask_trace():
@@ -153,10 +128,7 @@ def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, Ra
 
 
 def readable(proc: RankProcess, dump: str) -> str:
-    """A rank's faulthandler dump as traceback-style text.
-
-    '' when there is none.
-    """
+    """A rank's faulthandler dump as traceback-style text ('' when there is none)."""
     if not dump.strip():
         return ""
     return stacks.format_dump(
@@ -167,8 +139,8 @@ def readable(proc: RankProcess, dump: str) -> str:
 def _receive(proc: RankProcess, ready: bool = False) -> RankMessage | Died:
     """What a rank said, or how it died.
 
-    ``ready`` means the poll found its pipe readable (a message, or the pipe's end), so recv
-    need not ask again (``Connection.poll`` builds a selector each time).
+    ``ready``: the poll found its pipe readable (a message, or the pipe's end), so recv need
+    not ask again (``Connection.poll`` builds a selector each time).
     """
     try:
         if ready or proc.conn.poll():

@@ -1,6 +1,4 @@
-"""The rules of waiting for a call's ranks.
-
-They take the form of one state per rank and one handler per message.
+"""The rules of waiting for a call's ranks: one state per rank, one case per message.
 
 :class:`Supervision` is what :func:`harness.controller.supervise.gather` feeds with what each
 rank says (or how it died), and asks when to wake next and whether the wait is over. It does
@@ -24,15 +22,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from harness.controller.outcome import Died, Faulted, Reply
-from harness.protocol.messages import (
-    Done,
-    Failed,
-    Failing,
-    Fired,
-    RankMessage,
-    Ready,
-    Skipped,
-)
+from harness.protocol.messages import Done, Failed, Failing, Fired, RankMessage, Ready, Skipped
 
 FAILURE_GRACE_S = 0.5
 """After the first failure, how long the other ranks get to report before they are torn down."""
@@ -73,17 +63,12 @@ class HangCheck(Protocol):
     next_at: float
 
     def step(self, replies: dict[int, Reply]) -> bool:
-        """Work due at ``next_at``.
-
-        Returns whether the ranks' traces prove a hang.
-        """
+        """Do the work due at ``next_at``; whether the ranks' traces prove a hang."""
         ...
 
 
 class Supervision:
-    """The wait for one reply (or death) per rank.
-
-    It holds each rank's state, the deadline and grace.
+    """The wait for one reply (or death) per rank: each rank's state, the deadline and grace.
 
     Args:
         ranks: The ranks waited for.
@@ -124,10 +109,7 @@ class Supervision:
         return self._states[rank]
 
     def waits_for(self, rank: int) -> bool:
-        """Whether what ``rank`` says next is taken.
-
-        It is while the rank has not answered, nor the wait ended.
-        """
+        """Whether what ``rank`` says next is taken: it has not answered, nor the wait ended."""
         return self.stopped_by is None and self._states[rank] in _WAITED
 
     @property
@@ -156,7 +138,6 @@ class Supervision:
         return self.stopped_by, None
 
     def _wake(self) -> tuple[str | None, float | None]:
-        """:meth:`wake`, before the wait is over."""
         pending = [state for state in self._states.values() if state in _WAITED]
         if all(state is State.FAULT_ENDED for state in pending):
             return "", None  # also when none is left
@@ -175,94 +156,38 @@ class Supervision:
         return None, (min(limits) - now if limits else None)
 
     def receive(self, rank: int, message: RankMessage | Died) -> None:
-        """Take what ``rank`` said, or its death.
+        """Take what ``rank`` said, or its death, if the wait still takes it.
 
-        Only if the wait still takes it.
+        A ``Failing`` is the rank's failure until it answers (also when it is torn down
+        meanwhile), and the others' grace starts now. A fault that ends the rank makes it
+        ``Faulted`` and waited for no longer (a hung rank never answers); so does its death,
+        or the fault's error escaping the call: no failure, no grace.
         """
         if not self.waits_for(rank):
             return
+        fired = self.fired.get(rank)
         match message:
-            case Ready():
-                self.on_ready(rank, message)
-            case Done():
-                self.on_done(rank, message)
-            case Failed():
-                self.on_failed(rank, message)
             case Failing():
-                self.on_failing(rank, message)
-            case Skipped():
-                self.on_skipped(rank, message)
+                self.replies[rank] = Failed(message.failure, message.at, message.trace)
+                self._grace(FAILURE_GRACE_S)
+                if self._states[rank] is State.RUNNING:
+                    self._states[rank] = State.FAILING
             case Fired():
-                self.on_fired(rank, message)
+                self.fired[rank] = message
+                if message.ends:
+                    self._states[rank] = State.FAULT_ENDED
+                    self.replies.setdefault(rank, Faulted(message))
+            case Died() if fired is not None and fired.ends:
+                self._answer(rank, Faulted(fired, message), State.DIED)
             case Died():
-                self.on_died(rank, message)
-
-    def on_ready(self, rank: int, ready: Ready) -> None:
-        """The rank is up: answered."""
-        self._answer(rank, ready, State.ANSWERED)
-
-    def on_done(self, rank: int, done: Done) -> None:
-        """The call returned on the rank: answered."""
-        self._answer(rank, done, State.ANSWERED)
-
-    def on_failed(self, rank: int, failed: Failed) -> None:
-        """Handle a rank on which the call raised.
-
-        The rank has answered, and the others' grace starts; the error of a fault that fired
-        makes it ``Faulted`` (no failure, no grace).
-        """
-        fired = self.fired.get(rank)
-        reply: Reply = failed
-        if fired is not None and failed.fault:
-            reply = Faulted(fired, failed)
-        self._answer(rank, reply, State.ANSWERED)
-
-    def on_failing(self, rank: int, failing: Failing) -> None:
-        """Handle a rank whose test body failed before teardown.
-
-        The rank tears down its fixtures, answering after: its failure is this one until then
-        (also when it is torn down meanwhile), and the others' grace starts now.
-        """
-        self.replies[rank] = Failed(failing.failure, failing.at, failing.trace)
-        self._grace(FAILURE_GRACE_S)
-        if self._states[rank] is State.RUNNING:
-            self._states[rank] = State.FAILING
-
-    def on_skipped(self, rank: int, skipped: Skipped) -> None:
-        """Handle a rank on which the call skipped.
-
-        The rank has answered, and the others get ``SKIP_GRACE_S``.
-        """
-        self._answer(rank, skipped, State.ANSWERED)
-
-    def on_fired(self, rank: int, fired: Fired) -> None:
-        """Handle a fault that acted on the rank.
-
-        No hang is judged any more; a fault that ends the rank makes it ``Faulted`` and
-        waited for no longer (a hung rank never answers).
-        """
-        self.fired[rank] = fired
-        if fired.ends:
-            self._states[rank] = State.FAULT_ENDED
-            self.replies.setdefault(rank, Faulted(fired))
-
-    def on_died(self, rank: int, died: Died) -> None:
-        """Handle a rank process that ended without answering.
-
-        The others' grace starts; the death a fault that ends the rank caused makes it
-        ``Faulted`` (no failure, no grace).
-        """
-        fired = self.fired.get(rank)
-        reply: Reply = died
-        if fired is not None and fired.ends:
-            reply = Faulted(fired, died)
-        self._answer(rank, reply, State.DIED)
+                self._answer(rank, message, State.DIED)
+            case Failed() if fired is not None and message.fault:
+                self._answer(rank, Faulted(fired, message), State.ANSWERED)
+            case _:
+                self._answer(rank, message, State.ANSWERED)
 
     def _answer(self, rank: int, reply: Reply, state: State) -> None:
-        """Record the rank's final reply.
-
-        After a failure, this starts the others' grace.
-        """
+        """Record the rank's final reply; after a failure, start the others' grace."""
         early = self.replies.get(rank)
         if isinstance(early, Failed):  # only a Failing leaves a Failed while waited for
             # The call's end after a Failing: dated when the body failed; a rank that died in
@@ -276,11 +201,8 @@ class Supervision:
             self._grace(SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S)
 
     def _grace(self, seconds: float, extend: bool = False) -> None:
-        """Give the others ``seconds`` from now.
-
-        The earliest grace's end stands, unless ``extend`` (a rank's teardown ended: its
-        peers fail from now on).
-        """
+        """Give the others ``seconds`` from now: the earliest end stands, unless ``extend`` (a
+        rank's teardown ended: its peers fail from now on)."""
         end = self._clock() + seconds
         if self._grace_end is None:
             self._grace_end = end

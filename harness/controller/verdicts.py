@@ -60,9 +60,7 @@ own timeout, naming the missing rank)."""
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict on a group's collectives, and its collective.
-
-    The collective is the one it points at.
+    """One verdict on a group's collectives, and the collective it points at.
 
     Attributes:
         group: The group's id.
@@ -190,11 +188,8 @@ def can_never_finish(
             continue
         if any(known[rank].groups[group].raised for rank in group_ranks):
             continue  # a collective raised: the test may handle such errors on purpose
-        if (
-            len({last.seq for last in inside.values()})
-            == 1
-            < len({last.op.key for last in inside.values()})
-        ):
+        seqs = {last.seq for last in inside.values()}
+        if len(seqs) == 1 < len({last.op.key for last in inside.values()}):
             return True
     return False
 
@@ -205,11 +200,8 @@ def _ends_itself(
     known: Mapping[int, RankTrace],
     deadline: float | None,
 ) -> bool:
-    """Whether the collectives ranks wait in raise by themselves.
-
-    These are the collectives ranks are ``inside`` on ``group``, raising before the deadline
-    (see :func:`can_never_finish`).
-    """
+    """Whether the collectives ranks are ``inside`` on ``group`` raise by themselves before
+    the deadline (see :func:`can_never_finish`)."""
     if any(last.op.name == "monitored_barrier" for last in inside.values()):
         return True
     bounds = [t for r in inside if (t := known[r].groups[group].timeout) is not None]
@@ -219,11 +211,8 @@ def _ends_itself(
 def _before_raised(
     histories: Mapping[int, GroupHistory | None],
 ) -> dict[int, GroupHistory | None]:
-    """The members' histories of a group, cut before a raise.
-
-    They are cut before its first collective that raised on any of them (unchanged where none
-    did).
-    """
+    """The members' histories of a group, cut before its first collective that raised on any
+    of them (unchanged where none did)."""
     raised = [h.raised for h in histories.values() if h is not None and h.raised]
     if not raised:
         return dict(histories)
@@ -244,11 +233,8 @@ def _before_raised(
 
 
 def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
-    """The desync check's first half.
-
-    Whether the members of every group issued as many collectives on it, with equal checksums
-    (True where a rank sent no fingerprint).
-    """
+    """The desync check's first half: whether the members of every group issued as many
+    collectives on it, with equal checksums (True where a rank sent no fingerprint)."""
     if any(found is None for found in prints.values()):
         return True
     values = list(prints.values())
@@ -270,10 +256,7 @@ def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
 def _difference(
     group: str, name: str, histories: Mapping[int, GroupHistory | None]
 ) -> Finding | None:
-    """The first collective that differs between the members.
-
-    Among those every member issued.
-    """
+    """The first collective that differs between the members, among those all issued."""
     keys = {rank: (h.keys() if h is not None else []) for rank, h in histories.items()}
     common = min(len(k) for k in keys.values())
     for index in range(common):
@@ -301,29 +284,11 @@ def _missing(
     known: Mapping[int, RankTrace],
     states: Mapping[int, str],
 ) -> Finding | None:
-    """Members behind on the group.
-
-    What became of them, and where the others are.
-    """
+    """Members behind on the group: what became of them, and where the others are."""
     counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
     if len(set(counts.values())) == 1:
         return None
-    text = _behind(group, name, histories, known, states)
-    return Finding(group, min(counts.values()) + 1, HANG, text)
-
-
-def _behind(
-    group: str,
-    name: str,
-    histories: Mapping[int, GroupHistory | None],
-    known: Mapping[int, RankTrace],
-    states: Mapping[int, str],
-) -> str:
-    """The verdict line of :func:`_missing`."""
-    counts = {rank: (h.count if h is not None else 0) for rank, h in histories.items()}
     top = max(counts.values())
-    if len(set(counts.values())) == 1:
-        return ""
     ahead = [rank for rank, count in counts.items() if count == top]
     # The rank furthest behind decides the collective that is missing.
     low = min(counts.values())
@@ -347,26 +312,24 @@ def _behind(
         places = [p for rank in behind if (p := _where(rank, known[rank], group))]
         if places:
             text += "; " + "; ".join(places)
-        return text
+        return Finding(group, seq, HANG, text)
     after = f"after #{low}" if low else "before #1"
     ended = _ENDED.get(state.pop(), "stopped") if len(state) == 1 else "stopped"
     what = f"{who} {ended} {after}{on_group}"
     if waiting:
         at_top = sample.at(top)
-        return f"{what}; {others} {waiting} #{top} ({at_top[0].name if at_top else '?'})"
-    where = f" ({found[0].text} at {found[1]})" if found is not None else ""
-    return f"{what}; {others} went on to #{seq}{where}" + (
-        f" and {top - seq} more" if top > seq else ""
-    )
+        text = f"{what}; {others} {waiting} #{top} ({at_top[0].name if at_top else '?'})"
+    else:
+        where = f" ({found[0].text} at {found[1]})" if found is not None else ""
+        more = f" and {top - seq} more" if top > seq else ""
+        text = f"{what}; {others} went on to #{seq}{where}{more}"
+    return Finding(group, seq, HANG, text)
 
 
 def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTrace]) -> str:
-    """How ``ranks`` wait in the group's top collective.
-
-    ``"wait in"`` when every one of ``ranks`` is inside collective ``#top`` of the group
-    (``"were in"`` when they raised there: a peer left; singular for one rank); ''
-    otherwise.
-    """
+    """How ``ranks`` wait in the group's top collective ``#top``: ``"wait in"`` when all are
+    inside it (``"were in"`` when they raised there: a peer left; singular for one rank); ''
+    otherwise."""
     states = set()
     for rank in ranks:
         last = known[rank].last(group)
@@ -380,11 +343,8 @@ def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTra
 
 
 def _where(rank: int, trace: RankTrace, group: str) -> str:
-    """Where a rank that is behind on ``group`` is.
-
-    Inside a collective of another group, or in the user's code (``rank 2 is in time.sleep at
-    test_x.py:30``).
-    """
+    """Where a rank behind on ``group`` is: inside a collective of another group, or in the
+    user's code (``rank 2 is in time.sleep at test_x.py:30``)."""
     flight = trace.in_flight
     if flight is not None and flight.group != group:
         return f"rank {rank} is in {flight.op.text} at {flight.where}"
