@@ -193,12 +193,7 @@ def corrupt(
 
 
 _MAKERS: dict[str, Callable[..., Fault]] = {
-    "kill": kill,
-    "exit": exit,
-    "error": error,
-    "delay": delay,
-    "hang": hang,
-    "corrupt": corrupt,
+    maker.__name__: maker for maker in (kill, exit, error, delay, hang, corrupt)
 }
 
 

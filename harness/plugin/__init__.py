@@ -117,6 +117,10 @@ _INI = {
     "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
 }
+_BOOL_INI = {
+    "dist_require_gpus": "as --dist-require-gpus (false)",
+    "dist_mptc": "run MultiProcessTestCase classes on reused ranks, as --dist-mptc (false)",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -154,18 +158,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         group.addoption(flag, action="store_true", default=False, help=text)
     for name, text in _INI.items():
         parser.addini(name, help=text)
-    parser.addini(
-        "dist_require_gpus",
-        type="bool",
-        help="as --dist-require-gpus (false)",
-        default=False,
-    )
-    parser.addini(
-        "dist_mptc",
-        type="bool",
-        help="run MultiProcessTestCase classes on reused ranks, as --dist-mptc (false)",
-        default=False,
-    )
+    for name, text in _BOOL_INI.items():
+        parser.addini(name, type="bool", help=text, default=False)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -185,23 +185,25 @@ def _empty_store(path: str) -> None:
             pass
 
 
+@dataclass
 class _CaseTest:
     """A ``MultiProcessTestCase`` test as the runner runs it: its class's ``_run`` on every
     rank, judged by the class's own check (:meth:`harness.plugin.runner.Runnable.attempt`)."""
 
-    def __init__(self, step: replay.Step, case: Any, fn: Any, world_size: int) -> None:
-        self.step = step
-        self._case, self._fn, self._world_size = case, fn, world_size
+    step: replay.Step
+    case: Any
+    fn: Any
+    world_size: int
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, _Ended]:
         from harness.rank.mptc_body import FreshAfter  # imported with run_mptc_case
 
         started = time.time()
         outcome = self.step.call(world)
-        ended = _Ended(outcome, time.time() - started, self._world_size, world.pids)
+        ended = _Ended(outcome, time.time() - started, self.world_size, world.pids)
         if any(isinstance(value, FreshAfter) for value in ended.returned.values()):
             world.close()  # the next test gets new processes
-        return ended.judge(self._case, self._fn), ended
+        return ended.judge(self.case, self.fn), ended
 
 
 class _Ended:

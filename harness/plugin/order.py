@@ -87,7 +87,7 @@ def bisect(
             return Culprit((ids[low],), runs)
         return Culprit(ids[low:], runs, f"{_name(ids[low])} alone before it does not reproduce it")
     except Replayed as replayed:
-        why = f"{_name(replayed.nodeid)} failed when it was run again on fresh processes"
+        why = f"{_name(replayed.args[0])} failed when it was run again on fresh processes"
         return Culprit(ids[low:], runs, why)
     except Exception as exc:  # a fresh world that does not start
         return Culprit(ids[low:], runs, f"a fresh world did not start ({exc})")

@@ -88,11 +88,8 @@ _T = TypeVar("_T")
 
 
 class Replayed(Exception):
-    """An earlier test failed when run again: the replay is not the sequence that ran."""
-
-    def __init__(self, nodeid: str) -> None:
-        super().__init__(nodeid)
-        self.nodeid = nodeid
+    """An earlier test (its node id the one argument) failed when run again: the replay is
+    not the sequence that ran."""
 
 
 def on_fresh(

@@ -13,9 +13,10 @@ warning, or as the test's failure with ini ``dist_order_dependent = fail``.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 
 import pytest
@@ -42,8 +43,7 @@ class Runnable(Protocol[_T_co]):
     """A test as the runner runs it: what runs it again (its ``step``), and one run on a
     world that says how it ended."""
 
-    @property
-    def step(self) -> Step: ...
+    step: Step
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, _T_co]:
         """Run the test on ``world`` (``fresh``: a world of its own, which ends with it);
@@ -68,26 +68,21 @@ class Checked(Generic[_T]):
     failure: BaseException | None = None
 
 
+@dataclass
 class Runner:
     """Runs each distributed test on the session's worlds and holds its verdict against
     fresh processes as the settings say.
 
-    Args:
+    Attributes:
         settings: The session's settings.
         world: The session's world of a shape (started on first use).
         new_world: Starts a fresh world of a shape.
     """
 
-    def __init__(
-        self,
-        settings: Settings,
-        world: Callable[[Shape], World],
-        new_world: Callable[[Shape], World],
-    ) -> None:
-        self._settings = settings
-        self._world = world
-        self._new_world = new_world
-        self._history = History()
+    settings: Settings
+    world: Callable[[Shape], World]
+    new_world: Callable[[Shape], World]
+    _history: History = field(default_factory=History, init=False)
 
     def run_attempts(
         self,
@@ -112,7 +107,7 @@ class Runner:
         _, backend, init, per_rank = shape
 
         def attempt(size: int, attempt_options: CallOptions) -> Outcome:
-            with self._new_world((size, backend, init, per_rank)) as world:
+            with self.new_world((size, backend, init, per_rank)) as world:
                 return test(attempt_options).attempt(world, True)[1]
 
         outcome, attempts = restarts.run(attempt, options, sizes)
@@ -121,12 +116,7 @@ class Runner:
         return Checked(outcome)
 
     def run(
-        self,
-        item: pytest.Item,
-        test: Runnable[_T],
-        shape: Shape,
-        isolate: bool,
-        option: str,
+        self, item: pytest.Item, test: Runnable[_T], shape: Shape, isolate: bool, option: str
     ) -> Checked[_T]:
         """Run ``test`` as the module's docstring says.
 
@@ -138,18 +128,15 @@ class Runner:
             option: What the commands in messages need besides the test ids
                 (``--dist-backend=gloo``, ``--dist-mptc``).
         """
-
-        def fresh_world() -> World:
-            return self._new_world(shape)
-
+        fresh_world = functools.partial(self.new_world, shape)
         if isolate:
             with fresh_world() as world:
                 return Checked(test.attempt(world, True)[1])
-        world = self._world(shape)
+        world = self.world(shape)
         earlier = self._history.before(world)
         verdict, result = test.attempt(world, False)
         self._history.record(world, test.step)
-        settings = self._settings
+        settings = self.settings
         if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
             return Checked(result)
         try:

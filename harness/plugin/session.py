@@ -16,7 +16,7 @@ import functools
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn
 
 import pytest
@@ -77,8 +77,8 @@ class DistSession:
         forkserver.preload_also(self.settings.preload)
         self._preload_failed: str | None = None if self.settings.preload else ""
         # Answers that cannot change during a session, asked for every test otherwise.
-        self._resolved: dict[object, str] = {}
-        self._unavailable: dict[tuple[int, str], str | None] = {}
+        self._resolve = functools.cache(resolve_backend)
+        self._unavailable = functools.cache(unavailable_reason)
         # Scopes (node ids) whose wider-scoped rank fixtures live in these worlds.
         self._scopes: dict[str, set[World]] = {}
 
@@ -127,9 +127,8 @@ class DistSession:
                 self._scopes[key].discard(world)
             world.close()
 
-    def preload_failure(self) -> str:
-        """What of the project's warm-up (ini ``dist_preload``) failed in the forkserver
-        ('' when nothing did, or before the first world started)."""
+    def _preload_failure(self) -> str:
+        # A method, not the attribute: the first world of a test may set it.
         return self._preload_failed or ""
 
     def holds_gpus(self) -> bool:
@@ -142,9 +141,7 @@ class DistSession:
             backend = self.settings.backend
         if not isinstance(backend, str):
             return resolve_backend(backend)  # raises, naming the value
-        if backend not in self._resolved:
-            self._resolved[backend] = resolve_backend(backend)
-        return self._resolved[backend]
+        return self._resolve(backend)
 
     def close(self) -> None:
         """Close every World (before pytest-cov saves its data: their coverage is merged),
@@ -162,17 +159,15 @@ class DistSession:
         if self.config.option.setuponly or self.config.option.setupplan:
             return
         try:
-            if self.preload_failure():
-                raise pytest.fail.Exception(self.preload_failure(), pytrace=False)
+            if self._preload_failure():
+                raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
             per_rank = self.leases.per_rank(test.gpus_per_rank, backend)
             self.leases.check(item, test.world_size, per_rank)
-            key = (test.world_size, backend)
-            if key not in self._unavailable:
-                self._unavailable[key] = unavailable_reason(backend, test.world_size)
-            if self._unavailable[key]:
-                compat.skip_at_test(str(self._unavailable[key]))
+            unavailable = self._unavailable(backend, test.world_size)
+            if unavailable:
+                compat.skip_at_test(unavailable)
             ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item, self._logs)
         except pytest.fail.Exception as exc:
@@ -188,7 +183,7 @@ class DistSession:
             def marked(options: CallOptions) -> _MarkedTest:
                 body, args = sweeps.body(item, run_test, (ref, plan))  # a sweep's count
                 step = replay.Step(item.nodeid, body, args, options)
-                return _MarkedTest(self, item, plan, step, test.timeout)
+                return _MarkedTest(step, self, item, plan, test.timeout)
 
             try:
                 if per_rank:
@@ -207,8 +202,8 @@ class DistSession:
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                 return
-            if self.preload_failure():  # found as its first world started
-                item.stash[_CALL] = pytest.fail.Exception(self.preload_failure(), pytrace=False)
+            if self._preload_failure():  # found as its first world started
+                item.stash[_CALL] = pytest.fail.Exception(self._preload_failure(), pytrace=False)
                 return
         outcome = checked.result
         try:  # a sweep's verify= runs after the case, on a world of its own
@@ -279,15 +274,12 @@ class DistSession:
         # Run in the teardown of whichever test runs then, under its pytest-timeout timer.
         errors = []
         with interrupts.taken_over(item, timeout, teardown=True) as deadline:
+            options = CallOptions(deadline.seconds, OUTPUT_CAPTURE)
             for world in self._scopes.pop(scope_key, set()):
                 if world.closed or world.broken:
                     continue  # its processes, and the fixtures in them, are gone already
                 with report.warnings_at(item):
-                    outcome = world.call(
-                        end_scopes,
-                        ([scope_key],),
-                        options=CallOptions(deadline.seconds, OUTPUT_CAPTURE),
-                    )
+                    outcome = world.call(end_scopes, ([scope_key],), options=options)
                 report.add_output_sections(item, outcome.outputs)
                 if outcome.error is not None:
                     errors.append(outcome.error)
@@ -296,30 +288,25 @@ class DistSession:
             raise errors[0]
 
 
+@dataclass
 class _MarkedTest:
     """A marked test as the runner runs it: one call of its body on every rank; the
     wider-scoped rank fixtures it set up live on with a reused world, and end with a fresh
     one (:meth:`harness.plugin.runner.Runnable.attempt`)."""
 
-    def __init__(
-        self,
-        session: DistSession,
-        item: pytest.Function,
-        plan: FixturePlan,
-        step: replay.Step,
-        timeout: float,
-    ) -> None:
-        self.step = step
-        self._session, self._item, self._plan = session, item, plan
-        self._timeout = timeout  # the test's own: its fixtures' scopes end under it
-        self._scoped = any(f.scope != "function" for f in plan.fixtures)
+    step: replay.Step
+    session: DistSession
+    item: pytest.Function
+    plan: FixturePlan
+    timeout: float  # the test's own: its fixtures' scopes end under it
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, Outcome]:
-        with report.warnings_at(self._item):
+        with report.warnings_at(self.item):
             outcome = self.step.call(world)
+            scoped = any(f.scope != "function" for f in self.plan.fixtures)
             if outcome.error is None and not fresh:
-                self._session.keep_scopes(self._item, self._plan, world, self._timeout)
-            elif outcome.error is None and self._scoped:  # the world ends: so do those fixtures
+                self.session.keep_scopes(self.item, self.plan, world, self.timeout)
+            elif outcome.error is None and scoped:  # the world ends: so do those fixtures
                 options = CallOptions(self.step.options.timeout, self.step.options.output)
                 ending = world.call(end_scopes, (None,), options=options)
                 outcome = ending if ending.error is not None else outcome

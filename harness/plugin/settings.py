@@ -150,8 +150,8 @@ def read(config: pytest.Config) -> Settings:
 def _gpus(config: pytest.Config) -> str | None:
     """The GPUs given, checked as far as they can be without torch (syntax, and against
     ``CUDA_VISIBLE_DEVICES``)."""
-    option = config.getoption("dist_gpus", None)
-    given, where = (str(option), "--dist-gpus") if option is not None else (None, "")
+    given: str | None = config.getoption("dist_gpus", None)
+    where = "--dist-gpus"
     if given is None:
         given, where = str(config.getini("dist_gpus") or "").strip() or None, "ini dist_gpus"
     if given is not None:
@@ -281,6 +281,9 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         sizes = validate.attempt_sizes(spec.restarts, world_size)
         placed = checked(faults, max(sizes))
         check_attempts(placed, sizes)
+        # pytest-randomly's seed where it is active (it reseeds every test alike), else one
+        # from the node id: a test draws the same numbers alone, first, or after any others.
+        seed = session.randomly_seed
         call = CallOptions(
             timeout=(
                 session.timeout
@@ -288,7 +291,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
                 else validate.seconds(spec.timeout, "timeout", optional=True)
             ),
             output=session.output,
-            seed=_seed(session, item),
+            seed=zlib.crc32(item.nodeid.encode()) if seed is None else seed,
             name=f"test {item.nodeid}",
             check_collectives=(
                 validate.flag(spec.check_collectives, "check_collectives")
@@ -322,11 +325,3 @@ def keep_traces(session: Settings, faults: Sequence[object]) -> bool:
     the test's trace folder).
     """
     return bool(session.trace_dir) and (session.trace_all or bool(faults))
-
-
-def _seed(session: Settings, item: pytest.Item) -> int:
-    """The seed of a test's random generators on every rank: pytest-randomly's seed when
-    that plugin is active (it reseeds every test alike), else one from the node id, so a
-    test draws the same numbers alone, first, or after any others."""
-    randomly = session.randomly_seed
-    return randomly if randomly is not None else zlib.crc32(item.nodeid.encode())

@@ -35,9 +35,7 @@ class TraceFolders:
         # Passing tests' folders, written when the session ends (see trace_writer).
         self._background = trace_writer.Writer()
 
-    def write(
-        self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str
-    ) -> Path | None:
+    def write(self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str) -> None:
         """Write ``item``'s trace folder where its outcome calls for one.
 
         It notes the report's line for a failure; a folder that cannot be written is said on
@@ -48,14 +46,11 @@ class TraceFolders:
             outcome: How the test's run ended (the one whose verdict stands).
             world_size: The ranks of its world (of its last attempt, under restarts).
             backend: The world's backend.
-
-        Returns:
-            The folder written, or None where none was.
         """
         settings = self._settings
         report.set_trace_line(item, "")
         if not settings.trace_dir or outcome.skip is not None:
-            return None
+            return
         error = outcome.error
         taken = time.monotonic()
         try:
@@ -67,10 +62,10 @@ class TraceFolders:
             else:
                 fired = [v for v in outcome.values or () if isinstance(v, FaultFired)]
                 if not outcome.traces or not (settings.trace_all or fired):
-                    return None
+                    return
                 failure = "; ".join(f"{f} (injected)" for f in fired)
                 # No report waits for it: written when the session ends.
-                return self._background.submit(
+                self._background.submit(
                     Path(settings.trace_dir),
                     outcome.traces,
                     len(outcome.traces),
@@ -79,18 +74,18 @@ class TraceFolders:
                     failure=f"passed; {failure}" if failure else "",
                     taken=taken,
                 )
+                return
             folder, problems = trace_dir.write(Path(settings.trace_dir), timeline)
         except Exception as exc:  # never turn the test's own outcome into ours
             line = f"trace folder: not written ({type(exc).__name__}: {exc})"
             report.set_trace_line(item, line)
-            return None
+            return
         written = [name for name in trace_dir.FILES if name not in problems]
         shown = ", ".join(name + ("/" if name == "fr" else "") for name in written)
         line = f"trace folder: {folder}{os.sep}" + (f" ({shown})" if shown else "")
         if problems:
             line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
         report.set_trace_line(item, line)
-        return folder
 
     def close(self) -> None:
         """Write the passing tests' folders, at the session's end."""
