@@ -1,6 +1,4 @@
-"""The messages a controller and its ranks exchange.
-
-There is one class each.
+"""The messages a controller and its ranks exchange, one class each.
 
 Everything that crosses a rank's duplex pipe to its controller is one of these: ``Call``
 (answered by ``Done``, ``Failed`` or ``Skipped``; before that, a pytest test whose body
@@ -49,9 +47,7 @@ first is ``cuda:r * N``."""
 
 @dataclass(frozen=True)
 class RankSetup:
-    """What a rank is told when it starts.
-
-    It is the process argument, not a pipe message.
+    """What a rank is told when it starts (the process argument, not a pipe message).
 
     Attributes:
         rank: Global rank.
@@ -87,9 +83,7 @@ OUTPUTS = (OUTPUT_INHERIT, OUTPUT_CAPTURE, OUTPUT_PREFIX)
 
 @dataclass(frozen=True)
 class CallOptions:
-    """How one call runs.
-
-    It is decided once by whoever makes the call, and carried unchanged to every rank.
+    """How one call runs: decided once by whoever makes it, the same for every rank.
 
     Attributes:
         timeout: Bound in seconds on the call; None: the world's own bound.
@@ -156,11 +150,10 @@ class Call:
 
 @dataclass(frozen=True)
 class Regroup:
-    """Make a fresh default process group.
+    """Make a fresh default process group on the ``FileStore`` at ``store`` (a new file).
 
-    It is made on the ``FileStore`` at ``store`` (a new file in the world's directory). The
-    message is sent to every rank after a call that destroyed the harness's default group on
-    every rank, so that the next call has one again on the same processes.
+    Sent to every rank after a call that destroyed the harness's default group on every
+    rank, so that the next call has one again on the same processes.
     """
 
     store: str
@@ -168,10 +161,8 @@ class Regroup:
 
 @dataclass(frozen=True)
 class Ready:
-    """The rank is up, or its fresh default group is.
-
-    Up with its default process group unless the world has none, or (after ``Regroup``) its
-    fresh default group is up.
+    """The rank is up (with its default group, if its world has one), or after ``Regroup``
+    its fresh default group is.
 
     Attributes:
         main_thread: Ident of the rank's main thread (listed first in its stacks).
@@ -226,8 +217,7 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
-    """The call or the rank's start-up raised. The rank exits right after sending it, so that
-    peers blocked in a collective with it fail at once, not at the process-group timeout.
+    """The call or the rank's start-up raised; the rank exits right after sending it.
 
     Attributes:
         failure: What was raised.
@@ -245,9 +235,7 @@ class Failed:
 
 @dataclass(frozen=True)
 class Fired:
-    """A fault of the call acted on this rank.
-
-    It is sent before the fault acts: a killed rank cannot send.
+    """A fault of the call acts on this rank (sent before it does: a killed rank cannot).
 
     Attributes:
         index: The fault's index in ``CallOptions.faults``.
@@ -268,13 +256,12 @@ class Fired:
 
 @dataclass(frozen=True)
 class Failing:
-    """A test's body or a fixture's setup raised, before teardown.
+    """A pytest test's body or a rank-side fixture's setup raised (fields as in ``Failed``).
 
-    A pytest test's body, or a rank-side fixture's setup, raised (fields as in ``Failed``). It
-    is sent before the rank tears down the fixtures already set up, which may take long (a rank
-    still at it when the controller stops waiting is torn down), then sends ``Failed``. The
-    controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and the
-    peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
+    Sent before the rank tears down the fixtures already set up, which may take long; then
+    ``Failed`` follows. The controller takes it as the rank's ``Failed`` (the first to fail
+    is the root cause, and the peers' grace period starts); the ``Failed`` that follows
+    replaces it, keeping ``at``.
     """
 
     failure: RankFailure

@@ -1,6 +1,4 @@
-"""What a pytest test's call carries to its ranks.
-
-It is the ``payload`` of a ``Call``.
+"""What a pytest test's call carries to its ranks (the ``payload`` of a ``Call``).
 
 A distributed test is a ``Call`` of the rank-side runner with a :class:`TestRef` (where the
 ranks find the test function) and a :class:`FixturePlan` (its rank-side fixtures); a
@@ -43,9 +41,7 @@ IN_RANKS_ATTR = "__harness_in_ranks__"
 
 @dataclass(frozen=True)
 class TestRef:
-    """How to find a test function inside a rank.
-
-    It is never the function object itself.
+    """How to find a test function inside a rank (never the function object itself).
 
     Attributes:
         module: The module's name in the controller's ``sys.modules``.
@@ -71,11 +67,8 @@ class TestRef:
 
 @dataclass(frozen=True)
 class FunctionRef:
-    """How to find a fixture function inside a rank.
-
-    It is ``qualname`` in ``module`` (file ``path``), whose asserts pytest rewrote if
-    ``rewrite``.
-    """
+    """How to find a fixture function inside a rank: ``qualname`` in ``module`` (file
+    ``path``), whose asserts pytest rewrote if ``rewrite``."""
 
     module: str
     path: str
@@ -130,9 +123,7 @@ class RankFixture:
 
 @dataclass(frozen=True)
 class RequestInfo:
-    """What the rank's view of pytest's ``request`` can answer.
-
-    It is sent only when asked for.
+    """What the rank's view of pytest's ``request`` can answer (sent only when asked for).
 
     Attributes:
         name: The test's ``node.name``.
@@ -158,9 +149,7 @@ such lines from the rank's stderr into pytest's ``Captured log`` sections. (Not 
 
 @dataclass(frozen=True)
 class LogSettings:
-    """How a rank captures a pytest test's log records.
-
-    As pytest's options say.
+    """How a rank captures a pytest test's log records, as pytest's options say.
 
     Attributes:
         level: ``log_level`` as a number; None where unset (the loggers' own levels apply).
@@ -201,10 +190,10 @@ class FixturePlan:
 
 @dataclass(frozen=True)
 class CaseCall:
-    """One test of a ``MultiProcessTestCase`` class.
+    """One test of a ``MultiProcessTestCase`` class, as each of its processes would run it.
 
-    As each of its processes would run it: a ``Call`` of its own runner, answered by ``Done``
-    with a ``CaseExit``, or by ``Failed`` with the exit code in ``RankFailure.exitcode``.
+    A ``Call`` of its own runner, answered by ``Done`` with a ``CaseExit``, or by ``Failed``
+    with the exit code in ``RankFailure.exitcode``.
 
     Attributes:
         test: Where the class is (``cls``: its attribute path in the module) and the test
@@ -224,11 +213,8 @@ class CaseCall:
 
 @dataclass(frozen=True)
 class CaseExit:
-    """How a rank's run of a ``CaseCall`` ended.
-
-    This is where its process may go on: ``exitcode`` 0 or one of the class's skip codes, and
-    the ``messages`` the rank sent through its pipe.
-    """
+    """How a rank's run of a ``CaseCall`` ended where its process may go on: ``exitcode`` 0
+    or one of the class's skip codes, and the ``messages`` the rank sent through its pipe."""
 
     exitcode: int
     messages: tuple[str, ...] = ()

@@ -22,11 +22,8 @@ from harness.rank import CODE_DIR, coverage, exits, leaks, output, trace
 
 @dataclass
 class Running:
-    """The call in progress.
-
-    It holds its recorder, and the exception :meth:`RankContext.report_failing` sent for it
-    with when that was raised (None until then).
-    """
+    """The call in progress: its recorder, and the exception
+    :meth:`RankContext.report_failing` sent for it with when (None until then)."""
 
     recorder: trace.Recorder
     failing: tuple[BaseException, float] | None = None
@@ -66,10 +63,7 @@ class RankContext:
         self._exiting = threading.Lock()
 
     def report_failing(self, exc: BaseException) -> None:
-        """Tell the controller now that the call in progress fails.
-
-        It sends ``Failing`` with ``exc``: see :func:`harness.rank.loop.report_failing`.
-        """
+        """See :func:`harness.rank.loop.report_failing`."""
         running = self.running
         if running is None or running.failing is not None or skip_kind(exc):
             return
@@ -84,20 +78,14 @@ class RankContext:
         running.failing = (exc, at)
 
     def fire(self, index: int, what: str, ends: bool) -> None:
-        """Tell the controller that fault ``index`` acts.
-
-        The fault is of the call in progress; the message is ``Fired``.
-        """
+        """Send ``Fired``: fault ``index`` of the call in progress acts."""
         running = self.running
         issued = running.recorder.trace() if running is not None else None
         self.conn.send(Fired(index, what, time.monotonic(), ends, issued))
         flush_std_streams()
 
     def exit(self, code: int) -> NoReturn:
-        """Leave the process at once.
-
-        No atexit handlers, no destructors that could hang.
-        """
+        """Leave the process at once: no atexit handlers, no destructors that could hang."""
         self._exiting.acquire()  # a second caller waits here until the first one's os._exit
         flush_std_streams()
         coverage.save(self.cov)
@@ -117,8 +105,5 @@ def skip_kind(exc: BaseException) -> str | None:
 
 
 def failure(exc: BaseException, rank: int, context: str | None = None) -> RankFailure:
-    """``exc`` as this rank's failure.
-
-    The rank side's own frames are left out.
-    """
+    """``exc`` as this rank's failure, the rank side's own frames left out."""
     return RankFailure.from_exception(exc, rank, hidden_dir=CODE_DIR, context=context)

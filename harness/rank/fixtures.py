@@ -1,7 +1,5 @@
 """Fixtures that run inside the ranks, and their ``request`` view.
 
-They are set up, cached by scope, torn down there; they get a view of ``request``.
-
 The controller sends a test's rank-side fixtures (``RankFixture``, each after those it
 requests) in a ``FixturePlan``. Each is set up from its arguments as pytest would: a plain
 function's return value, or a generator's first ``yield`` with the rest run at teardown.
@@ -13,6 +11,7 @@ the exception with its phase (``PHASE_ATTR``): the test's setup or teardown erro
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import pickle
@@ -93,10 +92,8 @@ class Setup:
             raise
 
     def teardown(self, *, quiet: bool = False) -> None:
-        """End the function-scoped fixtures, last set up first.
-
-        With ``quiet`` (the test failed: its own error is the one to report) their errors
-        only go to stderr.
+        """End the function-scoped fixtures, last set up first; with ``quiet`` (the test
+        failed) their errors only go to stderr.
 
         Raises:
             BaseException: The first error a teardown raised, marked as a teardown error
@@ -165,19 +162,14 @@ class Setup:
 
 
 def lasting_groups() -> set[Any]:
-    """The process groups live wider-scoped fixtures made.
-
-    These fixtures are alive in this rank; their groups outlive the call that made them (see
-    :mod:`harness.rank.loop`).
-    """
+    """The process groups that the live wider-scoped fixtures made: they outlive calls."""
     return set().union(*(live.groups for live in _wide.values()))
 
 
 def end_fixture_scopes(scope_keys: list[str] | None) -> None:
-    """End the wider-scoped fixtures of these scopes, newest first.
+    """End the wider-scoped fixtures of these scopes (None: all), newest first.
 
-    All of them for None. This is a call of its own, when pytest finishes a module, class,
-    package or the session.
+    This is a call of its own, when pytest finishes a module, class, package or the session.
 
     Raises:
         BaseException: The first error a teardown raised, marked as a teardown error.
@@ -213,10 +205,9 @@ def _resume(generator: Generator[Any, None, None], name: str) -> None:
 
 def _mark(exc: BaseException, phase: str) -> None:
     if not hasattr(exc, PHASE_ATTR):
-        try:
+        # An exception type with __slots__ takes no attribute: reported as a call's failure.
+        with contextlib.suppress(AttributeError, TypeError):
             setattr(exc, PHASE_ATTR, phase)
-        except (AttributeError, TypeError):
-            pass  # an exception type with __slots__: reported as a failure of the call
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -248,10 +239,7 @@ _UNSENT = "(or its value could not be sent to the ranks)"
 
 @functools.lru_cache(maxsize=1)
 def _config_view(blob: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The controller's options and ini values.
-
-    They are unpickled once per session's blob.
-    """
+    """The controller's options and ini values, unpickled once per session's blob."""
     options, ini = pickle.loads(blob)
     return options, ini
 
@@ -278,10 +266,7 @@ class RankConfig:
 
 
 class RankRequest:
-    """``request`` inside a rank.
-
-    A view of the test and of the fixture being set up (``fixture``; None for the test's own
-    ``request``).
+    """``request`` inside a rank: a view of the test and of ``fixture`` (None: the test's own).
 
     Answers what a fixture usually asks: ``node`` (``name``, ``nodeid``,
     ``get_closest_marker``, ``iter_markers``), ``keywords``, ``param``, ``fixturename``,

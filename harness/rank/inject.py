@@ -8,6 +8,7 @@ controller (``Fired``): a killed rank could not say it afterwards.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
@@ -41,18 +42,15 @@ class Plan:
         self, faults: tuple[Fault, ...], rank: int, fire: Fire, exit: Callable[[int], object]
     ) -> None:
         self._placed = {(f.group, f.at): (i, f) for i, f in enumerate(faults) if f.rank == rank}
-        self._fire = fire
-        self._exit = exit
+        self._fire, self._exit = fire, exit
         self._raised: BaseException | None = None
 
     def __bool__(self) -> bool:
         return bool(self._placed)
 
     def take(self, ranks: tuple[int, ...] | None, number: int) -> tuple[int, Fault] | None:
-        """Take the fault placed at collective ``number``, once.
-
-        It is on the group of ``ranks`` (None: the default group); None where there is none.
-        """
+        """Take, once, the fault placed at collective ``number`` on the group of ``ranks``
+        (None: the default group); None where there is none."""
         if number == 0:
             return None  # a point-to-point op has no number
         key = None if ranks is None else tuple(sorted(ranks))
@@ -61,26 +59,19 @@ class Plan:
     def act(
         self, placed: tuple[int, Fault], name: str, call: Callable[[], Any], inputs: Any
     ) -> Any:
-        """Act out a fault at the collective ``name``.
-
-        ``call`` runs the collective (``inputs``: its bound arguments, for ``corrupt``).
-        Returns what the collective returns, when it runs.
-        """
+        """Act out a fault at the collective ``name``, which ``call`` runs (``inputs``: its
+        bound arguments, for ``corrupt``); return what the collective returns, when it runs."""
         index, fault = placed
         where = f"collective #{fault.at} ({name}) on {fault.group_name}"
         if fault.kind == "kill":
             what = f"killed ({signal.Signals(fault.signal).name}) {fault.when} {where}"
-            if fault.when == "after":
-                result = call()
-                self._fire(index, what, True)
-                os.kill(os.getpid(), fault.signal)
-                return result
+            result = call() if fault.when == "after" else None
             if fault.when == "during":
                 _start_inside(call)
             self._fire(index, what, True)
             # A signal the rank handles or ignores leaves it running, as it would natively.
             os.kill(os.getpid(), fault.signal)
-            return None if fault.when == "during" else call()
+            return call() if fault.when == "before" else result
         if fault.kind == "exit":
             self._fire(index, f"exited with code {fault.code} before {where}", True)
             self._exit(fault.code)
@@ -105,10 +96,7 @@ class Plan:
         raise exc
 
     def caused(self, exc: BaseException) -> bool:
-        """Whether ``exc`` is the error a fault raised.
-
-        Or was raised while handling it.
-        """
+        """Whether ``exc`` is the error a fault raised, or was raised while handling it."""
         seen: set[int] = set()
         current: BaseException | None = exc
         while current is not None and id(current) not in seen:
@@ -137,10 +125,7 @@ class Plan:
 
 
 def bound(fn: Callable[..., Any], args: Any, kwargs: Any) -> Mapping[str, Any]:
-    """``fn``'s arguments by parameter name.
-
-    ``{}`` where they do not bind.
-    """
+    """``fn``'s arguments by parameter name; ``{}`` where they do not bind."""
     try:
         return inspect.signature(fn).bind_partial(*args, **kwargs).arguments
     except (TypeError, ValueError):
@@ -148,10 +133,7 @@ def bound(fn: Callable[..., Any], args: Any, kwargs: Any) -> Mapping[str, Any]:
 
 
 def _tensors(arguments: Mapping[str, Any]) -> list[torch.Tensor]:
-    """The input tensors of a collective.
-
-    Its first input parameter's tensor (or list).
-    """
+    """The input tensors of a collective: its first input parameter's tensor (or list)."""
     for name in _INPUTS:
         value = arguments.get(name)
         if isinstance(value, torch.Tensor):
@@ -162,19 +144,15 @@ def _tensors(arguments: Mapping[str, Any]) -> list[torch.Tensor]:
 
 
 def _start_inside(call: Callable[[], Any]) -> None:
-    """Start the collective on a helper thread.
-
-    Returns once it is inside torch's call: that thread releases the interpreter lock there,
-    which lets this one run again.
-    """
+    """Start the collective on a helper thread; return once it is inside torch's call (that
+    thread releases the interpreter lock there, which lets this one run again)."""
     entered = threading.Event()
 
     def enter() -> None:
         entered.set()
-        try:
+        # The rank is being killed: what the collective raises meanwhile is moot.
+        with contextlib.suppress(BaseException):
             call()
-        except BaseException:
-            pass  # the rank is being killed: what the collective raises meanwhile is moot
 
     threading.Thread(target=enter, name="harness-fault", daemon=True).start()
     entered.wait()

@@ -11,12 +11,9 @@ import torch.distributed as dist
 from harness.protocol.traces import IssuedCollective
 from harness.rank import trace
 
-__all__ = ["Issued", "collectives"]
-
 
 def collectives() -> list[IssuedCollective]:
-    """The collectives this rank's call in progress has issued so far (the ``collectives``
-    fixture's value; see :class:`~harness.protocol.traces.IssuedCollective`).
+    """The collectives this rank's call in progress has issued so far.
 
     Raises:
         RuntimeError: No call is in progress (outside a rank, or between calls).
@@ -31,8 +28,8 @@ def collectives() -> list[IssuedCollective]:
 
 
 class Issued(Sequence[IssuedCollective]):
-    """The ``collectives`` fixture's value: what the call in progress has issued so far,
-    read anew at each use (``len``, indexing, iteration, comparison with a list)."""
+    """The ``collectives`` fixture's value, read anew at each use (``len``, indexing,
+    iteration, comparison with a list)."""
 
     def __len__(self) -> int:
         return len(collectives())

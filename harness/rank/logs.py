@@ -1,6 +1,4 @@
-"""The log records of a pytest test in a rank.
-
-They are for pytest's ``Captured log`` sections.
+"""The log records of a pytest test in a rank, for pytest's ``Captured log`` sections.
 
 While a test runs (:func:`captured`), a handler on the root logger takes the records that
 pytest's own would take in-process (its ``log_level``; else the loggers' levels, WARNING by
@@ -38,10 +36,7 @@ class _Handler(logging.Handler):
         self._settings: LogSettings | None = None
 
     def prepare(self, settings: LogSettings, fd: int) -> None:
-        """Write to ``fd`` as ``settings`` say.
-
-        At the level and in the format of ``settings``.
-        """
+        """Write to ``fd`` at the level and in the format of ``settings``."""
         if settings != self._settings:  # the same in every test of a session
             self.setLevel(settings.level or logging.NOTSET)
             self.setFormatter(logging.Formatter(settings.format, settings.date_format))
@@ -59,11 +54,8 @@ class _Handler(logging.Handler):
 
 
 class _State:
-    """The rank's log capture.
-
-    It holds the settings of the test in progress (None between tests), its phase, and the
-    handler (made at the first test that captures, then kept).
-    """
+    """The rank's log capture: the settings of the test in progress (None between tests),
+    its phase, and the handler (made at the first test that captures, then kept)."""
 
     def __init__(self) -> None:
         self.settings: LogSettings | None = None
@@ -78,10 +70,7 @@ _state = _State()
 
 @contextmanager
 def captured(settings: LogSettings | None) -> Iterator[None]:
-    """Capture the block's log records.
-
-    As the module's docstring says; nothing for None.
-    """
+    """Capture the block's log records as the module's docstring says; nothing for None."""
     if settings is None:
         yield
         return
@@ -114,19 +103,13 @@ def phase(name: str) -> None:
 
 
 def level() -> int | None:
-    """``log_level`` of the test in progress.
-
-    None where unset (or between tests).
-    """
+    """``log_level`` of the test in progress; None where unset (or between tests)."""
     settings = _state.settings
     return settings.level if settings is not None else None
 
 
 def formatter() -> logging.Formatter:
-    """A formatter of the running test's ``log_format``.
-
-    pytest's default between tests.
-    """
+    """A formatter of the running test's ``log_format``; pytest's default between tests."""
     settings = _state.settings
     if settings is None:
         return logging.Formatter(DEFAULT_FORMAT)

@@ -1,17 +1,14 @@
-"""A rank's life, from start to exit.
+"""A rank's life, from start to exit (runs inside each rank process).
 
-This module runs INSIDE each rank process, never in the controller.
-
-A rank is started by :mod:`harness.controller.spawn` with :func:`main` as its target
-(through :func:`harness.rank.entry.rank_main`). It sets up its safety nets and its context
-(:class:`~harness.rank.context.RankContext`, passed to everything that serves it),
-initializes the default process group through ``fhelium.distributed.init`` (unless its
-world has no harness group), answers ``Ready`` and then serves ``Call`` (:func:`_call`) and
-``Regroup`` (:func:`_regroup`) messages until its pipe or lifeline (:func:`_watch`) closes.
+:func:`main` (started through :func:`harness.rank.entry.rank_main`) sets up the rank's
+safety nets and its :class:`~harness.rank.context.RankContext`, makes the default process
+group through ``fhelium.distributed.init`` (unless its world has no harness group), answers
+``Ready`` and serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import os
@@ -65,9 +62,8 @@ _PR_SET_PDEATHSIG = 1
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
 current: RankContext | None = None
-"""This rank's context, once it is up. The one module-level reference to it, for
-:func:`report_failing`: the test body calls that (:mod:`harness.rank.pytest_body`) from a
-function the controller named, which gets no context; everything else receives it."""
+"""This rank's context, once it is up: for :func:`report_failing`, whose caller (the test
+body) gets no context; everything else receives it."""
 
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
@@ -143,17 +139,15 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
 
 
 def _call(ctx: RankContext, call: Call) -> RankMessage:
-    """Run one call; whatever happens, answer with exactly one message. (What it changed is
-    put back once the answer is sent: see :func:`main`.)"""
+    """Run one call; whatever happens, answer with exactly one message."""
     # Groups the previous call created are destroyed now, not when that call returned: by
     # the time a new call arrives every rank has finished the last one, so no peer is still
     # connecting to a group that this rank would tear down under it. Without a harness group
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
     reset.destroy_groups(ctx.baseline_groups | fixtures.lasting_groups())
-    options = call.options
-    if options.seed is not None:
-        reset.seed_all(options.seed)
+    if call.options.seed is not None:
+        reset.seed_all(call.options.seed)
     if call.env is not None:
         # The rank's own torchrun variables win over the controller's.
         protected = ctx.setup.env.keys() | set(_LAUNCHER_ONLY)
@@ -161,7 +155,7 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
     if call.rendezvous is not None:
         # This call's own MASTER_PORT and INIT_METHOD (a world without a harness group).
         reset.update_environ(call.rendezvous)
-    redirection = ctx.output.redirect(options.output)
+    redirection = ctx.output.redirect(call.options.output)
     if redirection is None:
         return _run(ctx, call, None)
     redirection.start()
@@ -172,10 +166,7 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
 
 
 def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -> RankMessage:
-    """Unpickle and run the call's function; return the answer.
-
-    It runs with the leak watch and the recording of its collectives.
-    """
+    """Unpickle and run the call's function, watched for leaks and recorded; the answer."""
     rank = ctx.rank
     try:
         fn, args, kwargs = pickle.loads(call.payload)
@@ -184,7 +175,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
-    recorder = trace.Recorder(_plan(ctx, call))
+    recorder = trace.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
     running = ctx.running = Running(recorder)
     try:
         # The call's warning filters end with it; so does the watch on its threads, and
@@ -227,25 +218,11 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
     )
 
 
-def _plan(ctx: RankContext, call: Call) -> inject.Plan | None:
-    """The faults of ``call`` placed on this rank.
-
-    None where there are none.
-    """
-    faults = call.options.faults
-    if not faults:
-        return None
-    return inject.Plan(faults, ctx.rank, ctx.fire, ctx.exit) or None
-
-
 def report_failing(exc: BaseException) -> None:
-    """Tell the controller now that the call in progress fails.
+    """Send ``Failing`` for ``exc`` now, before the teardown that may take long.
 
-    It sends ``Failing`` with ``exc`` (what the test body or a fixture's setup raised, marked
-    with its phase), before the rank runs what must follow (the teardown of a pytest test's
-    rank-side fixtures, which may take long); the call's ``Failed`` still follows, dated
-    alike. Nothing outside a call or a rank, for a skip, or for a call that already reported
-    one.
+    The call's ``Failed`` still follows, dated alike. Nothing outside a call or a rank, for a
+    skip, or for a call that already reported one.
     """
     ctx = current
     if ctx is not None:
@@ -253,10 +230,7 @@ def report_failing(exc: BaseException) -> None:
 
 
 def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:
-    """Make a fresh harness default group.
-
-    The last call destroyed the old one on every rank.
-    """
+    """Make a fresh harness default group (the last call destroyed it on every rank)."""
     # Every rank has answered that call, so no peer still uses a group destroyed here: what
     # the call left (a default group of its own, say) must not outlive the harness's.
     reset.destroy_groups()
@@ -269,10 +243,7 @@ def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:
 
 
 def _make_default_group(ctx: RankContext, store: str) -> None:
-    """Initialize the harness's default group on a FileStore.
-
-    The store is at ``store``; the group becomes the one every call keeps.
-    """
+    """Make the harness's default group, which every call keeps, on the FileStore ``store``."""
     setup = ctx.setup
     file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
     fhelium.distributed.init(
@@ -287,11 +258,8 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
 
 
 def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn:
-    """Watchdog thread: answer trace requests, end the rank.
-
-    It answers trace requests (``TRACE_REQUEST``) while the main thread is busy or blocked;
-    it ends the rank when the controller closes the lifeline or dies.
-    """
+    """Watchdog thread: answer ``TRACE_REQUEST`` while the main thread is blocked; end the
+    rank when the lifeline closes."""
     while True:
         try:
             request = lifeline.recv_bytes()
@@ -299,10 +267,9 @@ def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn
             break
         if request != TRACE_REQUEST:
             break
-        try:
+        # Where this fails, the controller reads no trace for this rank, and says so.
+        with contextlib.suppress(Exception):
             ctx.files.write_trace(trace.snapshot(main_thread))
-        except Exception:
-            pass  # the controller reads no trace for this rank, and says so
     ctx.exit(0)
 
 

@@ -1,6 +1,4 @@
-"""A rank's output during a call, as asked for.
-
-The controller asks for one of:
+"""A rank's output during a call, as the controller asks for it:
 
 * ``capture``: file descriptors 1 and 2 go to the rank's capture files
   (:meth:`harness.protocol.rank_files.RankFiles.capture`), read by the controller afterwards;
@@ -27,11 +25,7 @@ running may hold the pipe open; its later output is then dropped rather than wai
 
 
 class PrefixedOutput:
-    """Prefix each output line with ``[rank N]``.
-
-    File descriptors 1 and 2 are routed through pipes that prefix each line, from ``start`` to
-    ``stop``.
-    """
+    """From ``start`` to ``stop``, route fd 1 and 2 through pipes that prefix each line."""
 
     def __init__(self, rank: int) -> None:
         self._prefix = f"[rank {rank}] ".encode()
@@ -86,22 +80,15 @@ Redirection = OutputCapture | PrefixedOutput
 
 
 class Router:
-    """Where a rank's calls send their output.
-
-    One per rank, which makes its capture into its files
-    (:meth:`harness.protocol.rank_files.RankFiles.capture`) at its first captured call and
-    keeps it (with the files open, in place between captured calls).
-    """
+    """Where a rank's calls send their output; its capture is made at the first captured
+    call and kept (in place between captured calls)."""
 
     def __init__(self, files: RankFiles, rank: int) -> None:
         self._files, self._rank = files, rank
         self._capture: OutputCapture | None = None
 
     def redirect(self, output: str) -> Redirection | None:
-        """The redirection a call asked for, not yet started.
-
-        None for ``inherit``.
-        """
+        """The redirection a call asked for, not yet started; None for ``inherit``."""
         if output == OUTPUT_CAPTURE:
             if self._capture is None:
                 self._capture = self._files.capture()

@@ -1,17 +1,16 @@
 """Where a pytest test body runs in a rank: :func:`run_pytest_test`.
 
-The plugin (:mod:`harness.plugin.session`) sends a reference to the test function
-(:class:`~harness.protocol.pytest_calls.TestRef`), never the function object, and a
-:class:`~harness.protocol.pytest_calls.FixturePlan`. Here the module is imported the way pytest
-imported it in the controller, the class (if any) is instantiated, the rank-side fixtures
-are set up (:mod:`harness.rank.fixtures`), the body is called, and they are torn down; when
-the body (or a fixture's setup) raised, only after the controller heard of it
-(:func:`harness.rank.loop.report_failing`), since a teardown may take long.
+The plugin sends a :class:`~harness.protocol.pytest_calls.TestRef` (never the function
+object) and a :class:`~harness.protocol.pytest_calls.FixturePlan`. Here the module is
+imported the way pytest imported it in the controller, the class (if any) is instantiated,
+the rank-side fixtures are set up, the body is called, and they are torn down: after a
+failure, only once the controller heard of it (:func:`harness.rank.loop.report_failing`).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import importlib.abc
 import importlib.util
@@ -31,11 +30,9 @@ from harness.rank import fixtures, logs
 
 
 def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
-    """Run a pytest test with its rank-side fixtures.
+    """Run a pytest test with its rank-side fixtures, its log records captured.
 
-    Set up the test's rank-side fixtures, call the referenced test, tear them down, its log
-    records captured (:mod:`harness.rank.logs`); raises what the test raised, or what a
-    fixture raised marked with its phase.
+    Raises what the test raised, or what a fixture raised marked with its phase.
 
     Returns:
         The seconds spent in the test's setup, call and teardown, as pytest reports its
@@ -46,10 +43,9 @@ def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, floa
         try:
             _run(ref, plan, marks)
         except BaseException as exc:
-            try:
+            # An exception type with __slots__ takes no attribute: its phases are not told apart.
+            with contextlib.suppress(AttributeError, TypeError):
                 setattr(exc, TIMES_ATTR, _times(marks))
-            except (AttributeError, TypeError):
-                pass  # an exception type with __slots__: its phases are not told apart
             raise
     return _times(marks)
 
@@ -102,10 +98,7 @@ def _enter(phase: str, marks: list[float]) -> None:
 
 
 def _times(marks: list[float]) -> tuple[float, float, float]:
-    """The seconds from each mark to the next.
-
-    The last runs until now; 0 for a phase not reached.
-    """
+    """The seconds from each mark to the next (the last: until now); 0 for a phase not reached."""
     points = [*marks, time.perf_counter()]
     spans = [end - start for start, end in itertools.pairwise(points)]
     setup, call, teardown = [*spans, 0.0, 0.0][:3]
@@ -124,9 +117,8 @@ def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
 def import_test_module(ref: TestRef) -> ModuleType:
     """Import a referenced test's module as the controller did.
 
-    With its ``sys.path`` first (also for what the body imports later; the rank puts its own
-    back after every call), and pytest's assertion rewriting where the controller's copy has
-    it.
+    With its ``sys.path`` first (kept for what the body imports later, until the call ends),
+    and pytest's assertion rewriting where the controller's copy has it.
     """
     missing = set(ref.sys_path).difference(sys.path)
     sys.path[:0] = [entry for entry in ref.sys_path if entry in missing]
@@ -140,10 +132,7 @@ _imported: dict[tuple[str, str], ModuleType] = {}
 
 
 def _import(name: str, path: str, rewrite: bool) -> ModuleType:
-    """The module ``name`` from the file ``path``, imported once.
-
-    ``path`` is the controller's.
-    """
+    """The module ``name`` from the controller's file ``path``, looked for once."""
     loaded = sys.modules.get(name)
     if loaded is not None and _imported.get((name, path)) is loaded:
         return loaded
@@ -155,12 +144,10 @@ def _find(name: str, path: str, rewrite: bool, loaded: ModuleType | None) -> Mod
     if loaded is not None and _same_file(getattr(loaded, "__file__", None), path):
         return loaded
     if not rewrite:
-        try:
+        with contextlib.suppress(ImportError):
             module = importlib.import_module(name)
             if _same_file(getattr(module, "__file__", None), path):
                 return module
-        except ImportError:
-            pass
     # Load from the file under the controller's name (pytest's importlib mode does the same),
     # rewriting asserts when pytest did, so a failing assert explains itself here too.
     loader = _RewritingLoader(path) if rewrite else None

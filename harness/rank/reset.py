@@ -29,10 +29,7 @@ from harness import compat
 
 @dataclass
 class ProcessState:
-    """The state a call may leave behind.
-
-    As it was when the rank came up.
-    """
+    """The state a call may leave behind, as it was when the rank came up."""
 
     dtype: torch.dtype
     grad: bool
@@ -107,10 +104,9 @@ def _restore_environ(saved: dict[bytes, bytes]) -> None:
 
 
 def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> None:
-    """Set (None: unset) the variables in ``wanted``.
+    """Set (None: unset) the variables in ``wanted``; with ``exact``, unset every other.
 
-    With ``exact``, also unset every other. Only what differs is touched: setting a whole
-    environment is slow.
+    Only what differs is touched: setting a whole environment is slow.
     """
     if exact:
         for key in [key for key in os.environ if key not in wanted]:
@@ -123,11 +119,7 @@ def update_environ(wanted: Mapping[str, str | None], *, exact: bool = False) -> 
 
 
 def seed_all(seed: int) -> None:
-    """Seed every generator a test may draw from.
-
-    That is torch (CPU and every CUDA device), ``random``, and numpy's global generator where
-    numpy is imported.
-    """
+    """Seed torch (CPU and every CUDA device), ``random`` and numpy's global generator."""
     # Not torch.manual_seed: it also visits the MPS, XPU and custom-device backends, a cost
     # paid at every test; the CPU and CUDA generators are these.
     torch.default_generator.manual_seed(seed)
@@ -140,11 +132,7 @@ def seed_all(seed: int) -> None:
 
 
 def destroy_groups(keep: set[Any] | frozenset[Any] = frozenset()) -> None:
-    """Destroy every process group not in ``keep``.
-
-    Subgroups first, then the default group unless it is kept (which leaves
-    ``dist.is_initialized()`` False).
-    """
+    """Destroy every process group not in ``keep``: subgroups, then the default one if not kept."""
     if not dist.is_initialized():
         return
     default = dist.group.WORLD

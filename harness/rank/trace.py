@@ -57,9 +57,6 @@ from harness.protocol.traces import (
 )
 from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
-from harness.rank.sites import is_call_site
-
-__all__ = ["RECENT", "Recorder", "current", "install", "is_call_site", "snapshot"]
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -106,8 +103,8 @@ class _Group:
 
     def fingerprint(self) -> tuple[str, tuple[int, ...] | None, int, int]:
         """The group's entry of :data:`~harness.protocol.traces.Fingerprint`: a checksum of
-        its ops table and ids; where a collective raised, over those before it, as a member
-        that issued just those has it (ops are numbered as first seen: theirs come first)."""
+        its ops table and ids (where a collective raised, of those before it, as a member
+        that issued just those has it: ops are numbered as first seen)."""
         count, ids, ops = self.count, self.op_ids, self.ops
         if self.raised:
             count = self.raised - 1
@@ -175,8 +172,7 @@ class Recorder:
         return RankTrace(recent, groups, recorded=recorded)
 
     def fingerprint(self) -> Fingerprint:
-        """Per group, what the desync check compares (a few microseconds: the ranks send it
-        after every passing call)."""
+        """Per group, what the desync check compares (sent after every passing call)."""
         return tuple(group.fingerprint() for group in self._records() if group.count)
 
     def issued(self, world_size: int) -> list[IssuedCollective]:
@@ -197,7 +193,7 @@ class Recorder:
 
     def counts(self) -> dict[tuple[int, ...] | None, int]:
         """How many collectives the call issued on each group, by its sorted ranks (None:
-        the default group)."""
+        default)."""
         counts: dict[tuple[int, ...] | None, int] = {}
         for group in self._records():
             key = None if group.ranks is None else tuple(sorted(group.ranks))
@@ -330,8 +326,8 @@ def _returned(record: _Record) -> None:
 
 
 def _ended(result: Any) -> str:
-    """The state of a collective that returned ``result``: recv returns the sender's rank; a
-    Work or a list of them is issued, not finished."""
+    """The state of a collective that returned ``result`` (recv returns the sender's rank; a
+    Work or a list of them is issued, not finished)."""
     return COMPLETED if result is None or isinstance(result, int) else ISSUED
 
 
@@ -361,8 +357,7 @@ def snapshot(main_thread: int) -> RankTrace:
 
 
 def install() -> None:
-    """Wrap the recorded functions of ``torch.distributed`` (once per process); they behave
-    as before between calls."""
+    """Wrap the recorded functions of ``torch.distributed``, once per process."""
     for name, spec in _SPECS.items():
         original = getattr(dist, name, None)
         if original is not None and not hasattr(original, _ORIGINAL):

@@ -20,7 +20,7 @@ import harness
 from harness.controller import verdicts
 from harness.controller.stacks import format_dump
 from harness.protocol.traces import DEFAULT_GROUP, GroupHistory, Op, RankTrace
-from harness.rank import trace
+from harness.rank import sites, trace
 
 
 def test_a_collective_that_raised_and_was_handled_passes(world2: harness.World) -> None:
@@ -85,7 +85,7 @@ _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
     ],
 )
 def test_which_frames_can_be_a_call_site(path: str, site: bool) -> None:
-    assert trace.is_call_site(path) is site
+    assert sites.is_call_site(path) is site
 
 
 # ---------------------------------------------------------------- the comparison, on plain data

@@ -28,7 +28,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles
-from harness.rank import loop
+from harness.rank import inject, loop
 from harness.rank.context import RankContext, Running, skip_kind
 from harness.rank.trace import Recorder
 
@@ -197,11 +197,12 @@ def test_a_fault_that_never_fires_is_listed(ctx: RankContext) -> None:
 
 
 def test_plan_is_none_without_faults_of_this_rank(ctx: RankContext) -> None:
-    assert loop._plan(ctx, _call(add)) is None
-    options = CallOptions(faults=(faults.delay(0, 1, 0.0),))
-    assert loop._plan(ctx, _call(add, options=options)) is None
-    options = CallOptions(faults=(faults.delay(1, 1, 0.0),))
-    assert loop._plan(ctx, _call(add, options=options)) is not None
+    def plan(*placed: faults.Fault) -> inject.Plan | None:
+        return Recorder(inject.Plan(placed, ctx.rank, ctx.fire, ctx.exit)).plan
+
+    assert plan() is None
+    assert plan(faults.delay(0, 1, 0.0)) is None
+    assert plan(faults.delay(1, 1, 0.0)) is not None
 
 
 def test_fire_tells_the_controller_with_the_trace_so_far(
