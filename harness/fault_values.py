@@ -1,11 +1,7 @@
 """What a fault is: the :class:`Fault` record, checked when made, and :class:`FaultFired`.
 
-A :class:`Fault` names its kind (one of :data:`KINDS`), the rank it acts on, the collective
-it acts at and the kind's arguments; it checks every field when it is made, and against a
-world's size when it is used (:meth:`Fault.check`). :class:`FaultFired` is what a fault did
-to its rank. Both are public as ``harness.faults.Fault`` and ``harness.faults.FaultFired``:
-:mod:`harness.faults` makes faults (``kill``, ``exit``, ...) and sweeps of them. This module
-imports neither torch nor pytest.
+Both are public as ``harness.faults.Fault`` and ``harness.faults.FaultFired``, where
+:mod:`harness.faults` makes them. This module imports neither torch nor pytest.
 """
 
 from __future__ import annotations

@@ -3,26 +3,7 @@
 Registered through the ``pytest11`` entry point (``harness = "harness.plugin"``), so a
 project that installs fhelium only has to mark its tests. This module only translates
 between pytest and the harness core, which works without pytest (:mod:`harness.controller`).
-The rest of the plugin:
-
-* :mod:`~harness.plugin.marker`    the marker: its arguments, parametrized world sizes
-* :mod:`~harness.plugin.fixtures`  the fixtures it provides (``rank``, ..., ``dist_world``)
-* :mod:`~harness.plugin.settings`  the session's and each test's settings, one precedence
-* :mod:`~harness.plugin.warmup`    when the forkserver the ranks fork from is started
-* :mod:`~harness.plugin.session`   runs each marked test on a world, owns the worlds
-* :mod:`~harness.plugin.lazy_session` that session, made on first use (loading imports no torch)
-* :mod:`~harness.plugin.rank_fixtures` which fixtures run in the ranks, what they are sent
-* :mod:`~harness.plugin.refs`      where a rank finds a test or fixture, what must pickle
-* :mod:`~harness.plugin.runner`    a test's runs: the reused world, then fresh processes
-* :mod:`~harness.plugin.replay`    what each world ran, run again on a fresh world
-* :mod:`~harness.plugin.order`     the order dependence a reused world shows, and its culprit
-* :mod:`~harness.plugin.launcher`  runs tests in-process under torchrun
-* :mod:`~harness.plugin.mptc`      torch's ``MultiProcessTestCase`` classes on reused ranks
-* :mod:`~harness.plugin.report`    how a test reads in pytest's reports: a failure and the
-  line that reproduces it, the ranks' output and logs, each phase's duration, where a skip
-  or a warning points
-* :mod:`~harness.plugin.interrupts` pytest-timeout's limit and Ctrl-C: the ranks' stacks
-* :mod:`~harness.plugin.trace_folders` which tests get a trace folder (``--dist-trace-dir``)
+The rest of the plugin is mapped module by module in ``docs/contributing.md``.
 
 A test body itself runs inside the ranks, in :mod:`harness.rank.pytest_body`. The plugin is
 loaded into every pytest run of an environment that has fhelium installed: this module

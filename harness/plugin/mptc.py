@@ -99,13 +99,8 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
 
     A world is rebuilt where a rank's process would have ended with a failing exit code
     (see :mod:`harness.rank.mptc_body`); where the check accepts such an exit anyway, a
-    warning names the test.
-
-    Args:
-        session: The plugin's session.
-        item: The test.
-        case: The test case instance (its ``setUp`` has run).
-        fn: The test method, as the class's ``_join_processes`` receives it.
+    warning names the test. ``case`` is the test case instance (its ``setUp`` has run),
+    ``fn`` the test method as the class's ``_join_processes`` receives it.
 
     Raises:
         unittest.SkipTest: The class's check says the test skipped.

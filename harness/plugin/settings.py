@@ -47,38 +47,13 @@ _SETTINGS = pytest.StashKey["Settings"]()
 class Settings:
     """The session's settings (command line, then ini, then default).
 
-    Attributes:
-        backend: ``--dist-backend``: what a marker's ``"auto"`` means (``"auto"`` itself:
-            NCCL with CUDA, else Gloo).
-        timeout: A test's deadline when its marker gives none: ``--dist-timeout``, ini
-            ``dist_timeout``, 120 s.
-        isolate: ``--dist-isolate``: every test on fresh processes.
-        check_collectives: False under ``--dist-no-collective-check``.
-        leaks: ini ``dist_leaks``: ``"warn"``, ``"error"`` or ``"off"``.
-        mptc: ``--dist-mptc`` or ini ``dist_mptc``.
-        confirm: ini ``dist_confirm = fresh``: a failure on a reused world is run again on
-            fresh ranks.
-        order_dependent: ini ``dist_order_dependent``: ``"warn"`` (the fresh verdict
-            stands, a warning names the order dependence) or ``"fail"`` (the test fails).
-        bisect_runs: ini ``dist_bisect_runs``: fresh worlds the search for the earlier test
-            behind an order dependence may start.
-        verify: ``--dist-verify``: every test also runs on fresh ranks, pass or fail.
-        output: Where the ranks' output goes: captured, or under ``-s`` to the terminal,
-            each line saying which rank wrote it.
-        randomly_seed: pytest-randomly's seed, when that plugin is active.
-        gpus: ``--dist-gpus`` or ini ``dist_gpus``: the GPUs the run may use, as given (None:
-            every GPU CUDA shows; checked against it once torch is imported).
-        gpu_lease_dir: ini ``dist_gpu_lease_dir``: where the GPU leases are kept ('': a
-            directory of the user's in the system's temporary directory).
-        require_gpus: ``--dist-require-gpus`` or ini ``dist_require_gpus``: a test that
-            needs more GPUs than the run has fails instead of being skipped.
-        preload: ini ``dist_preload``: ``module`` and ``module:function`` entries the
-            forkserver imports or calls before it forks any rank.
-        trace_dir: ``--dist-trace-dir`` or ini ``dist_trace_dir`` (relative to the ini
-            file's directory), absolute: where each failing distributed test's trace folder
-            is written ('': none are).
-        trace_all: ``--dist-trace-all``: every distributed test's folder is written, passing
-            ones too.
+    Each field is the option named after it (``--dist-<name>``, ini ``dist_<name>``, or
+    both: the command line wins), except: ``check_collectives`` (False under
+    ``--dist-no-collective-check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
+    (where the ranks' output goes: captured, or under ``-s`` to the terminal, each line
+    naming its rank) and ``randomly_seed`` (pytest-randomly's seed, when it is active).
+    ``gpus`` is None where none are given (every GPU CUDA shows); ``trace_dir`` is absolute,
+    '' where none is given.
     """
 
     backend: str = "auto"

@@ -24,11 +24,7 @@ from harness.plugin.settings import Settings
 
 
 class TraceFolders:
-    """A session's trace folders.
-
-    Args:
-        settings: The session's settings (``trace_dir``, ``trace_all``).
-    """
+    """A session's trace folders, as its settings' ``trace_dir`` and ``trace_all`` say."""
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
