@@ -1,6 +1,4 @@
-"""Run code on N real torch.distributed ranks and report.
-
-It runs code on N real ranks of a torch.distributed world and reports what happened there.
+"""Run code on N real torch.distributed ranks and report what happened there.
 
 Public: ``harness.run``, ``harness.World``, the errors below, ``python -m harness check``
 and the pytest plugin (its ``distributed`` marker, fixtures and options, and
@@ -71,11 +69,10 @@ def __getattr__(name: str) -> Any:
 
 
 def restart_count() -> int:
-    """Which attempt of a restarted run this rank is in.
+    """Which attempt of a restarted run this rank is in: 0 in the first, 1 after one restart.
 
-    0 in the first, 1 after the first restart, ... (``TORCHELASTIC_RESTART_COUNT``, as
-    torchrun's agent sets it; 0 where it is unset). Call it in a rank, to resume from a
-    checkpoint.
+    It is ``TORCHELASTIC_RESTART_COUNT``, as torchrun's agent sets it (0 where it is unset).
+    Call it in a rank, to resume from a checkpoint.
     """
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 

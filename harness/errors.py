@@ -1,6 +1,6 @@
-"""The public errors a run can end with.
+"""The public errors a run can end with: ``harness.DistributedError`` and its subclasses.
 
-These are ``harness.DistributedError`` and its subclasses. They are raised in the controller, carry
+They are raised in the controller, carry
 every failing rank's :class:`RankFailure`, and read as :func:`harness.protocol.failures.sections`
 lays failures out. Importing this module costs no torch import (the pytest plugin needs them in
 every pytest run).
@@ -115,10 +115,9 @@ class RankError(DistributedError):
 
 
 class WorldTimeout(DistributedError):
-    """The run did not finish within its timeout.
+    """The run did not finish within its timeout (or, as :class:`WorldHang`, can never finish).
 
-    Or, as its subclass :class:`WorldHang`, it can never finish. The ranks were killed
-    afterwards.
+    The ranks were killed afterwards.
 
     Attributes:
         stacks: Every rank's Python stack (all threads) when the wait ended, formatted like a
@@ -140,13 +139,13 @@ class WorldTimeout(DistributedError):
 
 
 class WorldHang(WorldTimeout):
-    """The run was ended early because it can never finish.
+    """The run was ended early, before its timeout, because it can never finish.
 
-    The ranks' collectives prove it can never finish, before its timeout: nothing timed out, and
-    waiting longer would not help. Ranks wait in a collective that a peer never joins (it
-    returned from the call, or died, after fewer collectives on that group), or every member of
-    a group waits in collective #N and they called different collectives there (another op,
-    reduce op, root, shape or dtype; with the desync check on). The ranks were then killed.
+    The ranks' collectives prove it: nothing timed out, and waiting longer would not help.
+    Ranks wait in a collective that a peer never joins (it returned from the call, or died,
+    after fewer collectives on that group), or every member of a group waits in collective #N
+    and they called different collectives there (another op, reduce op, root, shape or dtype;
+    with the desync check on). The ranks were then killed.
 
     A subclass of :class:`WorldTimeout`, so that ``except WorldTimeout`` catches both ways
     a run can hang; ``timeout`` is None. ``verdicts`` say which collective cannot complete,
@@ -155,9 +154,7 @@ class WorldHang(WorldTimeout):
 
 
 class RankCrash(DistributedError):
-    """A rank process died while running.
-
-    It was killed by a signal, or exited.
+    """A rank process died while running: killed by a signal, or exited.
 
     Attributes:
         exitcodes: The exit code of each rank that died, as :mod:`multiprocessing` reports
@@ -177,24 +174,23 @@ class RankCrash(DistributedError):
 
 
 class RankLeak(DistributedError):
-    """The call left behind what a reused rank cannot undo.
+    """The call returned on every rank but left behind what a reused rank cannot undo.
 
-    It returned on every rank but left behind, on some, threads it started that are still
-    alive, child processes, open files (raised under ``leaks="error"``, ini
-    ``dist_leaks = error``). The ranks were then stopped, and what they leaked with them; the
-    next call gets fresh ones.
+    On some ranks: threads it started that are still alive, child processes, open files
+    (raised under ``leaks="error"``, ini ``dist_leaks = error``). The ranks were then stopped,
+    and what they leaked with them; the next call gets fresh ones.
 
     Each failing rank's section lists its findings, one per line.
     """
 
 
 class CollectiveMismatch(DistributedError):
-    """The call returned, but the ranks' collectives did not match.
+    """The call returned on every rank, but the ranks' collectives did not match.
 
-    It returned on every rank. This is the desync check, on by default; ``check_collectives=False``
-    turns it off. It finds a collective with another op, reduce op, root, shape or dtype on some
-    ranks, or more collectives on some ranks than on others. Nothing hung, but the results may be
-    wrong: Gloo completes ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
+    This is the desync check, on by default; ``check_collectives=False`` turns it off. It finds
+    a collective with another op, reduce op, root, shape or dtype on some ranks, or more
+    collectives on some ranks than on others. Nothing hung, but the results may be wrong: Gloo
+    completes ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
@@ -202,18 +198,15 @@ class CollectiveMismatch(DistributedError):
 
 
 class FaultNotFired(DistributedError):
-    """A fault given to the call never acted.
+    """A fault given to the call (``harness.faults``) never acted.
 
-    The fault (``harness.faults``) did not act because its rank made fewer collectives on its
-    group than the fault's ``at``. A sweep cannot pass vacuously; ``strict=False`` on the
-    fault allows it. ``summary`` has one line per fault.
+    Its rank made fewer collectives on its group than the fault's ``at``. A sweep cannot pass
+    vacuously; ``strict=False`` on the fault allows it. ``summary`` has one line per fault.
     """
 
 
 class OrderDependenceWarning(UserWarning):
     """A test's outcome differs between reused and fresh ranks.
-
-    Its outcome on a reused world differs from its outcome on fresh processes.
 
     The distributed test depends on what an earlier test left in the ranks. The message names
     the test, the earlier test that causes it where one was found, and the command that shows
@@ -227,11 +220,10 @@ _INTERRUPT_ATTR = "__harness_interrupt__"
 def note_interrupt(
     interrupt: BaseException, summary: str, stacks: dict[int, str], collectives: str = ""
 ) -> None:
-    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt``.
+    """Attach the ranks' collectives and stacks to a ``KeyboardInterrupt`` that stopped a run.
 
-    The ``KeyboardInterrupt`` is one that stopped a run. They go on it as a note the
-    interpreter prints after the traceback (Python 3.11+) and as data for
-    :func:`interrupt_stacks`: the interrupt itself is re-raised unchanged, so that
+    They go on it as a note the interpreter prints after the traceback (Python 3.11+) and as
+    data for :func:`interrupt_stacks`: the interrupt itself is re-raised unchanged, so that
     ``except KeyboardInterrupt`` and pytest's handling of Ctrl-C keep working.
 
     Args:
@@ -255,21 +247,15 @@ def note_interrupt(
 
 
 def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
-    """The summary and stacks a ``KeyboardInterrupt`` carries from a run.
-
-    Returns ``(summary, {rank: stacks})`` from the run it stopped (see
-    :func:`note_interrupt`), or None when it stopped none.
-    """
+    """``(summary, {rank: stacks})`` a ``KeyboardInterrupt`` carries from the run it stopped
+    (see :func:`note_interrupt`); None when it stopped none."""
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return (str(found[0]), dict(found[1])) if isinstance(found, tuple) else None
 
 
 def interrupt_collectives(exc: BaseException) -> str:
-    """The ranks' collectives a ``KeyboardInterrupt`` carries from a run.
-
-    These come from the run it stopped (see :func:`note_interrupt`): '' when it stopped none,
-    or none was issued.
-    """
+    """The ranks' collectives a ``KeyboardInterrupt`` carries from the run it stopped (see
+    :func:`note_interrupt`): '' when it stopped none, or none was issued."""
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return str(found[2]) if isinstance(found, tuple) else ""
 
@@ -277,19 +263,18 @@ def interrupt_collectives(exc: BaseException) -> str:
 def interrupt_sections(exc: BaseException) -> list[tuple[str, str]]:
     """The sections a ``KeyboardInterrupt`` carries from a run it stopped.
 
-    They are what it carries (see :func:`note_interrupt`) as its note shows it after the
-    summary: ``("collectives", text)`` when any was issued, then ``("rank N", its stacks)``
-    for each rank; empty when it stopped none.
+    As its note shows them after the summary (see :func:`note_interrupt`): ``("collectives",
+    text)`` when any was issued, then ``("rank N", its stacks)`` for each rank; empty when it
+    stopped none.
     """
     found = getattr(exc, _INTERRUPT_ATTR, None)
     return _sections(found[1], found[2]) if isinstance(found, tuple) else []
 
 
 def forget_interrupt_note(exc: BaseException) -> None:
-    """Drop the note :func:`note_interrupt` added.
+    """Drop the note :func:`note_interrupt` added, once the stacks were shown otherwise.
 
-    This is for once the stacks were shown otherwise (pytest folds an exception's notes into
-    its one-line KeyboardInterrupt summary).
+    pytest folds an exception's notes into its one-line KeyboardInterrupt summary.
     """
     found = interrupt_stacks(exc)
     notes = getattr(exc, "__notes__", None)
@@ -302,9 +287,7 @@ def forget_interrupt_note(exc: BaseException) -> None:
 
 def _sections(stacks: dict[int, str], collectives: str) -> list[tuple[str, str]]:
     parts = [("collectives", collectives)] if collectives else []
-    parts += [(f"rank {rank}", _stack_text(text)) for rank, text in sorted(stacks.items())]
+    for rank, text in sorted(stacks.items()):
+        gone = "(no stack: the process had already ended)"
+        parts.append((f"rank {rank}", text.rstrip("\n") if text.strip() else gone))
     return parts
-
-
-def _stack_text(text: str) -> str:
-    return text.rstrip("\n") if text.strip() else "(no stack: the process had already ended)"

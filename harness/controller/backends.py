@@ -9,11 +9,11 @@ from harness import validate
 
 
 def resolve_backend(backend: object) -> str:
-    """The backend a name stands for, in lower case.
+    """The backend a name of :data:`harness.validate.BACKEND_CHOICES` (any case) stands for.
 
-    The name is one of :data:`harness.validate.BACKEND_CHOICES` (any case); ``"auto"`` is
-    what ``fhelium.distributed.init`` picks without a ``backend``, as its documentation says:
-    NCCL when CUDA is available, else Gloo. Raises ``ValueError`` for any other value.
+    In lower case; ``"auto"`` is what ``fhelium.distributed.init`` picks without a
+    ``backend``, as its documentation says: NCCL when CUDA is available, else Gloo. Raises
+    ``ValueError`` for any other value.
     """
     name = validate.backend(backend)
     if name != "auto":
@@ -22,10 +22,9 @@ def resolve_backend(backend: object) -> str:
 
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:
-    """Why a world of this backend and size cannot run.
+    """Why a world of this (resolved) backend and size cannot run here.
 
-    It cannot run here. The backend is resolved. The reason reads
-    ``"needs 2 CUDA devices, found 0"``; None if it can.
+    The reason reads ``"needs 2 CUDA devices, found 0"``; None if it can.
     """
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0

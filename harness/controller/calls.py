@@ -1,12 +1,6 @@
-"""A World's call at its two ends: what goes in checked, what comes out delivered.
-
-On the way in, a call's :class:`~harness.CallOptions` are checked for the World that runs
-it (:func:`checked_options`). On the way out come each rank's captured output
-(:func:`captured`), the ``stacklevel`` that points a call's warnings at the code that made
-it (:func:`callers_level`), and the return value, a timeout saying how to change the bound
-(:func:`result`). :mod:`harness.controller.world` and :mod:`harness.controller.fresh` use
-them.
-"""
+"""A World's call at its two ends: its options checked on the way in; on the way out, each
+rank's captured output, the ``stacklevel`` of its warnings, and its return value (a timeout
+saying how to change the bound)."""
 
 from __future__ import annotations
 
@@ -36,10 +30,8 @@ def checked_timeout(value: float | None) -> float | None:
 def checked_options(
     options: CallOptions | None, timeout: float | None, world_size: int
 ) -> CallOptions:
-    """``options`` checked for a World of ``world_size`` ranks whose timeout is ``timeout``.
-
-    The World's timeout stands where the call gives none, and the faults are placed on the
-    World's ranks.
+    """``options`` checked for a World of ``world_size`` ranks whose timeout is ``timeout``
+    (it stands where the call gives none); the faults are placed on the World's ranks.
 
     Raises:
         TypeError: ``options`` is not a ``CallOptions``, ``check_collectives`` not a bool,
@@ -63,22 +55,17 @@ def checked_options(
 
 
 def captured(proc: RankProcess, reply: object) -> tuple[str, str]:
-    """What a rank wrote during a captured call.
-
-    It is read from its files unless it said it wrote nothing (a rank that failed or died
-    says nothing, so its files are read).
-    """
+    """What a rank wrote during a captured call: read from its files unless it said it wrote
+    nothing (a rank that failed or died says nothing, so its files are read)."""
     if isinstance(reply, Done) and not reply.output_written:
         return "", ""
     return proc.files.output()
 
 
 def callers_level() -> int:
-    """The ``stacklevel`` of the first caller outside the controller.
-
-    It is counted from the function that calls this: a warning about a call points at the
-    code that made it (under the plugin, at the plugin, which moves it to the test).
-    """
+    """The ``stacklevel``, from the function that calls this, of the first caller outside the
+    controller: a warning about a call points at the code that made it (under the plugin, at
+    the plugin, which moves it to the test)."""
     level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
     frame = compat.frame(2)
     while frame is not None and frame.f_code.co_filename.startswith(_CONTROLLER_DIR):

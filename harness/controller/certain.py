@@ -62,6 +62,7 @@ class HangWatch:
     ) -> None:
         self._ranks = ranks
         self._faults = faults
+        self._hang_faults = {index for index, fault in enumerate(faults) if fault.kind == "hang"}
         # The ranks a hang fault holds, with their traces when it acted: known without asking.
         self._held: dict[int, RankTrace | None] = {}
         self._desync_check = desync_check
@@ -78,10 +79,9 @@ class HangWatch:
         it could come late and pass for a later round's, so the call is not judged again."""
 
     def step(self, replies: dict[int, Reply]) -> bool:
-        """Start a round, or read the current round's answers.
+        """Start a round, or read the answers to the one out, once ``next_at`` has passed.
 
-        The current round is the one that is out. Returns whether they prove the call can never
-        finish. Call it once ``next_at`` has passed.
+        Returns whether they prove the call can never finish.
         """
         if not self._asked:
             self._ask(replies)
@@ -119,20 +119,9 @@ class HangWatch:
             deadline=self._deadline,
         )
 
-    def _hangs(self, faulted: Faulted) -> bool:
-        """Whether ``faulted`` is held by a ``hang`` fault.
-
-        Such a rank is alive, never to go on.
-        """
-        index = faulted.fired.index
-        return index < len(self._faults) and self._faults[index].kind == "hang"
-
     def settle(self, timeout_s: float = 2.0) -> None:
-        """Wait for the answers to a round still out.
-
-        It waits at most ``timeout_s``, for a round still out when the call ended: the next
-        call's first round must not read one of them as its own.
-        """
+        """Wait at most ``timeout_s`` for the answers to a round still out when the call ended:
+        the next call's first round must not read one of them as its own."""
         if not self._asked:  # as after every call that ended within PROBE_EVERY_S
             return
         end = time.monotonic() + timeout_s
@@ -144,14 +133,13 @@ class HangWatch:
         self._asked, self._traces, self._states = {}, {}, {}
 
     def _ask(self, replies: dict[int, Reply]) -> None:
-        """Ask every silent or returned rank for its trace.
-
-        Each such rank is alive.
-        """
+        """Ask every silent or returned rank (each alive) for its trace."""
         self._held = {}
+        hangs = self._hang_faults
         for proc in self._ranks:
             reply = replies.get(proc.rank)
-            if isinstance(reply, Faulted) and reply.then is None and self._hangs(reply):
+            # A rank a hang fault holds is alive, never to go on.
+            if isinstance(reply, Faulted) and reply.then is None and reply.fired.index in hangs:
                 self._held[proc.rank] = reply.fired.trace
                 continue
             if (reply is not None and not isinstance(reply, Done)) or not proc.ask_trace():
@@ -167,11 +155,8 @@ class HangWatch:
 
 
 def _without(trace: RankTrace, fault: Fault) -> RankTrace:
-    """``trace`` without the collective an ``error`` fault replaced.
-
-    It reads as though the rank had stopped before the collective where ``fault`` (an
-    ``error``) raised in its place, if it did: the rank never joined it.
-    """
+    """``trace`` as though the rank had stopped before the collective where ``fault`` (an
+    ``error``) raised in its place, if it did: the rank never joined it."""
     groups = dict(trace.groups)
     for key, history in groups.items():
         if history.ranks == fault.group and history.raised == fault.at:

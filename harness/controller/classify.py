@@ -112,8 +112,8 @@ def classify(
 def desync(
     outcome: Classified, traces: Mapping[int, RankTrace | None], world_size: int
 ) -> Classified:
-    """The desync check's second half, for a ``suspect`` outcome: compare the ranks' whole
-    traces, taken after the call (None where one could not be read).
+    """The desync check's second half, for a ``suspect`` outcome: the ranks' whole traces,
+    taken after the call (None where one could not be read), compared.
 
     Returns:
         ``outcome`` when the traces agree after all (a checksum collision; differences
@@ -124,10 +124,10 @@ def desync(
     # followed it on its group: only what completed on every member is compared.
     marks = _verdicts(traces, states, world_size, until_raised=True)
     found = [mark.text for mark in marks]
-    if not found and all(trace is not None for trace in traces.values()):
+    missing = [rank for rank, trace in traces.items() if trace is None]
+    if not found and not missing:
         return outcome
     if not found:
-        missing = [rank for rank, trace in traces.items() if trace is None]
         found = [
             "the ranks' collectives differ (their counts or ops per group), but "
             f"{ranks_phrase(missing)} did not say which"
@@ -284,15 +284,11 @@ def _failed(
     if by_time:
         rank, first = by_time[0]
         after = f" {max(stopped - first.at, 0.0):.1f} s after rank {rank} {first.what}"
-    return Classified(
-        error=WorldTimeout(
-            f"the run did not finish{bound}: {ranks_phrase(silent)} still running{after} "
-            "(their stacks at the deadline follow; the ranks were then killed)",
-            failures,
-            every_stack,
-            timeout,
-        )
+    summary = (
+        f"the run did not finish{bound}: {ranks_phrase(silent)} still running{after} "
+        "(their stacks at the deadline follow; the ranks were then killed)"
     )
+    return Classified(error=WorldTimeout(summary, failures, every_stack, timeout))
 
 
 def _failure_of(rank: int, reply: Reply) -> RankFailure:
@@ -314,7 +310,7 @@ def _add_collectives(
     replies: Mapping[int, Reply],
     fetched: Mapping[int, RankTrace | None],
     world_size: int,
-    faults: Sequence[Fault] = (),
+    faults: Sequence[Fault],
 ) -> None:
     """Give a failed call's error each rank's collectives and the verdicts on them."""
     traces: dict[int, RankTrace | None] = {}
@@ -380,14 +376,7 @@ def _start(
                 rank, f"not up{bound} (or torn down after a peer failed)", stacks.get(rank, "")
             )
     names = ", ".join(f"rank {rank}" for rank in failures)
-    reimported = any(
-        isinstance(reply, Died) and reply.exitcode == EXIT_MAIN_REIMPORTED
-        for reply in replies.values()
-    )
-    return Classified(
-        error=DistributedError(
-            f"{world} did not start: {names} did not come up",
-            failures,
-            hint=MAIN_GUARD_HINT if reimported else "",
-        )
-    )
+    exits = {reply.exitcode for reply in replies.values() if isinstance(reply, Died)}
+    hint = MAIN_GUARD_HINT if EXIT_MAIN_REIMPORTED in exits else ""
+    summary = f"{world} did not start: {names} did not come up"
+    return Classified(error=DistributedError(summary, failures, hint=hint))

@@ -49,17 +49,12 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
     return changes or None
 
 
-def _kept_traces(world_size: int, replies: dict[int, Reply]) -> dict[int, RankTrace | None]:
-    """Every rank's trace of a call that succeeded and asked for them: as its answer
-    carries it, or, for a rank a fault ended, as it sent it when the fault acted."""
-    traces: dict[int, RankTrace | None] = {}
-    for rank in range(world_size):
-        reply = replies.get(rank)
-        if isinstance(reply, Done):
-            traces[rank] = reply.trace
-        else:
-            traces[rank] = reply.fired.trace if isinstance(reply, Faulted) else None
-    return traces
+def _kept_trace(reply: Reply | None) -> RankTrace | None:
+    """A rank's trace of a call that succeeded: as its answer carries it, or, for a rank a
+    fault ended, as it sent it when the fault acted."""
+    if isinstance(reply, Faulted):
+        return reply.fired.trace
+    return reply.trace if isinstance(reply, Done) else None
 
 
 def exchange(
@@ -91,12 +86,8 @@ def exchange(
         fired: dict[int, Fired] = {}
         watch = None
         if options is not None:
-            watch = HangWatch(
-                ranks,
-                desync_check=options.check_collectives,
-                deadline=timeout,
-                faults=options.faults,
-            )
+            checks = options.check_collectives
+            watch = HangWatch(ranks, desync_check=checks, deadline=timeout, faults=options.faults)
         replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
         if watch is not None:
             watch.settle()
@@ -128,7 +119,7 @@ def exchange(
         if outcome.leaks and leaks == "error" and outcome.error is None:
             outcome = leak_error(outcome, what)
         if options is not None and options.keep_traces and outcome.values is not None:
-            outcome.traces = _kept_traces(world_size, replies)
+            outcome.traces = {rank: _kept_trace(replies.get(rank)) for rank in range(world_size)}
         return outcome, replies
     except KeyboardInterrupt as interrupt:
         if options is not None:

@@ -81,9 +81,8 @@ def inventory(
     outer = environ.get("CUDA_VISIBLE_DEVICES")
     visible = _split(outer, "CUDA_VISIBLE_DEVICES") if outer is not None else None
     if not given:
-        if visible is not None:
-            return Inventory(tuple(visible), lease_dir)
-        return Inventory(tuple(str(index) for index in range(cuda_count())), lease_dir)
+        shown = visible if visible is not None else [str(i) for i in range(cuda_count())]
+        return Inventory(tuple(shown), lease_dir)
     ids = _split(given, where)
     if visible is not None:
         outside = [gpu for gpu in ids if gpu not in visible]

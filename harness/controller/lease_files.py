@@ -10,6 +10,7 @@ and the first come, first served wait on these.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -115,10 +116,8 @@ def take_ticket(directory: str) -> tuple[str, int]:
 def drop_ticket(held: tuple[str, int]) -> None:
     """Give up a ticket of :func:`take_ticket`: its file removed, its lock ended."""
     path, fd = held
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
     os.close(fd)
 
 
@@ -135,8 +134,6 @@ def first_in_line(directory: str, mine: str | None) -> bool:
             return True
         if live(path):
             return False
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)  # its process died while waiting
-        except OSError:
-            pass
     return True

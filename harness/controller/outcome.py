@@ -17,9 +17,7 @@ from harness.protocol.traces import RankTrace
 
 @dataclass(frozen=True)
 class Died:
-    """A rank process ended without answering.
-
-    This is what the supervisor saw, not a message.
+    """A rank process ended without answering (what the supervisor saw, not a message).
 
     Attributes:
         exitcode: As :mod:`multiprocessing` reports it (negative: killed by that signal).
@@ -37,9 +35,7 @@ class Died:
 
 @dataclass(frozen=True)
 class Faulted:
-    """A rank whose injected fault ended its part.
-
-    The fault ended its part of the call; this is what the supervisor saw.
+    """A rank whose injected fault ended its part of the call, as the supervisor saw it.
 
     Attributes:
         fired: What the rank said as the fault acted.
@@ -57,9 +53,7 @@ Reply = RankMessage | Died | Faulted
 
 @dataclass
 class Outcome:
-    """Everything one call produced.
-
-    This is before it becomes a return value or an error.
+    """Everything one call produced, before it becomes a return value or an error.
 
     Attributes:
         values: The return values by rank, when the call succeeded.
@@ -81,10 +75,7 @@ class Outcome:
     traces: dict[int, RankTrace | None] = field(default_factory=dict)
 
     def result(self) -> list[Any]:
-        """The return values by rank.
-
-        Raises the error or the skip instead.
-        """
+        """The return values by rank; raises the error or the skip instead."""
         if self.error is not None:
             raise self.error
         if self.skip is not None:
@@ -97,10 +88,8 @@ class Outcome:
 
 @dataclass
 class Classified(Outcome):
-    """A call's outcome as the controller classified it.
-
-    It comes with what it means for the world that ran it (the World's to act on;
-    ``World.call`` returns the plain :class:`Outcome`).
+    """A call's outcome as the controller classified it, with what it means for the world that
+    ran it (the World's to act on; ``World.call`` returns the plain :class:`Outcome`).
 
     Attributes:
         reusable: False when the world must be rebuilt although the call succeeded (it

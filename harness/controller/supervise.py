@@ -9,6 +9,7 @@ ranks still silent when the wait ends, never waiting for a process-group timeout
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import select
@@ -89,10 +90,8 @@ def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, st
     for proc in ranks:
         if proc.alive():
             pending[proc.rank] = proc.files
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, STACKS_SIGNAL)
-            except ProcessLookupError:
-                pass
     dumps: dict[int, str] = {}
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
@@ -110,10 +109,7 @@ def stacks_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, st
 def traces_now(ranks: list[RankProcess], timeout_s: float = 2.0) -> dict[int, RankTrace | None]:
     """The collectives each rank has issued in the call in progress, taken now by its
     watchdog thread; None for a rank that is gone or did not answer within ``timeout_s``."""
-    pending = {}
-    for proc in ranks:
-        if proc.ask_trace():
-            pending[proc.rank] = proc
+    pending = {proc.rank: proc for proc in ranks if proc.ask_trace()}
     traces: dict[int, RankTrace | None] = {proc.rank: None for proc in ranks}
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
@@ -142,12 +138,10 @@ def _receive(proc: RankProcess, ready: bool = False) -> RankMessage | Died:
     ``ready``: the poll found its pipe readable (a message, or the pipe's end), so recv need
     not ask again (``Connection.poll`` builds a selector each time).
     """
-    try:
+    with contextlib.suppress(EOFError, OSError):
         if ready or proc.conn.poll():
             message: RankMessage = proc.conn.recv()
             return message
-    except (EOFError, OSError):
-        pass
     # Nothing to read: the process ended (or closed its pipe, and is about to). Its death is
     # seen now; joining then waits for the forkserver's report, which may lag behind peers
     # that already failed because of this death.

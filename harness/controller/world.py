@@ -18,15 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from harness import compat, validate
-from harness.controller import forkserver, spawn
+from harness.controller import calls, forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.calls import (
-    callers_level,
-    captured,
-    checked_options,
-    checked_timeout,
-    result,
-)
 from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
@@ -121,7 +114,7 @@ class World:
         try:
             self.world_size: int = validate.positive_int(world_size, "world_size")
             self.backend: str = resolve_backend(backend)
-            self.timeout: float | None = checked_timeout(timeout)
+            self.timeout: float | None = calls.checked_timeout(timeout)
             self.init: bool = validate.flag(init, "init")
             self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
             reason = unavailable_reason(self.backend, self.world_size)
@@ -149,11 +142,7 @@ class World:
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the ranks, by rank.
-
-        After a failed run, these are of the ranks torn down, until the next run rebuilds the
-        world.
-        """
+        """Process ids of the ranks, by rank (after a failed run, of those torn down)."""
         return [proc.pid for proc in self._generations.ranks]
 
     @property
@@ -163,18 +152,12 @@ class World:
 
     @property
     def generation(self) -> int:
-        """How many times the World has started ranks.
-
-        It is 1 for its first processes; each rebuild after a failure adds one.
-        """
+        """How many times the World has started ranks (1 for its first; each rebuild adds one)."""
         return self._generations.count
 
     @property
     def broken(self) -> bool:
-        """Whether the last call failed.
-
-        Its ranks are then gone, and the next call starts new ones.
-        """
+        """Whether the last call failed: its ranks are gone, the next call starts new ones."""
         return self._broken
 
     def run(
@@ -188,9 +171,7 @@ class World:
         faults: Sequence[Fault] = (),
         restarts: int = 0,
     ) -> list[Any]:
-        """Run ``fn(*args, **kwargs)`` once on every rank.
-
-        The results are returned by rank.
+        """Run ``fn(*args, **kwargs)`` once on every rank; the results are returned by rank.
 
         Args:
             fn: A picklable (module-level) callable.
@@ -244,7 +225,7 @@ class World:
         outcome, _ = run_attempts(
             lambda _, attempt: self.call(fn, args, kwargs, attempt), options, sizes
         )
-        return result(outcome)
+        return calls.result(outcome)
 
     def call(
         self,
@@ -253,15 +234,10 @@ class World:
         kwargs: Mapping[str, Any] | None = None,
         options: CallOptions | None = None,
     ) -> Outcome:
-        """Run a call and return its outcome instead of raising.
-
-        It returns the :class:`~harness.controller.outcome.Outcome`, for tools built on the
-        World, such as the pytest plugin.
+        """Run a call and return its outcome instead of raising (for tools such as the plugin).
 
         Args:
-            fn: As :meth:`run`.
-            args: As :meth:`run`.
-            kwargs: As :meth:`run`.
+            fn, args, kwargs: As :meth:`run`.
             options: How the call runs (:class:`~harness.CallOptions`: its timeout, where
                 the ranks' output goes, a seed, its name in messages, the desync check,
                 faults); None, or its ``timeout`` None: the World's timeout.
@@ -280,7 +256,7 @@ class World:
         """
         if self.closed:
             raise RuntimeError("this World is closed; create a new one")
-        options = checked_options(options, self.timeout, self.world_size)
+        options = calls.checked_options(options, self.timeout, self.world_size)
         payload = pickle_call(fn, args, kwargs, self.world_size)
         restarts = (options.attempt, options.restarts)
         if self._broken or restarts != self._generations.restarts:
@@ -295,14 +271,14 @@ class World:
             classified.notice = self._regroup()
         if classified.notice:
             # A warning: under pytest it is listed with the test that caused it.
-            warnings.warn(classified.notice, RuntimeWarning, stacklevel=callers_level())
+            warnings.warn(classified.notice, RuntimeWarning, stacklevel=calls.callers_level())
         if classified.leaks and self.leaks == "warn":
             report = leak_report(classified.leaks, name)
-            warnings.warn(report, RuntimeWarning, stacklevel=callers_level())
+            warnings.warn(report, RuntimeWarning, stacklevel=calls.callers_level())
         outcome = classified.outcome()
         if options.output == OUTPUT_CAPTURE:
-            ranks = self._generations.ranks
-            outcome.outputs = {proc.rank: captured(proc, replies.get(proc.rank)) for proc in ranks}
+            for proc in self._generations.ranks:
+                outcome.outputs[proc.rank] = calls.captured(proc, replies.get(proc.rank))
         return outcome
 
     def close(self) -> None:
@@ -331,11 +307,8 @@ class World:
         self._broken = False
 
     def _regroup(self) -> str:
-        """Have every rank make a fresh default group.
-
-        The call destroyed the harness's on every rank. This is bounded like a start, and
-        returns why it failed ('' when it did not).
-        """
+        """Have every rank make a fresh default group (the call destroyed the harness's),
+        bounded like a start; why that failed ('' when it did not)."""
         group = f"a fresh default process group ({self.backend})"
         outcome, _ = self._exchange(Regroup(self._fresh_rendezvous_file()), START_TIMEOUT_S, group)
         if outcome.error is None:
@@ -348,11 +321,8 @@ class World:
     def _exchange(
         self, message: Call | Regroup | None, timeout: float | None, what: str
     ) -> tuple[Classified, dict[int, Reply]]:
-        """Exchange a message with the live ranks.
-
-        It runs :func:`~harness.controller.exchange.exchange`; the ranks are stopped when it
-        fails or is interrupted.
-        """
+        """:func:`~harness.controller.exchange.exchange` with the live ranks, stopping them when
+        it fails or is interrupted."""
         failed = True
         interrupted = False
         try:
@@ -370,10 +340,7 @@ class World:
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:
-        """A fresh rendezvous file in the live generation's directory.
-
-        It is in its private directory, and no rendezvous used it before.
-        """
+        """A rendezvous file no rendezvous used before, in the live generation's directory."""
         assert self._generations.workdir is not None
         self._rendezvous += 1
         return rendezvous_path(self._generations.workdir, self._rendezvous)
