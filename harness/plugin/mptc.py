@@ -82,14 +82,9 @@ class CasePlugin:
         # A wrapper: pytest's unittest plugin moves the test's exception into call.excinfo
         # inside this hook, after the harness's own report hook has looked.
         made = yield
-        excinfo = call.excinfo
-        if (
-            made.failed
-            and selected(item)
-            and excinfo is not None
-            and isinstance(excinfo.value, DistributedError)
-        ):
-            longrepr: Any = report.DistributedFailureRepr(excinfo.value, item)
+        error = call.excinfo.value if call.excinfo is not None else None
+        if made.failed and selected(item) and isinstance(error, DistributedError):
+            longrepr: Any = report.DistributedFailureRepr(error, item)
             made.longrepr = longrepr
         return made
 

@@ -104,10 +104,9 @@ class Runner:
             shape: Its first world's shape (each attempt's size is ``sizes``').
             sizes: The world size of each attempt.
         """
-        _, backend, init, per_rank = shape
 
         def attempt(size: int, attempt_options: CallOptions) -> Outcome:
-            with self.new_world((size, backend, init, per_rank)) as world:
+            with self.new_world((size, *shape[1:])) as world:
                 return test(attempt_options).attempt(world, True)[1]
 
         outcome, attempts = restarts.run(attempt, options, sizes)

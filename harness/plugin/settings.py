@@ -37,8 +37,6 @@ from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions
 
 DEFAULT_TIMEOUT_S = validate.DEFAULT_TIMEOUT_S
 DEFAULT_BISECT_RUNS = 8
-CONFIRM_CHOICES = ("fresh", "off")
-ORDER_CHOICES = ("warn", "fail")
 
 _SETTINGS = pytest.StashKey["Settings"]()
 
@@ -102,8 +100,8 @@ def read(config: pytest.Config) -> Settings:
             check_collectives=not config.getoption("dist_no_collective_check", False),
             leaks=_ini_choice(config, "dist_leaks", validate.LEAK_CHOICES),
             mptc=bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc")),
-            confirm=_ini_choice(config, "dist_confirm", CONFIRM_CHOICES) == "fresh",
-            order_dependent=_ini_choice(config, "dist_order_dependent", ORDER_CHOICES),
+            confirm=_ini_choice(config, "dist_confirm", ("fresh", "off")) == "fresh",
+            order_dependent=_ini_choice(config, "dist_order_dependent", ("warn", "fail")),
             bisect_runs=int(bisect_runs),
             verify=bool(config.getoption("dist_verify", False)),
             output=OUTPUT_CAPTURE if config.getoption("capture", "fd") != "no" else OUTPUT_PREFIX,
@@ -202,14 +200,11 @@ class TestSettings:
         world_size: The number of ranks (the marker's, or its parameter of a list).
         backend: The backend asked for, ``"auto"`` as ``--dist-backend`` says (the session
             resolves what remains ``"auto"``, with torch).
-        isolate: Whether it runs on fresh processes.
-        init: Whether its ranks start in a default process group.
+        isolate, init: The marker's, ``isolate`` also under ``--dist-isolate``.
         gpus_per_rank: The GPUs each rank leases; None: the backend's default (1 with
             NCCL, else 0), for the session to apply once it has resolved the backend.
-        call: How its ranks run it: its deadline (bounded further by pytest-timeout's
-            limit as the test runs), where their output goes, their seed, whether its
-            collectives are compared when it passes, the faults injected at its ranks'
-            collectives (one of a sweep's per case).
+        call: How its ranks run it (its deadline, which pytest-timeout's limit may shorten
+            as the test runs; one of a sweep's faults per case).
         attempts: With ``restarts``, the world size of each attempt, the first included
             (its ``world_size``); one attempt otherwise.
     """
