@@ -107,11 +107,8 @@ class Plan:
         return False
 
     def unfired(self, counts: Mapping[tuple[int, ...] | None, int], rank: int) -> tuple[str, ...]:
-        """The error line of each strict fault that never fired.
-
-        ``counts`` says how many collectives the call issued on each group (by its sorted
-        ranks; None: default).
-        """
+        """The error line of each strict fault that never fired; ``counts``: the collectives
+        the call issued on each group (by its sorted ranks; None: default)."""
         lines = []
         for _, fault in self._placed.values():
             if fault.strict:

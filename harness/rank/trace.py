@@ -1,26 +1,22 @@
 """Which collectives a call issues, recorded per process group.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
-``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank, in
-``torch.distributed`` and in ``distributed_c10d`` alike (torch checks ``P2POp(op=...)``
-against the latter's ``isend``/``irecv``). Once, because a test module that did ``from
-torch.distributed import all_reduce`` holds the wrapper too. Between calls a wrapper costs
-one global read. During a call (:class:`Recorder`, a context manager around it) it records,
-before calling torch, the collective's group, its number there, its op
-(:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as ids into
-per-call tables of the distinct ones, and when it started (``time.monotonic()``, which every
-process of the machine shares); once torch returns, when, and whether it completed, was
-issued (a ``Work``) or raised. A collective called by another on the same thread
-(``all_gather_object`` calls ``all_gather``) is not recorded again; those of other threads
-are, in the order they start. While the main thread is blocked, the watchdog thread answers
-the controller with :func:`snapshot`.
+``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a test
+module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
+``torch.distributed`` and ``distributed_c10d`` alike (torch checks ``P2POp(op=...)`` against
+the latter's ``isend``/``irecv``). Between calls a wrapper costs one global read. During a
+call (:class:`Recorder`) it records, before calling torch, the collective's group, its number
+there, its op (:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as
+ids into per-call tables, and when it started (``time.monotonic()``, shared by the machine's
+processes); once torch returns, when, and whether it completed, was issued (a ``Work``) or
+raised. A collective called by another on the same thread (``all_gather_object`` calls
+``all_gather``) is not recorded again; those of other threads are, in the order they start.
 
 What this does not see: collectives torch issues in C++ (DDP's bucket all-reduces,
 functional collectives, DTensor) and code that kept the unwrapped functions from before the
 rank started (modules preloaded in the forkserver). torch's flight recorder sees those, but
-only through private APIs and only when the user turned it on before the group was made;
-the wrapper uses public functions only (torch 2.4 to 2.13), and the desync check relies on
-it. Where the recorder is on, a failure's trace adds what it holds (``RankTrace.recorded``).
+only through private APIs and only when turned on before the group was made: where it is on,
+a failure's trace adds what it holds (``RankTrace.recorded``).
 """
 
 from __future__ import annotations
@@ -178,15 +174,14 @@ class Recorder:
     def issued(self, world_size: int) -> list[IssuedCollective]:
         """The collectives issued so far, in order, across groups (point-to-point ops left
         out; at most ``SEQUENCE_CAP`` per group); ``world_size``: the default group's."""
+        order = list(self._order)  # a C-level copy: safe while another thread records
+        places = {group: list(group.places) for group in dict.fromkeys(order)}
+        seen: dict[_Group, int] = {}
         found = []
-        seen: dict[int, int] = {}
-        places: dict[int, list[tuple[str, int]]] = {}
-        for group in list(self._order):  # a C-level copy: safe while the main thread records
-            seq = seen[id(group)] = seen.get(id(group), 0) + 1
-            if id(group) not in places:
-                places[id(group)] = list(group.places)
+        for group in order:
+            seq = seen[group] = seen.get(group, 0) + 1
             op = group.ops[group.op_ids[seq - 1]]
-            file, line = places[id(group)][group.place_ids[seq - 1]]
+            file, line = places[group][group.place_ids[seq - 1]]
             ranks = tuple(range(world_size)) if group.ranks is None else group.ranks
             found.append(issued(op, ranks, f"{os.path.basename(file)}:{line}"))
         return found
@@ -219,22 +214,19 @@ class Recorder:
                 result = fn(*args, **kwargs)
             else:
                 assert self.plan is not None
-                inputs = inject.bound(fn, args, kwargs)
 
                 def run() -> Any:
                     # The record says how it ended before a fault fires after it (the
                     # trace sent when it fires shows it).
                     done = fn(*args, **kwargs)
-                    _returned(record)
-                    record.state = _ended(done)
+                    _returned(record, _ended(done))
                     return done
 
                 if placed[1].kind == "error":
                     record.state = RAISED
-                result = self.plan.act(placed, spec.name, run, inputs)
+                result = self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
         except BaseException:
-            _returned(record)
-            record.state = RAISED
+            _returned(record, RAISED)
             self.raised = True
             group = record.group
             # The desync check stops comparing the group there. A point-to-point op has no
@@ -243,8 +235,7 @@ class Recorder:
             raise
         finally:
             self.busy.discard(thread)
-        _returned(record)
-        record.state = _ended(result)
+        _returned(record, _ended(result))
         return result
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any) -> _Record | None:
@@ -276,8 +267,7 @@ class Recorder:
             if group.count <= SEQUENCE_CAP:
                 group.op_ids.append(op_id)
                 group.place_ids.append(place_id)
-                group.times.append(time.monotonic())
-                group.times.append(_NAN)
+                group.times.extend((time.monotonic(), _NAN))
                 self._order.append(group)
             record = _Record(group, group.count, group.ops[op_id], place)
         self._recent.append(record)
@@ -315,14 +305,15 @@ class Recorder:
         return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
 
 
-def _returned(record: _Record) -> None:
-    """Note when a collective returned (or raised), where its start was kept."""
+def _returned(record: _Record, state: str) -> None:
+    """Note how a collective ended, and when (once; where its start was kept)."""
     seq = record.seq
     if 0 < seq <= SEQUENCE_CAP:
         # Set once: a fault's run() notes it before the fault acts, the caller again after.
         times = record.group.times
         if times[2 * seq - 1] != times[2 * seq - 1]:  # NaN: not noted yet
             times[2 * seq - 1] = time.monotonic()
+    record.state = state
 
 
 def _ended(result: Any) -> str:
