@@ -61,7 +61,12 @@ class Hooks:
     @pytest.hookimpl(tryfirst=True)  # before the terminal reporter keeps it for its summary
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         if not self._config.option.fulltrace:
-            _summary_entry_only(excinfo)
+            # Only the traceback entry pytest's summary line names: it prints that one line,
+            # yet formats all of it first, reading and parsing every file on the way, while
+            # the terminal (and pytest-xdist's workers) wait.
+            shown = excinfo.traceback.filter(excinfo)  # the summary names the last one shown
+            if shown:
+                excinfo.traceback = shown[-1:]
         # Print the ranks' stacks the interrupt carries from World.call, and drop the note
         # it carries for an interpreter's traceback (pytest would fold it into one line).
         interrupt = excinfo.value
@@ -156,15 +161,3 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
             hook.pytest_timeout_set_timer(item=item, settings=again)
             # That call noted the shortened limit: keep pytest-timeout's own, and its end.
             item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
-
-
-def _summary_entry_only(excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-    """Keep the interrupt's traceback entry that pytest's summary line names, alone.
-
-    Without ``--full-trace`` pytest prints one line of the traceback, yet formats all of it
-    first, reading and parsing every file on the way, while the terminal waits (and, under
-    pytest-xdist, the workers wait for the controller to end them).
-    """
-    shown = excinfo.traceback.filter(excinfo)  # the summary names the last entry shown
-    if shown:
-        excinfo.traceback = shown[-1:]

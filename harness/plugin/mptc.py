@@ -131,7 +131,11 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
     shape = (world_size, "gloo", False, 0)
-    isolate = session.settings.isolate or _reads_once(call.environ)
+    # A test that turns torch's flight recorder on (a process-wide buffer of every group's
+    # collectives, sized at its first use, that no call empties) expects it new, as its
+    # native processes have it: it runs on fresh ranks.
+    recorder = any(name in call.environ for name in compat.FLIGHT_RECORDER_VARIABLES)
+    isolate = session.settings.isolate or recorder
     test = _CaseTest(step, case, fn, world_size)
     checked = session.runner.run(item, test, shape, isolate, "--dist-mptc")
     if checked.failure is not None:
@@ -156,14 +160,6 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             RuntimeWarning,
             stacklevel=2,
         )
-
-
-def _reads_once(environ: dict[str, str]) -> bool:
-    """Whether the test's environment turns torch's flight recorder on: a process-wide
-    buffer of every process group's collectives, sized at its first use, that no call
-    empties. A test that sets it expects the buffer new, as its native processes have it:
-    it runs on fresh ranks."""
-    return any(name in environ for name in compat.FLIGHT_RECORDER_VARIABLES)
 
 
 def _empty_store(path: str) -> None:

@@ -41,9 +41,8 @@ class Step:
     """One test as a world ran it: what runs it again on other processes.
 
     Attributes:
-        nodeid: The test's node id.
-        fn: The rank-side function its ranks were sent.
-        args: Its arguments.
+        nodeid, fn, args: The test's node id; the rank-side function its ranks were sent,
+            and its arguments.
         options: The call's record (deadline, seed, collective check, faults, output).
         prepare: Runs in the controller before each call, where given: it puts back what
             the test's own setup left for its ranks and an earlier run changed (a store file).

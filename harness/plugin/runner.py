@@ -49,7 +49,6 @@ class Runnable(Protocol[_T_co]):
         """Run the test on ``world`` (``fresh``: a world of its own, which ends with it);
         return how it ended (``replay.PASSED``, ``FAILED`` or ``SKIPPED``) and the result
         the caller reports."""
-        ...
 
 
 @dataclass(frozen=True)
@@ -70,14 +69,8 @@ class Checked(Generic[_T]):
 
 @dataclass
 class Runner:
-    """Runs each distributed test on the session's worlds and holds its verdict against
-    fresh processes as the settings say.
-
-    Attributes:
-        settings: The session's settings.
-        world: The session's world of a shape (started on first use).
-        new_world: Starts a fresh world of a shape.
-    """
+    """Runs each distributed test on the session's ``world`` of its shape (started on first
+    use) and holds its verdict against fresh processes (``new_world``) as ``settings`` say."""
 
     settings: Settings
     world: Callable[[Shape], World]

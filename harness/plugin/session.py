@@ -197,8 +197,7 @@ class DistSession:
                 if len(test.attempts) > 1:
                     checked = self.runner.run_attempts(item, marked, options, shape, test.attempts)
                 else:
-                    test_run = marked(options)
-                    checked = self.runner.run(item, test_run, shape, test.isolate, option)
+                    checked = self.runner.run(item, marked(options), shape, test.isolate, option)
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
                 item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
                 return
