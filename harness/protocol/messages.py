@@ -126,17 +126,14 @@ class Call:
     Attributes:
         payload: The pickled ``(fn, args, kwargs)``.
         options: How it runs (the same record for every rank).
-        env: What changed in the controller's ``os.environ`` since the rank started (a
-            fixture's ``monkeypatch.setenv``, ``PYTEST_CURRENT_TEST``; None for a removed
-            variable): only the change travels, as setting a whole environment at every
-            call is slow. The call sees it under the rank's own torchrun variables; the
-            rank's environment is restored afterwards.
+        env: What changed in the controller's ``os.environ`` since the rank started (None
+            for a removed variable): only the change travels, as setting a whole
+            environment at every call is slow. The call sees it under the rank's own
+            torchrun variables; the rank's environment is restored afterwards.
         rendezvous: Without a harness group (``World(init=False)``), the call's private
-            ``MASTER_PORT`` and ``INIT_METHOD`` (``file://`` and a file no call used
-            before), set over the rank's torchrun variables (which ``env`` never changes)
-            for this call only: ``init_process_group`` (``env://``),
-            ``init_method=os.environ["INIT_METHOD"]`` and ``fhelium.distributed.init()``
-            meet this call's ranks and nobody else. None with a harness group.
+            ``MASTER_PORT`` and ``INIT_METHOD`` (``file://`` and a new file), set over the
+            rank's torchrun variables for this call only, so that any ``env://`` or
+            ``INIT_METHOD`` rendezvous meets this call's ranks and nobody else.
         check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``):
             the world's setting, not the call's.
     """

@@ -253,8 +253,7 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
         rank=setup.rank,
         device_id=identity.first_gpu(),
     )
-    ctx.baseline_groups.clear()
-    ctx.baseline_groups.update(compat.live_process_groups())
+    ctx.baseline_groups = compat.live_process_groups()
 
 
 def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn:
