@@ -33,10 +33,8 @@ _READ_EVERY_S = 0.01
 
 
 class HangWatch:
-    """Watch ranks' traces for a call that can never finish.
-
-    It asks the ranks that are silent or returned for their traces, round after round, and
-    says when one round proves the call can never finish.
+    """Ask the silent or returned ranks for their traces, round after round, and say when one
+    round proves the call can never finish.
 
     A rank that an injected ``hang`` fault holds is judged as one that ended where the fault
     acted: it never issues another collective. So is one that returned after an injected

@@ -8,9 +8,10 @@ The rules: once a rank fails or skips, the others get a grace period to report (
 blocked in a collective with a rank that exited fails at once), after which the wait is over
 and the caller tears down those still silent. A pytest test whose body failed says so before
 its fixtures' teardown (``Failing``): that is the rank's ``Failed`` from then on, dated when
-the body failed. A rank whose injected fault ended it (``Fired.ends``) is waited for no
-longer. With a watch (:class:`~harness.controller.certain.HangWatch`), the wait also ends once
-the ranks' traces prove the call can never finish.
+the body failed, also when it is torn down before it answers. A rank whose injected fault
+ended it (``Fired.ends``) is waited for no longer. With a watch
+(:class:`~harness.controller.certain.HangWatch`), the wait also ends once the ranks' traces
+prove the call can never finish.
 """
 
 from __future__ import annotations
@@ -75,8 +76,7 @@ class Supervision:
         deadline: The clock's value to stop at; None waits without bound.
         fired: Filled with the ``Fired`` each rank sent (its fault acted), by rank.
         watch: Ends the wait early when the ranks' traces prove the call can never finish;
-            consulted only while no fault acted and no grace runs (those have their own
-            verdicts).
+            consulted only while no grace runs (the failure is the verdict).
         clock: Monotonic seconds, the time the deadline and grace periods are on.
 
     Attributes:
@@ -158,10 +158,8 @@ class Supervision:
     def receive(self, rank: int, message: RankMessage | Died) -> None:
         """Take what ``rank`` said, or its death, if the wait still takes it.
 
-        A ``Failing`` is the rank's failure until it answers (also when it is torn down
-        meanwhile), and the others' grace starts now. A fault that ends the rank makes it
-        ``Faulted`` and waited for no longer (a hung rank never answers); so does its death,
-        or the fault's error escaping the call: no failure, no grace.
+        A fault that ends the rank, its death after that, or the fault's error escaping the
+        call make it ``Faulted``: no failure, no grace (a hung rank never answers).
         """
         if not self.waits_for(rank):
             return
