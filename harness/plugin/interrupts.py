@@ -84,11 +84,10 @@ class Hooks:
         if reporter is None or hasattr(self._config, "workerinput"):
             # A pytest-xdist worker's terminal output goes nowhere (its stdout is the channel to
             # the controller), but its stderr is the terminal's: Ctrl-C reached it there too.
-            out = sys.stderr
-            out.write(f"\n{summary}\n")
+            sys.stderr.write(f"\n{summary}\n")
             for heading, text in blocks:
-                out.write(f"---------- {heading} ----------\n{text}\n")
-            out.flush()
+                sys.stderr.write(f"---------- {heading} ----------\n{text}\n")
+            sys.stderr.flush()
             return
         reporter.ensure_newline()
         reporter.write_sep("!", "KeyboardInterrupt in a distributed test", red=True)
@@ -108,11 +107,7 @@ class Deadline:
     def explain(self, error: DistributedError | None) -> None:
         """Say in a ``WorldTimeout`` whose deadline was pytest-timeout's that it was (not
         in a ``WorldHang``: it ended before any deadline)."""
-        if (
-            isinstance(error, WorldTimeout)
-            and not isinstance(error, WorldHang)
-            and self.limit is not None
-        ):
+        if isinstance(error, WorldTimeout) and not isinstance(error, WorldHang) and self.limit:
             error.hint = (
                 f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test "
                 "(it counts the test's setup too); the harness took it over to show the "

@@ -27,9 +27,10 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import refs, replay, report
+from harness.plugin import refs, replay, report, settings
 from harness.plugin.marker import launcher_world
 from harness.protocol.messages import CallOptions
+from harness.protocol.pytest_calls import CaseCall, CaseExit
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -103,8 +104,6 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         Exception: The class's own failure where every rank ended normally.
     """
     # Here, not at the top: the plugin loads in sessions that never import torch.
-    from harness.plugin import settings
-    from harness.protocol.pytest_calls import CaseCall
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
@@ -197,8 +196,6 @@ class _Ended:
     each rank's exit code and what it sent through its pipe."""
 
     def __init__(self, outcome: Outcome, elapsed: float, world_size: int, pids: list[int]):
-        from harness.protocol.pytest_calls import CaseExit
-
         self.outcome = outcome
         self.elapsed = elapsed
         self.verdict = replay.PASSED
