@@ -31,8 +31,6 @@ def unavailable_reason(backend: str, world_size: int) -> str | None:
         if found < world_size:
             devices = "1 CUDA device" if world_size == 1 else f"{world_size} CUDA devices"
             return f"needs {devices}, found {found}"
-    check = getattr(dist, "is_backend_available", None)
-    available = check(backend) if check else getattr(dist, f"is_{backend}_available", bool)()
-    if not dist.is_available() or not available:
+    if not dist.is_available() or not dist.is_backend_available(backend):
         return f"backend {backend!r} is not available in this build of torch {torch.__version__}"
     return None
