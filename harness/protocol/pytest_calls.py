@@ -1,10 +1,9 @@
 """What a pytest test's call carries to its ranks (the ``payload`` of a ``Call``).
 
-A distributed test is a ``Call`` of the rank-side runner with a :class:`TestRef` (where the
-ranks find the test function) and a :class:`FixturePlan` (its rank-side fixtures); a
-fixture wider than a function lives on in the ranks until the controller calls the scope
-teardown. Under ``--dist-mptc`` a ``MultiProcessTestCase`` test is a :class:`CaseCall`,
-and a class's last one a :class:`CaseExit`. Stdlib only, like the rest of the protocol.
+A distributed test is a ``Call`` of the rank-side runner with a :class:`TestRef` and a
+:class:`FixturePlan`; under ``--dist-mptc`` a ``MultiProcessTestCase`` test is a
+:class:`CaseCall`, answered with a :class:`CaseExit`. Stdlib only, like the rest of the
+protocol.
 """
 
 from __future__ import annotations
