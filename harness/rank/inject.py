@@ -50,9 +50,8 @@ class Plan:
 
     def take(self, ranks: tuple[int, ...] | None, number: int) -> tuple[int, Fault] | None:
         """Take, once, the fault placed at collective ``number`` on the group of ``ranks``
-        (None: the default group); None where there is none."""
-        if number == 0:
-            return None  # a point-to-point op has no number
+        (None: the default group); None where there is none (always for a point-to-point
+        op's 0: a fault's ``at`` is at least 1)."""
         key = None if ranks is None else tuple(sorted(ranks))
         return self._placed.pop((key, number), None)
 

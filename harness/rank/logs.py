@@ -46,8 +46,7 @@ class _Handler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             text = self.format(record)
-            phase = _state.phase
-            marked = "".join(f"{LOG_MARK}{phase} {line}\n" for line in text.split("\n"))
+            marked = "".join(f"{LOG_MARK}{_state.phase} {line}\n" for line in text.split("\n"))
             write_all(self._fd, marked.encode("utf-8", "replace"))
         except Exception:
             self.handleError(record)

@@ -54,8 +54,6 @@ class PrefixedOutput:
             pump.join(DRAIN_TIMEOUT_S)
         for saved in self._saved:
             os.close(saved)
-        self._saved.clear()
-        self._pumps.clear()
 
     def _pump(self, read_end: int, out: int) -> None:
         pending = b""

@@ -53,12 +53,12 @@ def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, floa
 def _run(ref: TestRef, plan: FixturePlan, marks: list[float]) -> None:
     module = import_test_module(ref)
     owner: Any = module
-    cls = None
+    cls = instance = None
     if ref.cls is not None:
         for part in ref.cls.split("."):
             owner = getattr(owner, part)
-        cls = owner
-        owner = owner()
+        cls, owner = owner, owner()
+        instance = owner
         if ref.instance_state:
             owner.__dict__.update(ref.instance_state)
     function = getattr(owner, ref.function)
@@ -66,12 +66,7 @@ def _run(ref: TestRef, plan: FixturePlan, marks: list[float]) -> None:
         _enter("call", marks)
         function()  # nothing to set up or tear down
         return
-    test = {
-        "module": module,
-        "cls": cls,
-        "instance": owner if cls is not None else None,
-        "function": function,
-    }
+    test = {"module": module, "cls": cls, "instance": instance, "function": function}
     # Here, not at the top: the controller imports this module too (through mptc_body, for
     # --dist-mptc), and needs no rank loop.
     from harness.rank import loop
