@@ -181,7 +181,7 @@ class Supervision:
                 self._answer(rank, message, State.DIED)
             case Failed() if fired is not None and message.fault:
                 self._answer(rank, Faulted(fired, message), State.ANSWERED)
-            case _:
+            case Ready() | Done() | Failed() | Skipped():
                 self._answer(rank, message, State.ANSWERED)
 
     def _answer(self, rank: int, reply: Reply, state: State) -> None:
