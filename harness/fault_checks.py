@@ -11,8 +11,6 @@ from collections.abc import Sequence
 
 from harness.faults import Fault, OpenSweep, Sweep
 
-__all__ = ["check_attempts", "checked"]
-
 
 def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fault, ...]:
     """Check the faults given to a run or a test case.

@@ -12,8 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["KINDS", "WHEN", "Fault", "FaultFired"]
-
 KINDS = ("kill", "exit", "error", "delay", "hang", "corrupt")
 """The kinds of fault, each made by the function of the same name."""
 
