@@ -89,12 +89,9 @@ class Fault:
             raise ValueError(
                 f"signal must be a signal number such as signal.SIGKILL, not {self.signal!r}"
             ) from None
-        if (
-            not isinstance(self.code, int)
-            or isinstance(self.code, bool)
-            or not 0 <= self.code < 256
-        ):
-            raise ValueError(f"code must be an exit status from 0 to 255, not {self.code!r}")
+        code = self.code
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code < 256:
+            raise ValueError(f"code must be an exit status from 0 to 255, not {code!r}")
         if self.kind == "error" and not _is_exception(self.exc):
             raise TypeError(
                 f"exc must be an exception or an exception class (e.g. RuntimeError('peer "

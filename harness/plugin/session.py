@@ -103,12 +103,8 @@ class DistSession:
         if self._preload_failed is None:
             # The server has run the warm-up by now: it did before it forked these ranks.
             problems = forkserver.preload_problems()
-            self._preload_failed = (
-                "ini dist_preload failed in the forkserver, which ranks are forked from: "
-                + "; ".join(problems)
-                if problems
-                else ""
-            )
+            failed = "ini dist_preload failed in the forkserver, which ranks are forked from: "
+            self._preload_failed = failed + "; ".join(problems) if problems else ""
         return world
 
     def give_back_gpus(self) -> None:
