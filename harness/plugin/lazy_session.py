@@ -1,8 +1,7 @@
 """The plugin's session, a :class:`~harness.plugin.session.DistSession`, made on first use.
 
 It is kept in the pytest config's stash. Making it imports torch and the harness core, which
-loading the plugin must not (the plugin is loaded into every pytest run of an environment
-that has fhelium installed): the first distributed test, ``dist_world`` or ``--dist-mptc``
+loading the plugin must not: the first distributed test, ``dist_world`` or ``--dist-mptc``
 makes it, and the hooks that only tidy up look for it without making it.
 """
 

@@ -1,11 +1,9 @@
 """The order dependence a reused world shows: the earlier test behind it, and how it reads.
 
-A distributed test on a reused world runs on processes that earlier tests ran on. Whatever
-they left behind that no reset covers can make it fail where fresh processes would pass it
-(or pass where they would fail it). Where the runner (:mod:`harness.plugin.runner`) finds
-that a test ends otherwise on fresh processes, :func:`bisect` looks for the earlier test
-behind it among those the world ran, on fresh worlds, and :func:`message` says what was
-found, ending with the command that shows it.
+Where the runner (:mod:`harness.plugin.runner`) finds that a test ends otherwise on fresh
+processes than on its reused world, :func:`bisect` looks for the earlier test behind it
+among those the world ran, on fresh worlds, and :func:`message` says what was found,
+ending with the command that shows it.
 """
 
 from __future__ import annotations
