@@ -253,13 +253,6 @@ def interrupt_stacks(exc: BaseException) -> tuple[str, dict[int, str]] | None:
     return (str(found[0]), dict(found[1])) if isinstance(found, tuple) else None
 
 
-def interrupt_collectives(exc: BaseException) -> str:
-    """The ranks' collectives a ``KeyboardInterrupt`` carries from the run it stopped (see
-    :func:`note_interrupt`): '' when it stopped none, or none was issued."""
-    found = getattr(exc, _INTERRUPT_ATTR, None)
-    return str(found[2]) if isinstance(found, tuple) else ""
-
-
 def interrupt_sections(exc: BaseException) -> list[tuple[str, str]]:
     """The sections a ``KeyboardInterrupt`` carries from a run it stopped.
 

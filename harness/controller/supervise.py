@@ -69,8 +69,7 @@ def gather(
                 continue
             for done in (proc.conn.fileno(), proc.process.sentinel):
                 poller.unregister(done)
-            reply = supervision.replies[proc.rank]
-            if isinstance(reply, Ready):
+            if isinstance(reply := supervision.replies[proc.rank], Ready):
                 proc.main_thread, proc.watchdog_thread = reply.main_thread, reply.watchdog_thread
                 proc.code_dir = reply.code_dir
 

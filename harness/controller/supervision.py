@@ -65,7 +65,6 @@ class HangCheck(Protocol):
 
     def step(self, replies: dict[int, Reply]) -> bool:
         """Do the work due at ``next_at``; whether the ranks' traces prove a hang."""
-        ...
 
 
 class Supervision:

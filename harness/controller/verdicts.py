@@ -76,17 +76,6 @@ class Finding:
     text: str
 
 
-def find(
-    traces: Mapping[int, RankTrace | None],
-    states: Mapping[int, str],
-    world_size: int,
-    *,
-    until_raised: bool = False,
-) -> list[str]:
-    """The lines of :func:`findings`."""
-    return [found.text for found in findings(traces, states, world_size, until_raised=until_raised)]
-
-
 def findings(
     traces: Mapping[int, RankTrace | None],
     states: Mapping[int, str],
@@ -111,10 +100,8 @@ def findings(
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     if len(known) < 2:
         return []
-    members: dict[str, tuple[int, ...] | None] = {}
-    for trace in known.values():
-        for group, history in trace.groups.items():
-            members.setdefault(group, history.ranks)
+    # Each group's members (None: every rank), as the first trace that has the group says.
+    members = {group: h.ranks for t in reversed(known.values()) for group, h in t.groups.items()}
     names = group_names(sorted(members), members)
     verdicts: list[Finding] = []
     for group in sorted(members):
@@ -156,7 +143,7 @@ def can_never_finish(
     expect that error).
 
     Args:
-        traces, states, world_size: As :func:`find`; a rank without a trace proves nothing.
+        traces, states, world_size: As :func:`findings`; a rank without a trace proves nothing.
         desync_check: Whether the call's desync check is on. Gloo completes some
             mismatches (SUM against MAX), and a rooted collective may finish on one side
             alone: without the check such a call may pass, so only the first kind counts,
@@ -165,10 +152,8 @@ def can_never_finish(
         deadline: The call's timeout in seconds (None: none).
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
-    members: dict[str, tuple[int, ...] | None] = {}
-    for trace in known.values():
-        for group, history in trace.groups.items():
-            members.setdefault(group, history.ranks)
+    # Each group's members (None: every rank), as the first trace that has the group says.
+    members = {group: h.ranks for t in reversed(known.values()) for group, h in t.groups.items()}
     for group, ranks in members.items():
         group_ranks = list(ranks if ranks is not None else range(world_size))
         inside = {}

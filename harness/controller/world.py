@@ -323,20 +323,17 @@ class World:
     ) -> tuple[Classified, dict[int, Reply]]:
         """:func:`~harness.controller.exchange.exchange` with the live ranks, stopping them when
         it fails or is interrupted."""
-        failed = True
-        interrupted = False
         try:
             outcome, replies = exchange(
                 self._generations.ranks, message, timeout, what, init=self.init, leaks=self.leaks
             )
-            failed = outcome.error is not None or not outcome.reusable
-        except KeyboardInterrupt:
-            interrupted = True
+        except BaseException as exc:
+            self._broken = True
+            self._generations.stop(interrupted=isinstance(exc, KeyboardInterrupt))
             raise
-        finally:
-            if failed:
-                self._broken = True
-                self._generations.stop(interrupted=interrupted)
+        if outcome.error is not None or not outcome.reusable:
+            self._broken = True
+            self._generations.stop()
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:

@@ -25,7 +25,7 @@ import sys
 import threading
 
 import harness
-from harness.errors import interrupt_collectives, interrupt_stacks
+from harness.errors import interrupt_sections, interrupt_stacks
 
 
 def body(directory):
@@ -52,7 +52,8 @@ if __name__ == "__main__":
         summary, stacks = interrupt_stacks(exc)
         print("summary:", summary)
         print("ranks:", sorted(stacks))
-        print("collectives:", interrupt_collectives(exc).replace(chr(10), " | "))
+        collectives = dict(interrupt_sections(exc)).get("collectives", "")
+        print("collectives:", collectives.replace(chr(10), " | "))
         print("at the hanging line:", all("threading.Event().wait()" in s for s in stacks.values()))
         print("broken:", world.broken, flush=True)
         raise

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from harness.errors import (
     forget_interrupt_note,
-    interrupt_collectives,
     interrupt_sections,
     interrupt_stacks,
     note_interrupt,
@@ -28,7 +27,6 @@ def test_the_note_reads_as_the_sections_say() -> None:
         lines += [f"---------- {heading} ----------", text]
     assert interrupt.__notes__ == ["\n".join(lines)]
     assert interrupt_stacks(interrupt) == (SUMMARY, {1: "stack one\n", 0: ""})
-    assert interrupt_collectives(interrupt) == "rank 0: #1 barrier"
     forget_interrupt_note(interrupt)
     assert not hasattr(interrupt, "__notes__")
     assert interrupt_sections(interrupt) == sections  # the data stays
@@ -44,4 +42,3 @@ def test_an_interrupt_that_stopped_no_run_carries_nothing() -> None:
     interrupt = KeyboardInterrupt()
     assert interrupt_sections(interrupt) == []
     assert interrupt_stacks(interrupt) is None
-    assert interrupt_collectives(interrupt) == ""
