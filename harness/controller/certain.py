@@ -42,12 +42,7 @@ class HangWatch:
     fault killed or made exit is not: its peers fail by themselves as its connections close,
     and that failure is the verdict.
 
-    Args:
-        ranks: The call's ranks.
-        desync_check: Whether the call's desync check is on (see
-            :func:`verdicts.can_never_finish`).
-        deadline: The call's timeout in seconds (None: none).
-        faults: The call's faults (``Fired.index`` names one).
+    ``desync_check`` and ``deadline`` are as :func:`verdicts.can_never_finish` takes them.
     """
 
     def __init__(
@@ -77,10 +72,7 @@ class HangWatch:
         it could come late and pass for a later round's, so the call is not judged again."""
 
     def step(self, replies: dict[int, Reply]) -> bool:
-        """Start a round, or read the answers to the one out, once ``next_at`` has passed.
-
-        Returns whether they prove the call can never finish.
-        """
+        """Start a round, or read the answers to the one out; whether they prove a hang."""
         if not self._asked:
             self._ask(replies)
             self.next_at = time.monotonic() + (_READ_EVERY_S if self._asked else PROBE_EVERY_S)
@@ -118,8 +110,8 @@ class HangWatch:
         )
 
     def settle(self, timeout_s: float = 2.0) -> None:
-        """Wait at most ``timeout_s`` for the answers to a round still out when the call ended:
-        the next call's first round must not read one of them as its own."""
+        """Wait at most ``timeout_s`` for the answers to a round still out, which the next
+        call's first round must not read as its own."""
         if not self._asked:  # as after every call that ended within PROBE_EVERY_S
             return
         end = time.monotonic() + timeout_s
@@ -153,8 +145,8 @@ class HangWatch:
 
 
 def _without(trace: RankTrace, fault: Fault) -> RankTrace:
-    """``trace`` as though the rank had stopped before the collective where ``fault`` (an
-    ``error``) raised in its place, if it did: the rank never joined it."""
+    """``trace`` as though the rank had stopped before the collective ``fault`` (an
+    ``error``) raised in place of."""
     groups = dict(trace.groups)
     for key, history in groups.items():
         if history.ranks == fault.group and history.raised == fault.at:

@@ -50,34 +50,23 @@ def classify(
 
     Args:
         replies: What was seen of each rank; a missing rank had not answered when the
-            supervisor stopped waiting (the deadline passed, or a peer failed).
-        world_size: The number of ranks.
-        timeout: The bound the supervisor waited under, for the message (None: none).
+            supervisor stopped waiting.
+        timeout: The bound the supervisor waited under (None: none).
         stacks: The readable stacks of the ranks that had not answered.
         starting: For a world's start, how to name it (``"a world of 2 ranks (gloo)"``).
         init: Whether the world has a harness default group (without one, every group a
             call leaves is destroyed before the next call: none makes it unfit).
         traces: The traces of the ranks that had not answered or that returned while others
-            failed (a failure's reply carries its own); None for a rank that gave none.
-        check_collectives: Whether a call that returned everywhere has its ranks'
-            fingerprints compared (the desync check's first half; see :func:`desync`).
-        faults: The call's faults: a ``Faulted`` rank's value is the ``FaultFired`` of
-            ``faults[fired.index]``.
-        fired: What each rank said as its fault acted: a failure's summary names them.
-        stopped: ``time.monotonic()`` when the wait ended (a timeout says how long after
-            the first fault the ranks were still running).
-        certain: The wait ended before the deadline because the ranks' traces proved the
-            call can never finish: a ``WorldHang``, which says so instead of naming a bound.
+            failed (a failure's reply carries its own).
+        check_collectives: Whether the desync check's first half runs (see :func:`desync`).
+        faults, fired: The call's faults, and what each rank said as its fault acted.
+        stopped: ``time.monotonic()`` when the wait ended.
+        certain: The ranks' traces proved the call can never finish: a ``WorldHang``.
 
     Returns:
-        For a call: the values (``suspect`` when the fingerprints differ); the skip when
-        every rank skipped; else the error, with the ranks' collectives and verdicts:
-        ``RankError`` / ``RankCrash`` (by the first failure in time) list failures in time
-        order, then skips, and name the ranks torn down; a skip on some ranks only is a
-        ``RankError``; silent ranks and no failure, a ``WorldTimeout`` (a ``WorldHang``
-        when ``certain``); a strict fault that never fired, a ``FaultNotFired``. A rank a
-        fault ended is no failure. For a start: an error unless every rank is ``Ready``,
-        listing the others by rank.
+        For a call: the values (``suspect`` when the fingerprints differ), the skip when
+        every rank skipped, or the error with the ranks' collectives and verdicts (a rank a
+        fault ended is no failure). For a start: an error unless every rank is ``Ready``.
     """
     stacks = stacks or {}
     if starting is not None:
@@ -112,13 +101,8 @@ def classify(
 def desync(
     outcome: Classified, traces: Mapping[int, RankTrace | None], world_size: int
 ) -> Classified:
-    """The desync check's second half, for a ``suspect`` outcome: the ranks' whole traces,
-    taken after the call (None where one could not be read), compared.
-
-    Returns:
-        ``outcome`` when the traces agree after all (a checksum collision; differences
-        that are right); otherwise a ``CollectiveMismatch`` outcome.
-    """
+    """The desync check's second half, for a ``suspect`` outcome: the ranks' whole traces
+    compared; ``outcome`` when they agree after all, else a ``CollectiveMismatch`` outcome."""
     states = dict.fromkeys(range(world_size), verdicts.DONE)
     # A collective that raised where the test handled the error is no desync, nor is what
     # followed it on its group: only what completed on every member is compared.
@@ -347,8 +331,7 @@ def _verdicts(
     *,
     until_raised: bool = False,
 ) -> list[verdicts.Finding]:
-    """``verdicts.findings``, which must never turn the user's failure into one of ours:
-    the traces come from the ranks, whatever state their code left them in."""
+    """``verdicts.findings``, never raising: the traces are whatever the ranks' code left."""
     try:
         return verdicts.findings(traces, states, world_size, until_raised=until_raised)
     except Exception as exc:

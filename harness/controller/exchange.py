@@ -36,8 +36,7 @@ def call_message(
 
 
 def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
-    """How ``os.environ`` differs from ``started``: new values, None for removed variables.
-    Compared as bytes (``compat.environ_bytes``): this runs at every call."""
+    """How ``os.environ`` differs from ``started``: new values, None for removed variables."""
     now = compat.environ_bytes()
     if now == started:
         return None
@@ -50,8 +49,7 @@ def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | Non
 
 
 def _kept_trace(reply: Reply | None) -> RankTrace | None:
-    """A rank's trace of a call that succeeded: as its answer carries it, or, for a rank a
-    fault ended, as it sent it when the fault acted."""
+    """A rank's trace of a call that succeeded, or of a rank a fault ended, when it acted."""
     if isinstance(reply, Faulted):
         return reply.fired.trace
     return reply.trace if isinstance(reply, Done) else None
@@ -66,12 +64,9 @@ def exchange(
     init: bool,
     leaks: str,
 ) -> tuple[Classified, dict[int, Reply]]:
-    """Send ``message`` (None: nothing, the ranks are starting) to every rank, gather their
-    replies within ``timeout`` and classify them; ``what`` names the call (``"the call of
-    fn"``) or what starts. With ``leaks="error"`` what a call left is its failure. Returns
-    the outcome and the replies, by rank; a Ctrl-C during a call is re-raised with every
-    rank's collectives and stack noted (the caller stops the ranks).
-    """
+    """Send ``message`` (None: the ranks are starting) to every rank, gather their replies
+    within ``timeout`` and classify them; ``what`` names the call or what starts. A Ctrl-C
+    during a call is re-raised with the ranks' collectives and stacks noted."""
     world_size = len(ranks)
     options = message.options if isinstance(message, Call) else None
     try:

@@ -19,12 +19,8 @@ from harness.protocol.traces import RankTrace
 class Died:
     """A rank process ended without answering (what the supervisor saw, not a message).
 
-    Attributes:
-        exitcode: As :mod:`multiprocessing` reports it (negative: killed by that signal).
-        at: When it died, on the monotonic clock, as well as the supervisor could tell.
-        dump: Its readable crash dump ('' when Python wrote none).
-        exit_call: Where it called ``os._exit`` (``"test_x.py:12"``) and its stack there,
-            when it left that way.
+    ``at`` is on the monotonic clock; ``exit_call``, where it called ``os._exit``
+    (``"test_x.py:12"``) and its stack there, when it left that way.
     """
 
     exitcode: int | None
@@ -35,13 +31,8 @@ class Died:
 
 @dataclass(frozen=True)
 class Faulted:
-    """A rank whose injected fault ended its part of the call, as the supervisor saw it.
-
-    Attributes:
-        fired: What the rank said as the fault acted.
-        then: What followed: its death, its ``Failed`` with the fault's error, or None
-            (it hangs, or was dying when its peers had finished).
-    """
+    """A rank whose injected fault ended its part of the call: what it said as the fault
+    acted, then its death, its ``Failed`` with the fault's error, or None (it hangs)."""
 
     fired: Fired
     then: RankMessage | Died | None = None
@@ -56,15 +47,11 @@ class Outcome:
     """Everything one call produced, before it becomes a return value or an error.
 
     Attributes:
-        values: The return values by rank, when the call succeeded.
-        error: The error, when it did not.
-        skip: The skip, when every rank skipped.
         outputs: Each rank's captured ``(stdout, stderr)``, when the call captured them.
         returned: When the call failed, the pickled return values of the ranks that had
             returned, by rank (the ``--dist-mptc`` check judges ranks one by one).
         traces: When the call succeeded and ``CallOptions.keep_traces`` asked for them,
-            each rank's trace of its collectives (None: unknown), by rank; a failure's are
-            its error's ``collectives``.
+            each rank's trace of its collectives (None: unknown), by rank.
     """
 
     values: list[Any] | None = None
@@ -92,16 +79,12 @@ class Classified(Outcome):
     ran it (the World's to act on; ``World.call`` returns the plain :class:`Outcome`).
 
     Attributes:
-        reusable: False when the world must be rebuilt although the call succeeded (it
-            destroyed the default group on some ranks only, left the ranks' group counters
-            out of step, or a collective raised and the test handled the error).
-        notice: Why a successful call left the world unfit, when the caller should hear it
-            ('' otherwise).
+        reusable: False when the world must be rebuilt although the call succeeded.
+        notice: Why a successful call left the world unfit, when the caller should hear it.
         regroup: The call destroyed the harness's default process group on every rank: the
             world makes a fresh one, on the same processes, before the next call.
         leaks: What a successful call left that no reset undoes: findings by rank.
-        suspect: The ranks' fingerprints of their collectives disagree: the caller fetches
-            their traces and completes the desync check (``classify.desync``).
+        suspect: The ranks' fingerprints disagree: ``classify.desync`` completes the check.
     """
 
     reusable: bool = True

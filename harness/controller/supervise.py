@@ -36,11 +36,6 @@ def gather(
 ) -> tuple[dict[int, Reply], str]:
     """Wait for one reply (or death) per rank, by the rules of ``Supervision``.
 
-    Args:
-        ranks: The ranks to wait for.
-        deadline: ``time.monotonic()`` value to stop at; None waits without bound.
-        fired, watch: As ``Supervision`` takes them.
-
     Returns:
         The replies by rank (those still silent when it stopped missing), and why it stopped
         (``Supervision.stopped_by``).
@@ -75,8 +70,8 @@ def gather(
 
 
 def _end_returned(ranks: list[RankProcess], replies: dict[int, Reply]) -> None:
-    """End the ranks that returned, as native processes end once done: their connections
-    close, so a peer blocked on one fails instead of hanging (the world is rebuilt anyway)."""
+    """End the ranks that returned, as native processes end once done (the world is rebuilt
+    anyway)."""
     for proc in ranks:
         if isinstance(replies.get(proc.rank), Done) and proc.lifeline is not None:
             proc.lifeline.close()
@@ -132,11 +127,7 @@ def readable(proc: RankProcess, dump: str) -> str:
 
 
 def _receive(proc: RankProcess, ready: bool = False) -> RankMessage | Died:
-    """What a rank said, or how it died.
-
-    ``ready``: the poll found its pipe readable (a message, or the pipe's end), so recv need
-    not ask again (``Connection.poll`` builds a selector each time).
-    """
+    """What a rank said, or how it died; ``ready``: the poll found its pipe readable."""
     with contextlib.suppress(EOFError, OSError):
         if ready or proc.conn.poll():
             message: RankMessage = proc.conn.recv()

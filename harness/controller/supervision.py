@@ -45,8 +45,7 @@ class State(enum.Enum):
     FAILING = "failing"
     """Its test body failed and it tears down its fixtures: waited for its ``Failed``."""
     FAULT_ENDED = "fault-ended"
-    """Its injected fault ended it (killed, exited, hung): waited for no longer, though a
-    death still counts."""
+    """Its injected fault ended it: waited for no longer, though a death still counts."""
     ANSWERED = "answered"
     """It answered (returned, failed, skipped, is ready)."""
     DIED = "died"
@@ -58,7 +57,7 @@ _WAITED = (State.RUNNING, State.FAILING, State.FAULT_ENDED)
 
 
 class HangCheck(Protocol):
-    """What :class:`Supervision` asks of a hang watch (see ``HangWatch``)."""
+    """What :class:`Supervision` asks of a ``HangWatch``."""
 
     active: bool
     next_at: float
@@ -70,20 +69,10 @@ class HangCheck(Protocol):
 class Supervision:
     """The wait for one reply (or death) per rank: each rank's state, the deadline and grace.
 
-    Args:
-        ranks: The ranks waited for.
-        deadline: The clock's value to stop at; None waits without bound.
-        fired: Filled with the ``Fired`` each rank sent (its fault acted), by rank.
-        watch: Ends the wait early when the ranks' traces prove the call can never finish;
-            consulted only while no grace runs (the failure is the verdict).
-        clock: Monotonic seconds, the time the deadline and grace periods are on.
-
-    Attributes:
-        replies: What each rank said or how it ended, by rank: its final reply, or while it
-            is waited for, the ``Failed`` of its ``Failing`` or the ``Faulted`` of its
-            fault that ended it.
-        fired: The ``Fired`` each rank sent, by rank.
-        stopped_by: Why the wait is over (see :meth:`wake`); None while it goes on.
+    ``deadline`` is a value of ``clock`` (None: no bound); ``fired`` is filled with the
+    ``Fired`` each rank sent. ``replies`` holds each rank's final reply, or while it is
+    waited for, the ``Failed`` of its ``Failing`` or the ``Faulted`` of the fault that ended
+    it; ``stopped_by`` says why the wait is over (see :meth:`wake`), None while it goes on.
     """
 
     def __init__(
@@ -113,11 +102,8 @@ class Supervision:
 
     @property
     def ends_returned(self) -> bool:
-        """Whether the ranks that returned should end now.
-
-        They should when a fault ended a rank while others are still waited for, so a peer
-        blocked on a returned rank fails instead of hanging.
-        """
+        """Whether the ranks that returned should end now: a fault ended a rank while others
+        are waited for (a peer blocked on a returned rank then fails instead of hanging)."""
         if not self.fired:  # as in nearly every call: no fault acted
             return False
         pending = any(state in _WAITED for state in self._states.values())
@@ -155,11 +141,7 @@ class Supervision:
         return None, (min(limits) - now if limits else None)
 
     def receive(self, rank: int, message: RankMessage | Died) -> None:
-        """Take what ``rank`` said, or its death, if the wait still takes it.
-
-        A fault that ends the rank, its death after that, or the fault's error escaping the
-        call make it ``Faulted``: no failure, no grace (a hung rank never answers).
-        """
+        """Take what ``rank`` said, or its death, if the wait still takes it."""
         if not self.waits_for(rank):
             return
         fired = self.fired.get(rank)
@@ -198,8 +180,7 @@ class Supervision:
             self._grace(SKIP_GRACE_S if isinstance(reply, Skipped) else FAILURE_GRACE_S)
 
     def _grace(self, seconds: float, extend: bool = False) -> None:
-        """Give the others ``seconds`` from now: the earliest end stands, unless ``extend`` (a
-        rank's teardown ended: its peers fail from now on)."""
+        """Give the others ``seconds`` from now: the earliest end stands, unless ``extend``."""
         end = self._clock() + seconds
         if self._grace_end is None:
             self._grace_end = end

@@ -1,6 +1,4 @@
-"""Which collective went wrong, from the ranks' traces.
-
-The traces are compared, one verdict line per finding.
+"""Which collective went wrong, from the ranks' traces: one verdict line per finding.
 
 Pure logic on plain data, for every failed call and, as the desync check, every call that
 returned on all ranks; while a call runs, :func:`can_never_finish` says whether the traces
@@ -60,15 +58,8 @@ own timeout, naming the missing rank)."""
 
 @dataclass(frozen=True)
 class Finding:
-    """One verdict on a group's collectives, and the collective it points at.
-
-    Attributes:
-        group: The group's id.
-        seq: The collective's number on it: the first that differs, or the one the members
-            behind never issued.
-        kind: ``MISMATCH`` (the members' ops differ there) or ``HANG`` (members are behind).
-        text: The verdict line.
-    """
+    """One verdict line on a group's collectives, and the collective it points at: the first
+    that differs (``MISMATCH``), or the one members behind never issued (``HANG``)."""
 
     group: str
     seq: int
@@ -86,13 +77,11 @@ def findings(
     """Compare the ranks' traces of one call.
 
     Args:
-        traces: Per rank, the collectives it issued (None or missing: unknown, the rank died
-            or did not answer the request).
+        traces: Per rank, the collectives it issued (None or missing: unknown).
         states: Per rank, what became of it: ``RUNNING``, ``DONE``, ``FAILED`` or ``DIED``.
         world_size: The number of ranks (the members of the default group).
         until_raised: Compare each group only before its first collective that raised on
-            any member (``GroupHistory.raised``): the desync check of a call that returned
-            everywhere, whose test handled that error.
+            any member: the desync check of a call whose test handled that error.
 
     Returns:
         The findings, at most one per process group; empty when the ranks agree.
@@ -137,19 +126,15 @@ def can_never_finish(
     * or every member is inside collective #N and their ops (op, reduce op, root, shapes,
       dtypes) differ;
 
-    unless the waiting collectives end by themselves first: a ``monitored_barrier`` (it
-    raises at its own timeout, naming the missing ranks) or any collective of a group whose
-    own timeout is shorter than the call's ``deadline`` (it raises then, and the test may
-    expect that error).
+    unless the waiting collectives raise by themselves first: a ``monitored_barrier``, or
+    any collective of a group whose own timeout is shorter than the call's ``deadline``
+    (seconds; None: none), an error the test may expect.
 
     Args:
         traces, states, world_size: As :func:`findings`; a rank without a trace proves nothing.
-        desync_check: Whether the call's desync check is on. Gloo completes some
-            mismatches (SUM against MAX), and a rooted collective may finish on one side
-            alone: without the check such a call may pass, so only the first kind counts,
-            for a collective every member must join (``_EVERY_MEMBER_JOINS``); with it,
-            the call fails either way.
-        deadline: The call's timeout in seconds (None: none).
+        desync_check: Whether the call's desync check is on. Without it a mismatch may
+            pass (Gloo completes SUM against MAX; a rooted collective may finish on one
+            side), so only the first kind counts, for a collective every member must join.
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     # Each group's members (None: every rank), as the first trace that has the group says.
@@ -185,8 +170,7 @@ def _ends_itself(
     known: Mapping[int, RankTrace],
     deadline: float | None,
 ) -> bool:
-    """Whether the collectives ranks are ``inside`` on ``group`` raise by themselves before
-    the deadline (see :func:`can_never_finish`)."""
+    """Whether the collectives ranks are ``inside`` on ``group`` raise before the deadline."""
     if any(last.op.name == "monitored_barrier" for last in inside.values()):
         return True
     bounds = [t for r in inside if (t := known[r].groups[group].timeout) is not None]
@@ -196,8 +180,7 @@ def _ends_itself(
 def _before_raised(
     histories: Mapping[int, GroupHistory | None],
 ) -> dict[int, GroupHistory | None]:
-    """The members' histories of a group, cut before its first collective that raised on any
-    of them (unchanged where none did)."""
+    """The members' histories of a group, cut before its first collective that raised."""
     raised = [h.raised for h in histories.values() if h is not None and h.raised]
     if not raised:
         return dict(histories)
@@ -312,9 +295,8 @@ def _missing(
 
 
 def _waiting(ranks: list[int], group: str, top: int, known: Mapping[int, RankTrace]) -> str:
-    """How ``ranks`` wait in the group's top collective ``#top``: ``"wait in"`` when all are
-    inside it (``"were in"`` when they raised there: a peer left; singular for one rank); ''
-    otherwise."""
+    """How ``ranks`` wait in collective ``#top``: ``"wait in"``, ``"were in"`` when they
+    raised there (a peer left), or '' when some are not inside it."""
     states = set()
     for rank in ranks:
         last = known[rank].last(group)
