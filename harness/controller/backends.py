@@ -9,12 +9,8 @@ from harness import validate
 
 
 def resolve_backend(backend: object) -> str:
-    """The backend a name of :data:`harness.validate.BACKEND_CHOICES` (any case) stands for.
-
-    In lower case; ``"auto"`` is what ``fhelium.distributed.init`` picks without a
-    ``backend``, as its documentation says: NCCL when CUDA is available, else Gloo. Raises
-    ``ValueError`` for any other value.
-    """
+    """The backend a name of :data:`harness.validate.BACKEND_CHOICES` (any case) stands for,
+    in lower case: ``"auto"`` is NCCL when CUDA is available, else Gloo."""
     name = validate.backend(backend)
     if name != "auto":
         return name
@@ -22,10 +18,7 @@ def resolve_backend(backend: object) -> str:
 
 
 def unavailable_reason(backend: str, world_size: int) -> str | None:
-    """Why a world of this (resolved) backend and size cannot run here.
-
-    The reason reads ``"needs 2 CUDA devices, found 0"``; None if it can.
-    """
+    """Why a world of this (resolved) backend and size cannot run here; None if it can."""
     if backend == "nccl":
         found = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if found < world_size:

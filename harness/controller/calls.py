@@ -19,11 +19,7 @@ _CONTROLLER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def checked_timeout(value: float | None) -> float | None:
-    """A call's or a World's ``timeout``, checked: seconds, or None for no bound.
-
-    Raises:
-        ValueError: It is neither None nor a positive, finite number of seconds.
-    """
+    """A call's or a World's ``timeout``, checked: seconds, or None for no bound."""
     return None if value is None else validate.seconds(value, "timeout", optional=True)
 
 
@@ -31,13 +27,7 @@ def checked_options(
     options: CallOptions | None, timeout: float | None, world_size: int
 ) -> CallOptions:
     """``options`` checked for a World of ``world_size`` ranks whose timeout is ``timeout``
-    (it stands where the call gives none); the faults are placed on the World's ranks.
-
-    Raises:
-        TypeError: ``options`` is not a ``CallOptions``, ``check_collectives`` not a bool,
-            or ``faults`` not a list of faults.
-        ValueError: ``output`` or ``timeout`` is invalid, or a fault does not fit the World.
-    """
+    (it stands where the call gives none); the faults are placed on the World's ranks."""
     if options is None:
         return CallOptions(timeout)
     if not isinstance(options, CallOptions):
@@ -64,8 +54,7 @@ def captured(proc: RankProcess, reply: object) -> tuple[str, str]:
 
 def callers_level() -> int:
     """The ``stacklevel``, from the function that calls this, of the first caller outside the
-    controller: a warning about a call points at the code that made it (under the plugin, at
-    the plugin, which moves it to the test)."""
+    controller: a warning points at the code that made the call."""
     level = 2  # warn's stacklevel 2: the caller of that function, frame(2) from here
     frame = compat.frame(2)
     while frame is not None and frame.f_code.co_filename.startswith(_CONTROLLER_DIR):

@@ -40,13 +40,8 @@ def default_lease_dir() -> str:
 
 @dataclass(frozen=True)
 class Inventory:
-    """The GPUs a run may use, and their lease directory.
-
-    Attributes:
-        ids: The GPUs, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), in order.
-        lease_dir: The directory of the lease files, shared by every process that leases
-            these GPUs.
-    """
+    """The GPUs a run may use, as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs), and
+    the directory of their lease files."""
 
     ids: tuple[str, ...]
     lease_dir: str
@@ -69,9 +64,7 @@ def inventory(
     Args:
         given: The ids given (``--dist-gpus``, ini ``dist_gpus``), comma-separated; None or
             '' for the default.
-        environ: The environment (``CUDA_VISIBLE_DEVICES``).
         cuda_count: How many devices CUDA shows (called only when nothing else says).
-        lease_dir: Where the leases are kept.
         where: How errors name the setting.
 
     Raises:
@@ -116,11 +109,8 @@ def _split(text: str, where: str) -> list[str]:
 
 
 class Lease:
-    """GPUs held exclusively by this process until :meth:`release` (or its death).
-
-    Attributes:
-        ids: The GPUs, in the order the world's ranks use them.
-    """
+    """GPUs held exclusively by this process until :meth:`release` (or its death), in the
+    order the world's ranks use them."""
 
     def __init__(self, ids: tuple[str, ...], files: list[int]) -> None:
         self.ids = ids
@@ -148,13 +138,8 @@ class Lease:
 
 
 class LeaseTimeout(LeaseError):
-    """A world's GPUs did not come free in time.
-
-    Attributes:
-        waited: How long the wait lasted, in seconds.
-        count: How many GPUs were wanted.
-        holders: Who held GPUs of the run when the wait ended (``"pid 123: test_x.py::t"``).
-    """
+    """A world's GPUs did not come free in time: it ``waited`` seconds for ``count`` GPUs,
+    which ``holders`` held."""
 
     def __init__(self, waited: float, count: int, holders: list[str]) -> None:
         self.waited, self.count, self.holders = waited, count, holders
@@ -176,19 +161,15 @@ def acquire(
     """Take ``count`` GPUs of ``stock``, all at once, waiting for them in turn.
 
     Args:
-        stock: The run's GPUs.
-        count: How many (at least 1, at most ``len(stock.ids)``).
         holder: Who holds them, for the message of whoever waits (a test id).
         timeout: The most seconds to wait; None: no bound.
         before_waiting: Called once, before the first wait: the caller gives back the
-            leases of its own idle worlds there, so that it never waits while holding GPUs.
-        clock, sleep: The monotonic clock and the sleep between looks (for tests).
+            leases of its own idle worlds there.
 
     Raises:
-        ValueError: ``count`` is out of range.
+        ValueError: ``count`` is not between 1 and ``len(stock.ids)``.
         LeaseTimeout: The GPUs did not come free within ``timeout``.
-        LeaseDirectoryError: The lease directory cannot be created or locked (its path and
-            why).
+        LeaseDirectoryError: The lease directory cannot be created or locked.
     """
     if not 1 <= count <= len(stock.ids):
         raise ValueError(f"cannot lease {count} GPUs from {len(stock.ids)}: {stock.ids}")

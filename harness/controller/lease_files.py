@@ -29,11 +29,8 @@ class LeaseDirectoryError(LeaseError, OSError):
 
 
 def lease_directory(path: str) -> str:
-    """``path``, made where it is missing.
-
-    Raises:
-        LeaseDirectoryError: It cannot be made, or written in (its path and why).
-    """
+    """``path``, made where it is missing; ``LeaseDirectoryError`` if it cannot be, or
+    written in."""
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -61,11 +58,8 @@ class locked:
 
 
 def open_file(path: str) -> int:
-    """A descriptor of ``path`` open for reading and writing, made where it is missing.
-
-    Raises:
-        LeaseDirectoryError: It cannot be opened (its path and why).
-    """
+    """A descriptor of ``path`` open for reading and writing, made where it is missing;
+    ``LeaseDirectoryError`` if it cannot be opened."""
     try:
         return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
@@ -122,10 +116,7 @@ def drop_ticket(held: tuple[str, int]) -> None:
 
 
 def first_in_line(directory: str, mine: str | None) -> bool:
-    """Whether no live ticket came before ``mine`` (None: a newcomer's, who has none yet).
-
-    The stale tickets, of processes that died waiting, are removed.
-    """
+    """Whether no live ticket came before ``mine`` (None: a newcomer's); removes stale ones."""
     for name in sorted(os.listdir(directory)):
         if not name.endswith(TICKET):
             continue
