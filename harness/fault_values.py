@@ -92,18 +92,15 @@ class Fault:
         code = self.code
         if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code < 256:
             raise ValueError(f"code must be an exit status from 0 to 255, not {code!r}")
-        if self.kind == "error" and not _is_exception(self.exc):
+        exc_type = self.exc if isinstance(self.exc, type) else type(self.exc)
+        if self.kind == "error" and not issubclass(exc_type, BaseException):
             raise TypeError(
                 f"exc must be an exception or an exception class (e.g. RuntimeError('peer "
                 f"lost')), not {self.exc!r}"
             )
         seconds = self.seconds
-        if (
-            not isinstance(seconds, (int, float))
-            or isinstance(seconds, bool)
-            or not math.isfinite(seconds)
-            or seconds < 0
-        ):
+        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+        if not number or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"seconds must be a finite number >= 0, not {seconds!r}")
         if self.kind == "corrupt" and not callable(self.fn):
             raise TypeError(f"fn must be callable (it gets the rank's tensor), not {self.fn!r}")
@@ -193,9 +190,3 @@ def _index(value: object, what: str, *, minimum: int) -> None:
         raise TypeError(f"{what} must be an int >= {minimum}, not {value!r}")
     if value < minimum:
         raise ValueError(f"{what} must be >= {minimum}, got {value}")
-
-
-def _is_exception(value: object) -> bool:
-    if isinstance(value, BaseException):
-        return True
-    return isinstance(value, type) and issubclass(value, BaseException)

@@ -105,8 +105,7 @@ class Deadline:
     limit: float | None = None
 
     def explain(self, error: DistributedError | None) -> None:
-        """Say in a ``WorldTimeout`` whose deadline was pytest-timeout's that it was (not
-        in a ``WorldHang``: it ended before any deadline)."""
+        """Say in a ``WorldTimeout`` (not a ``WorldHang``) that pytest-timeout set its deadline."""
         if isinstance(error, WorldTimeout) and not isinstance(error, WorldHang) and self.limit:
             error.hint = (
                 f"The deadline was pytest-timeout's limit of {self.limit:g} s for this test "

@@ -43,8 +43,7 @@ _TERMINATED = -15
 
 
 def selected(item: pytest.Item) -> bool:
-    """Whether the item is a test of torch's ``MultiProcessTestCase`` or a subclass (any
-    other unittest class runs as it would)."""
+    """Whether the item is a test of a ``MultiProcessTestCase`` class."""
     return isinstance(item, pytest.Function) and compat.mptc_is_case_class(item.cls)
 
 
@@ -91,12 +90,8 @@ class CasePlugin:
 
 
 def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:
-    """Run one test on a world of its size and judge it with the class's own check.
-
-    A world is rebuilt where a rank's process would have ended with a failing exit code
-    (see :mod:`harness.rank.mptc_body`); where the check accepts such an exit anyway, a
-    warning names the test. ``case`` is the test case instance (its ``setUp`` has run),
-    ``fn`` the test method as the class's ``_join_processes`` receives it.
+    """Run one test (``fn``, as ``_join_processes`` receives it) on a world of its size and
+    judge it with the class's own check; a warning names a failing exit it accepts.
 
     Raises:
         unittest.SkipTest: The class's check says the test skipped.
@@ -115,18 +110,10 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         # it, and nothing else: the rank runs the test with exactly this one.
         environ=dict(os.environ),
     )
-    options = CallOptions(
-        compat.mptc_timeout(case),
-        session.settings.output,
-        keep_traces=settings.keep_traces(session.settings, ()),
-    )
-    step = replay.Step(
-        item.nodeid,
-        rank_body,
-        (call,),
-        options,
-        prepare=functools.partial(_empty_store, call.file_name),
-    )
+    keep = settings.keep_traces(session.settings, ())
+    options = CallOptions(compat.mptc_timeout(case), session.settings.output, keep_traces=keep)
+    prepare = functools.partial(_empty_store, call.file_name)
+    step = replay.Step(item.nodeid, rank_body, (call,), options, prepare=prepare)
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
     shape = (world_size, "gloo", False, 0)
@@ -162,9 +149,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
 
 
 def _empty_store(path: str) -> None:
-    """Empty the test's ``FileStore`` file, as the case's ``setUp`` left it: a run of the
-    test before (on reused ranks, or replayed) wrote its ranks' addresses there, which new
-    ranks would otherwise try to reach."""
+    """Empty the test's ``FileStore`` file: an earlier run wrote ranks' addresses there."""
     if os.path.exists(path):
         with open(path, "wb"):
             pass
@@ -172,8 +157,7 @@ def _empty_store(path: str) -> None:
 
 @dataclass
 class _CaseTest:
-    """A ``MultiProcessTestCase`` test as the runner runs it: its class's ``_run`` on every
-    rank, judged by the class's own check (:meth:`harness.plugin.runner.Runnable.attempt`)."""
+    """A ``MultiProcessTestCase`` test as the runner runs it."""
 
     step: replay.Step
     case: Any
@@ -192,8 +176,7 @@ class _CaseTest:
 
 
 class _Ended:
-    """How one run of a test on a world ended, as the class's check sees its processes:
-    each rank's exit code and what it sent through its pipe."""
+    """How one run of a test ended, as the class's check sees its processes and pipes."""
 
     def __init__(self, outcome: Outcome, elapsed: float, world_size: int, pids: list[int]):
         self.outcome = outcome
@@ -234,8 +217,7 @@ class _Ended:
             self.pipes[pid] = _Sent(messages)
 
     def judge(self, case: Any, fn: Any) -> str:
-        """The class's own check on this run (``_check_return_codes``): its verdict
-        (``replay.PASSED``, ``FAILED``, ``SKIPPED``), kept with what it raised."""
+        """The class's own check on this run: its verdict, kept with what it raised."""
         try:
             compat.mptc_check(case, fn, self.elapsed, self.processes, self.pipes)
         except unittest.SkipTest as exc:
@@ -247,9 +229,7 @@ class _Ended:
 
 @dataclass
 class _Exited:
-    """One rank as the class's check sees one of its processes: ended, with an exit code
-    (None: still running at the deadline) and a pid (the rank's). The harness owns the
-    rank: nothing is left to end or wait for."""
+    """One rank as an ended process (exit code None: running at the deadline)."""
 
     pid: int
     exitcode: int | None
@@ -270,7 +250,7 @@ class _Exited:
 
 @dataclass
 class _Sent:
-    """What one rank sent through its pipe, readable as the class's check reads a pipe."""
+    """What one rank sent through its pipe."""
 
     messages: list[str] = field(default_factory=list)
     closed: bool = False
@@ -284,8 +264,7 @@ class _Sent:
         return bool(self.messages)
 
     def send(self, obj: Any) -> None:
-        """The class asks a timed-out process for its traceback this way; the harness has
-        taken every rank's stacks already."""
+        """Ignored: the harness has every rank's stacks already."""
 
     def close(self) -> None:
         self.closed = True

@@ -23,13 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Culprit:
-    """What the search for an order dependence found.
-
-    Attributes:
-        tests: The culprit; or, with ``why``, the earlier tests the cause is among.
-        runs: The fresh worlds used.
-        why: Why the search stopped short of a culprit ('' when it found one).
-    """
+    """What the search found: the culprit in ``tests``, or with ``why`` (why the search
+    stopped short) the earlier tests the cause is among; ``runs``: the fresh worlds used."""
 
     tests: tuple[str, ...]
     runs: int
@@ -50,7 +45,6 @@ def bisect(
     and fresh runs showed), and that test alone is then run before the test.
 
     Args:
-        new_world: Starts a fresh world like the reused one.
         history: The tests the reused world ran before this one, oldest first.
         attempt: Runs the test and says how it ended.
         reused: How it ended on the reused world.
@@ -106,7 +100,6 @@ def message(
     """How an order dependence reads, ending with the command that shows it.
 
     Args:
-        item: The test.
         earlier: The tests that ran before it on the reused world.
         reused, fresh: How it ended there and on fresh ranks.
         finding: What the search found (None: no search was made).

@@ -38,14 +38,10 @@ def verdict_of(outcome: Outcome) -> str:
 
 @dataclass(frozen=True)
 class Step:
-    """One test as a world ran it: what runs it again on other processes.
+    """One test as a world ran it (its rank-side ``fn`` and ``args``): what runs it again.
 
-    Attributes:
-        nodeid, fn, args: The test's node id; the rank-side function its ranks were sent,
-            and its arguments.
-        options: The call's record (deadline, seed, collective check, faults, output).
-        prepare: Runs in the controller before each call, where given: it puts back what
-            the test's own setup left for its ranks and an earlier run changed (a store file).
+    ``prepare`` runs in the controller before each call, where given: it puts back what the
+    test's own setup left for its ranks and an earlier run changed (a store file).
     """
 
     nodeid: str
@@ -87,8 +83,7 @@ _T = TypeVar("_T")
 
 
 class Replayed(Exception):
-    """An earlier test (its node id the one argument) failed when run again: the replay is
-    not the sequence that ran."""
+    """An earlier test (its node id the one argument) failed when run again."""
 
 
 def on_fresh(

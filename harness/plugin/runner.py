@@ -40,15 +40,12 @@ Shape = tuple[int, str, bool, int]
 
 
 class Runnable(Protocol[_T_co]):
-    """A test as the runner runs it: what runs it again (its ``step``), and one run on a
-    world that says how it ended."""
+    """A test as the runner runs it: its ``step``, and one run on a world."""
 
     step: Step
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, _T_co]:
-        """Run the test on ``world`` (``fresh``: a world of its own, which ends with it);
-        return how it ended (``replay.PASSED``, ``FAILED`` or ``SKIPPED``) and the result
-        the caller reports."""
+        """Run the test on ``world`` (``fresh``: its own); return its verdict and result."""
 
 
 @dataclass(frozen=True)
@@ -85,18 +82,8 @@ class Runner:
         shape: Shape,
         sizes: tuple[int, ...],
     ) -> Checked[Outcome]:
-        """Run a test with restarts: each attempt on a fresh world of its size, until one
-        ends with no rank failed or ended by a fault (:mod:`harness.controller.restarts`).
-        The attempts are listed in the report's ``attempts`` section (a failure's report
-        lists those before it).
-
-        Args:
-            item: The test.
-            test: Runs the test with the options of one attempt.
-            options: The test's call options, every attempt's faults among them.
-            shape: Its first world's shape (each attempt's size is ``sizes``').
-            sizes: The world size of each attempt.
-        """
+        """Run a test with restarts, each attempt on a fresh world of its size in ``sizes``
+        (:mod:`harness.controller.restarts`), listing them in the report's ``attempts``."""
 
         def attempt(size: int, attempt_options: CallOptions) -> Outcome:
             with self.new_world((size, *shape[1:])) as world:
@@ -110,16 +97,8 @@ class Runner:
     def run(
         self, item: pytest.Item, test: Runnable[_T], shape: Shape, isolate: bool, option: str
     ) -> Checked[_T]:
-        """Run ``test`` as the module's docstring says.
-
-        Args:
-            item: The test.
-            test: How it runs on a world.
-            shape: Its world's shape.
-            isolate: Whether it runs on fresh processes alone.
-            option: What the commands in messages need besides the test ids
-                (``--dist-backend=gloo``, ``--dist-mptc``).
-        """
+        """Run ``test`` as the module's docstring says; ``option`` is what the commands in
+        messages need besides the test ids (``--dist-backend=gloo``, ``--dist-mptc``)."""
         fresh_world = functools.partial(self.new_world, shape)
         if isolate:
             with fresh_world() as world:
@@ -155,17 +134,16 @@ class Runner:
         text = order.message(
             item, [step.nodeid for step in earlier], verdict, fresh, finding, option
         )
-        if settings.order_dependent == "fail" and fresh != FAILED:
-            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
-        path, lineno, _ = item.location
-        try:  # a warning located at the test
-            warnings.warn_explicit(
-                OrderDependenceWarning(text),
-                OrderDependenceWarning,
-                str(item.config.rootpath / path),
-                (lineno or 0) + 1,
-            )
-        except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
-            text = f"OrderDependenceWarning: {text}"
-            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
-        return Checked(found)
+        if settings.order_dependent != "fail" or fresh == FAILED:
+            path, lineno, _ = item.location
+            try:  # a warning located at the test
+                warnings.warn_explicit(
+                    OrderDependenceWarning(text),
+                    OrderDependenceWarning,
+                    str(item.config.rootpath / path),
+                    (lineno or 0) + 1,
+                )
+                return Checked(found)
+            except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
+                text = f"OrderDependenceWarning: {text}"
+        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))

@@ -108,9 +108,7 @@ class DistSession:
         return world
 
     def give_back_gpus(self) -> None:
-        """End this session's worlds that hold GPUs (none is running a test when this is
-        called), their wider-scoped rank fixtures first: another process waits for GPUs,
-        or this one does."""
+        """End the idle worlds that hold GPUs, their wider-scoped rank fixtures first."""
         for shape, world in list(self._worlds.items()):
             if not shape[3] or world.closed:
                 continue
@@ -128,7 +126,6 @@ class DistSession:
         return self._preload_failed or ""
 
     def holds_gpus(self) -> bool:
-        """Whether a world of this session holds GPUs."""
         return any(shape[3] and not world.closed for shape, world in self._worlds.items())
 
     def resolve_backend(self, backend: object) -> str:
@@ -140,8 +137,7 @@ class DistSession:
         return self._resolve(backend)
 
     def close(self) -> None:
-        """Close every World (before pytest-cov saves its data: their coverage is merged),
-        and destroy the launcher's process group if the plugin created it."""
+        """Close every World and the trace writer, and the launcher's process group."""
         worlds, self._worlds = list(self._worlds.values()), {}
         for world in worlds:
             world.close()
@@ -150,8 +146,7 @@ class DistSession:
             self.launcher.close()
 
     def run_item(self, item: pytest.Function) -> None:
-        """Run a marked test on its ranks, its controller fixtures set up (see the module's
-        docstring for the phases)."""
+        """Run a marked test on its ranks, its controller fixtures set up."""
         if self.config.option.setuponly or self.config.option.setupplan:
             return
         try:
@@ -237,8 +232,7 @@ class DistSession:
                 item.stash[_CALL] = error
 
     def finish_call(self, item: pytest.Function) -> None:
-        """pytest's call phase of a marked test: raise what :meth:`run_item` kept for it (or,
-        under a launcher, run the test here)."""
+        """Raise what :meth:`run_item` kept for a test (under a launcher: run it here)."""
         if self.launcher is not None:
             test = settings.for_test(self.settings, item)
             self.launcher.run_item(item, test, self.resolve_backend(test.backend))
@@ -252,8 +246,7 @@ class DistSession:
     def keep_scopes(
         self, item: pytest.Function, plan: FixturePlan, world: World, timeout: float
     ) -> None:
-        """Arrange for the wider-scoped rank fixtures this test set up to end with their
-        pytest scope (a module, a class, the session): a call of its own then."""
+        """Make the wider-scoped rank fixtures this test set up end with their pytest scope."""
         for fixture in plan.fixtures:
             if fixture.scope == "function":
                 continue
@@ -285,9 +278,7 @@ class DistSession:
 
 @dataclass
 class _MarkedTest:
-    """A marked test as the runner runs it: one call of its body on every rank; the
-    wider-scoped rank fixtures it set up live on with a reused world, and end with a fresh
-    one (:meth:`harness.plugin.runner.Runnable.attempt`)."""
+    """A marked test as the runner runs it; its wider-scoped fixtures end with a fresh world."""
 
     step: replay.Step
     session: DistSession
@@ -309,8 +300,7 @@ class _MarkedTest:
 
 
 def _log_settings(config: pytest.Config) -> LogSettings | None:
-    """pytest's ``log_level``, ``log_format`` and ``log_date_format`` (option, else ini), for
-    the ranks; None where pytest's logging plugin is off (``-p no:logging``)."""
+    """pytest's log settings for the ranks; None where its logging plugin is off."""
     try:
         level, fmt, datefmt = (
             config.getoption(name) or config.getini(name)
@@ -326,9 +316,8 @@ def _log_settings(config: pytest.Config) -> LogSettings | None:
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
-    """How long the ranks spent in the test's setup, call and teardown: the phases of the
-    slowest rank that said (:func:`harness.rank.pytest_body.run_pytest_test`). One rank's, not
-    each phase's longest: those of several ranks could add up to more than the test took."""
+    """The setup, call and teardown times of the slowest rank that said: one rank's, since
+    each phase's longest of several ranks could add up to more than the test took."""
     said = [value for value in outcome.values or () if isinstance(value, tuple)]
     if outcome.error is not None:
         said += [f.times for f in outcome.error.failures.values() if f.times is not None]
@@ -336,10 +325,8 @@ def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
 
 
 def _fail(item: pytest.Function | None, error: BaseException) -> NoReturn:
-    """Raise a test's failure; in its call phase (``item``), pytest's xfail instead where it
-    is an expected failure as it would be in-process: every failing rank called
-    ``pytest.xfail()``, or ``xfail(raises=...)`` names the exception of the rank that failed
-    first (pytest would match it against the ``RankError``)."""
+    """Raise a test's failure; in its call phase (``item``), pytest's xfail where every failing
+    rank called ``pytest.xfail()`` or ``xfail(raises=...)`` names the first one's exception."""
     failures = list(error.failures.values()) if isinstance(error, DistributedError) else []
     if item is not None and failures:
         if all(f.exc_type == "XFailed" for f in failures):

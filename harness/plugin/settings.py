@@ -43,16 +43,10 @@ _SETTINGS = pytest.StashKey["Settings"]()
 
 @dataclass(frozen=True)
 class Settings:
-    """The session's settings (command line, then ini, then default).
-
-    Each field is the option named after it (``--dist-<name>``, ini ``dist_<name>``, or
-    both: the command line wins), except: ``check_collectives`` (False under
-    ``--dist-no-collective-check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
-    (where the ranks' output goes: captured, or under ``-s`` to the terminal, each line
-    naming its rank) and ``randomly_seed`` (pytest-randomly's seed, when it is active).
-    ``gpus`` is None where none are given (every GPU CUDA shows); ``trace_dir`` is absolute,
-    '' where none is given.
-    """
+    """The session's settings: each field is the option named after it (``--dist-<name>``,
+    ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``),
+    ``confirm`` (ini ``dist_confirm = fresh``), ``output`` (captured, or under ``-s`` to the
+    terminal) and ``randomly_seed`` (pytest-randomly's, when it is active)."""
 
     backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
@@ -121,8 +115,7 @@ def read(config: pytest.Config) -> Settings:
 
 
 def _gpus(config: pytest.Config) -> str | None:
-    """The GPUs given, checked as far as they can be without torch (syntax, and against
-    ``CUDA_VISIBLE_DEVICES``)."""
+    """The GPUs given (None: every GPU CUDA shows), checked as far as torch is not needed."""
     given: str | None = config.getoption("dist_gpus", None)
     where = "--dist-gpus"
     if given is None:
@@ -136,13 +129,7 @@ def _gpus(config: pytest.Config) -> str | None:
 
 
 def _trace_dir(config: pytest.Config) -> str:
-    """The trace directory given (command line, then ini), made where missing and checked
-    writable; '' when none is given.
-
-    Raises:
-        ValueError: ``--dist-trace-all`` without a directory, or one that cannot be
-            written in (named).
-    """
+    """The trace directory given, absolute, made and checked writable; '' when none is."""
     given, where = config.getoption("dist_trace_dir", None), "--dist-trace-dir"
     if not given:
         given, where = str(config.getini("dist_trace_dir") or "").strip(), "ini dist_trace_dir"
@@ -197,16 +184,10 @@ class TestSettings:
     """One distributed test's settings: its marker's, else the session's.
 
     Attributes:
-        world_size: The number of ranks (the marker's, or its parameter of a list).
-        backend: The backend asked for, ``"auto"`` as ``--dist-backend`` says (the session
-            resolves what remains ``"auto"``, with torch).
-        isolate, init: The marker's, ``isolate`` also under ``--dist-isolate``.
-        gpus_per_rank: The GPUs each rank leases; None: the backend's default (1 with
-            NCCL, else 0), for the session to apply once it has resolved the backend.
-        call: How its ranks run it (its deadline, which pytest-timeout's limit may shorten
-            as the test runs; one of a sweep's faults per case).
-        attempts: With ``restarts``, the world size of each attempt, the first included
-            (its ``world_size``); one attempt otherwise.
+        backend: ``"auto"`` as ``--dist-backend`` says (the session resolves what remains).
+        gpus_per_rank: None: the backend's default, applied once the backend is resolved.
+        call: How its ranks run it (one of a sweep's faults per case).
+        attempts: With ``restarts``, the world size of each attempt, the first included.
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -221,7 +202,6 @@ class TestSettings:
 
     @property
     def timeout(self) -> float:
-        """The test's deadline in seconds (a test always has one)."""
         assert self.call.timeout is not None
         return self.call.timeout
 
@@ -253,7 +233,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         check_attempts(placed, sizes)
         # pytest-randomly's seed where it is active (it reseeds every test alike), else one
         # from the node id: a test draws the same numbers alone, first, or after any others.
-        seed = session.randomly_seed
+        seed, per_rank = session.randomly_seed, spec.gpus_per_rank
         call = CallOptions(
             timeout=(
                 session.timeout
@@ -275,11 +255,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             backend=validate.backend(backend),
             isolate=bool(spec.isolate) or session.isolate,
             init=validate.flag(spec.init, "init"),
-            gpus_per_rank=(
-                None
-                if spec.gpus_per_rank is None
-                else validate.whole(spec.gpus_per_rank, "gpus_per_rank")
-            ),
+            gpus_per_rank=None if per_rank is None else validate.whole(per_rank, "gpus_per_rank"),
             call=call,
             attempts=sizes,
         )
@@ -289,9 +265,5 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
 
 
 def keep_traces(session: Settings, faults: Sequence[object]) -> bool:
-    """Whether a test's call brings back its ranks' traces when it passes.
-
-    It does under ``--dist-trace-all``, and when it injects faults (a fired fault writes
-    the test's trace folder).
-    """
+    """Whether a passing call brings back its ranks' traces: for a trace folder of it."""
     return bool(session.trace_dir) and (session.trace_all or bool(faults))

@@ -32,17 +32,8 @@ class TraceFolders:
         self._background = trace_writer.Writer()
 
     def write(self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str) -> None:
-        """Write ``item``'s trace folder where its outcome calls for one.
-
-        It notes the report's line for a failure; a folder that cannot be written is said on
-        that line, never raised.
-
-        Args:
-            item: The test.
-            outcome: How the test's run ended (the one whose verdict stands).
-            world_size: The ranks of its world (of its last attempt, under restarts).
-            backend: The world's backend.
-        """
+        """Write ``item``'s trace folder where its outcome (the run whose verdict stands) calls
+        for one, and note the report's line; a folder that cannot be written is said there."""
         settings = self._settings
         report.set_trace_line(item, "")
         if not settings.trace_dir or outcome.skip is not None:
