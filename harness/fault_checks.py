@@ -13,12 +13,7 @@ from harness.faults import Fault, OpenSweep, Sweep
 
 
 def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fault, ...]:
-    """Check the faults given to a run or a test case.
-
-    Args:
-        faults: What the user gave: a list or tuple of :class:`Fault`.
-        world_size: The size of the world they are used in.
-        where: What they are, for the message.
+    """Check the faults given to a run or a test case (``where`` names them in messages).
 
     Returns:
         The faults as a tuple.

@@ -140,9 +140,8 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
     limit = float(settings.timeout)
     end = started + limit
     left = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
-    hook = item.config.hook
     if armed:
-        hook.pytest_timeout_cancel_timer(item=item)
+        item.config.hook.pytest_timeout_cancel_timer(item=item)
     try:
         yield Deadline(left, limit) if left < timeout else Deadline(timeout)
     finally:
@@ -152,6 +151,6 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
             now = time.monotonic()
             rest = end - now
             again = settings._replace(timeout=rest if rest > 0 else limit)
-            hook.pytest_timeout_set_timer(item=item, settings=again)
+            item.config.hook.pytest_timeout_set_timer(item=item, settings=again)
             # That call noted the shortened limit: keep pytest-timeout's own, and its end.
             item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
