@@ -156,8 +156,7 @@ class DistSession:
             backend = self.resolve_backend(test.backend)
             per_rank = self.leases.per_rank(test.gpus_per_rank, backend)
             self.leases.check(item, test.world_size, per_rank)
-            unavailable = self._unavailable(backend, test.world_size)
-            if unavailable:
+            if unavailable := self._unavailable(backend, test.world_size):
                 compat.skip_at_test(unavailable)
             ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item, self._logs)
