@@ -1,18 +1,15 @@
 """The messages a controller and its ranks exchange, one class each.
 
-Everything that crosses a rank's duplex pipe to its controller is one of these: ``Call``
-(answered by ``Done``, ``Failed`` or ``Skipped``; before that, a pytest test whose body
-failed sends ``Failing``, and a fault of the call that acts sends ``Fired``) and ``Regroup``
+A rank's duplex pipe carries ``Call`` (answered by ``Done``, ``Failed`` or ``Skipped``; before
+that, a failing pytest body sends ``Failing`` and an acting fault ``Fired``) and ``Regroup``
 (answered by ``Ready``, which also answers the rank's start, or ``Failed``). User objects
-travel pre-pickled as ``bytes``, so the messages always pickle and a failure to (un)pickle
-user data is reported by the side that saw it, naming the object.
+travel pre-pickled as ``bytes``: a failure to (un)pickle them is reported by the side that
+saw it, naming the object.
 
-Three things need no message, so that they work while the rank's main thread is blocked in
-a collective or a sleep (which release the GIL; a Python signal handler would never run):
-stopping (the controller closes the rank's second pipe, its lifeline, or dies; the rank's
-watchdog thread, which reads it, saves coverage and ends the rank), stack dumps
-(``STACKS_SIGNAL``) and collective traces (``TRACE_REQUEST``), both read from the rank's
-files (:mod:`harness.protocol.rank_files`).
+Stopping (closing the rank's lifeline, which its watchdog thread reads), stack dumps
+(``STACKS_SIGNAL``) and traces (``TRACE_REQUEST``, read from the rank's files) need no
+message: they work while the main thread is blocked in a collective or a sleep, where a
+Python signal handler would never run.
 """
 
 from __future__ import annotations
@@ -40,9 +37,8 @@ PRELOAD_REPORT = "HARNESS_PRELOAD_REPORT"
 """Set beside :data:`PRELOAD_VARIABLE`: the file the server writes each failed entry to."""
 
 GPUS_PER_RANK = "HARNESS_GPUS_PER_RANK"
-"""Set in the ranks of a world that holds GPUs (``World(gpus=...)``): how many each rank has.
-Every rank sees the world's GPUs as ``CUDA_VISIBLE_DEVICES``, in rank order, so rank ``r``'s
-first is ``cuda:r * N``."""
+"""Set in the ranks of a world that holds GPUs: how many each rank has. Each sees the world's
+GPUs as ``CUDA_VISIBLE_DEVICES``, in rank order: rank ``r``'s first is ``cuda:r * N``."""
 
 
 @dataclass(frozen=True)
@@ -50,18 +46,15 @@ class RankSetup:
     """What a rank is told when it starts (the process argument, not a pipe message).
 
     Attributes:
-        rank: Global rank.
-        world_size: Number of ranks.
-        backend: Resolved backend (``"gloo"`` or ``"nccl"``), never ``"auto"``.
-        init: Whether the rank makes the default process group when it starts. Without
+        backend: Resolved (``"gloo"`` or ``"nccl"``), never ``"auto"``.
+        init: Whether the rank makes the default process group when it starts; without
             (``World(init=False)``) each call brings its own rendezvous (``Call.rendezvous``).
-        inherited: The controller's ``os.environ`` when the rank started. A forked rank would
-            otherwise see the forkserver's environment, frozen when that server started.
+        inherited: The controller's ``os.environ`` at the rank's start (a forked rank would
+            see the forkserver's, frozen when that server started).
         env: The rank's torchrun variables, set over ``inherited``.
-        workdir: The world generation's private directory (:mod:`harness.protocol.rank_files`).
-        coverage: The controller's coverage options (``{"run:branch": True, ...}``) and
-            ``"config_file"``, for the rank's own ``coverage.Coverage``; None when the
-            controller is not measured.
+        workdir: The world generation's private directory.
+        coverage: The controller's coverage options and ``"config_file"``, for the rank's own
+            ``coverage.Coverage``; None when the controller is not measured.
     """
 
     rank: int
@@ -87,25 +80,18 @@ class CallOptions:
 
     Attributes:
         timeout: Bound in seconds on the call; None: the world's own bound.
-        output: Where the rank's fd 1 and 2 go during the call: ``"capture"`` to its
-            capture files (read by the controller afterwards, even after a crash),
-            ``"prefix"`` to its own streams, each line prefixed ``[rank N]``, ``"inherit"``
-            nowhere else.
-        seed: Seeds every random generator of the rank (torch CPU and CUDA, ``random``,
-            numpy's global one) before the call, as in a fresh process seeded alike; None
-            leaves them as they are.
+        output: Where the rank's fd 1 and 2 go during the call (:mod:`harness.rank.output`).
+        seed: Seeds every random generator of the rank before the call; None leaves them.
         name: How messages name the call (``"test <node id>"``); None: ``"the call of
             <fn's qualified name>"``.
         check_collectives: Whether the ranks' collectives are compared after a call that
             returned on every rank (the desync check); they are recorded either way.
-        faults: The ``harness.faults.Fault`` specs of the call, every rank's (each rank acts
-            out its own; see ``Fired``).
+        faults: The call's ``harness.faults.Fault`` specs, every rank's.
         attempt: Which attempt of a run with restarts the call is (0: the first): its ranks
             are started for it, with ``TORCHELASTIC_RESTART_COUNT`` set to it.
         restarts: How many restarts the run has (``TORCHELASTIC_MAX_RESTARTS``).
-        keep_traces: Whether a call that succeeds also brings back every rank's whole
-            trace of its collectives (``Outcome.traces``; ``--dist-trace-all``): asked of
-            the ranks after it, so a call that does not ask pays nothing.
+        keep_traces: Whether a call that succeeds also brings back every rank's whole trace
+            (``Outcome.traces``; ``--dist-trace-all``), asked of the ranks after it.
     """
 
     timeout: float | None = None
@@ -125,15 +111,11 @@ class Call:
 
     Attributes:
         payload: The pickled ``(fn, args, kwargs)``.
-        options: How it runs (the same record for every rank).
-        env: What changed in the controller's ``os.environ`` since the rank started (None
-            for a removed variable): only the change travels, as setting a whole
-            environment at every call is slow. The call sees it under the rank's own
-            torchrun variables; the rank's environment is restored afterwards.
-        rendezvous: Without a harness group (``World(init=False)``), the call's private
-            ``MASTER_PORT`` and ``INIT_METHOD`` (``file://`` and a new file), set over the
-            rank's torchrun variables for this call only, so that any ``env://`` or
-            ``INIT_METHOD`` rendezvous meets this call's ranks and nobody else.
+        env: What changed in the controller's ``os.environ`` since the rank started (None: a
+            removed variable), set under the rank's own torchrun variables for this call.
+        rendezvous: Without a harness group (``World(init=False)``), the call's own
+            ``MASTER_PORT`` and ``INIT_METHOD`` (``file://``, a new file), set for this call
+            only, so that its ``env://`` or ``INIT_METHOD`` rendezvous meets its ranks alone.
         check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``):
             the world's setting, not the call's.
     """
@@ -149,8 +131,7 @@ class Call:
 class Regroup:
     """Make a fresh default process group on the ``FileStore`` at ``store`` (a new file).
 
-    Sent to every rank after a call that destroyed the harness's default group on every
-    rank, so that the next call has one again on the same processes.
+    Sent to every rank after a call that destroyed the harness's default group on every rank.
     """
 
     store: str
@@ -164,9 +145,8 @@ class Ready:
     Attributes:
         main_thread: Ident of the rank's main thread (listed first in its stacks).
         watchdog_thread: Ident of the harness's watchdog thread (left out of its stacks).
-        code_dir: Directory of the rank-side harness code in that process; outermost frames
-            there are left out of its stacks (the rank may run another copy of the package
-            than the controller, such as a source checkout beside an install).
+        code_dir: Directory of the rank-side harness code in that process (maybe another copy
+            than the controller's): outermost frames there are left out of its stacks.
     """
 
     main_thread: int
@@ -184,21 +164,15 @@ class Done:
             raised and the call went on: its group may be broken); the world is rebuilt.
         group_count: The rank's process-group counter: ranks whose counters differ
             (``new_group`` called on some ranks only) could not meet in their next group.
-        grouped: Whether the harness's default process group is still the rank's default
-            group (always False without one). Where the call destroyed it on every rank,
-            the controller has a fresh one made (``Regroup``); on some only, the world is
-            rebuilt.
-        leaks: What the call left running or open, one line each (``"thread 'worker'
-            started at test_x.py:12 is still alive"``; see :mod:`harness.rank.leaks`);
+        grouped: Whether the harness's default group is still the rank's default group
+            (False without one). Destroyed on every rank: ``Regroup``; on some: rebuilt.
+        leaks: What the call left running or open, one line each (:mod:`harness.rank.leaks`);
             empty when nothing, or when the call did not ask.
         collectives: The fingerprint of the call's collectives, when it asked, else None.
-            Where the ranks' fingerprints differ, the controller asks for their whole
-            traces (``TRACE_REQUEST``).
         output_written: False when the call's output was captured and it wrote none: the
-            controller then does not read the capture files (most calls print nothing).
+            controller then does not read the capture files.
         unfired: Each strict fault of this rank that never fired, as its error's line.
-        trace: The call's whole trace, when it asked (``CallOptions.keep_traces``), else
-            None.
+        trace: The call's whole trace when it asked (``CallOptions.keep_traces``), else None.
     """
 
     value: bytes
@@ -217,9 +191,8 @@ class Failed:
     """The call or the rank's start-up raised; the rank exits right after sending it.
 
     Attributes:
-        failure: What was raised.
-        at: ``time.monotonic()`` when it was caught: that clock is shared by the processes
-            of a machine, so the controller can tell which rank failed first.
+        at: ``time.monotonic()`` when it was caught (shared by a machine's processes: the
+            controller tells which rank failed first).
         trace: The collectives the call had issued (None for a failed start-up).
         fault: Whether what was raised is the error an injected fault raised (``Fired``).
     """
@@ -238,10 +211,9 @@ class Fired:
         index: The fault's index in ``CallOptions.faults``.
         what: What it did, e.g. ``"killed (SIGKILL) before collective #3 (all_reduce) on
             the default group"``.
-        at: ``time.monotonic()`` when it acted.
         ends: Whether the rank ends there for the call (killed, exited, hung): the
             controller stops waiting for it, and its peers are the call's verdict.
-        trace: The collectives the call had issued.
+        at, trace: As in ``Failed``.
     """
 
     index: int
@@ -255,10 +227,9 @@ class Fired:
 class Failing:
     """A pytest test's body or a rank-side fixture's setup raised (fields as in ``Failed``).
 
-    Sent before the rank tears down the fixtures already set up, which may take long; then
-    ``Failed`` follows. The controller takes it as the rank's ``Failed`` (the first to fail
-    is the root cause, and the peers' grace period starts); the ``Failed`` that follows
-    replaces it, keeping ``at``.
+    Sent before the rank tears down the fixtures already set up, which may take long. The
+    controller takes it as the rank's ``Failed`` (the first to fail is the root cause, and
+    the peers' grace period starts); the ``Failed`` that follows replaces it, keeping ``at``.
     """
 
     failure: RankFailure
@@ -271,13 +242,11 @@ class Skipped:
     """The call raised a skip exception.
 
     Attributes:
-        reason: The skip's reason.
         kind: ``"pytest"`` or ``"unittest"``.
         at, trace: As in ``Failed``.
-        phase: ``"setup"`` when a rank-side fixture skipped (see ``PHASE_ATTR``), else ``"call"``.
-        site: Where the skip was raised: the file and line of the innermost frame of the
-            user's code (the ``pytest.skip()`` call), as pytest reports a skip; None where
-            no such frame was found.
+        phase: ``"setup"`` when a rank-side fixture skipped (``PHASE_ATTR``), else ``"call"``.
+        site: The file and line of the user's innermost frame (the ``pytest.skip()`` call), as
+            pytest reports a skip; None where no such frame was found.
     """
 
     reason: str

@@ -44,9 +44,7 @@ class TestRef:
 
     Attributes:
         module: The module's name in the controller's ``sys.modules``.
-        path: The module's file.
         cls: Qualified name of the test class, or None for a plain function.
-        function: The function's name in its module or class.
         sys_path: The controller's ``sys.path`` when the test ran.
         rewrite: Whether pytest rewrote the module's asserts in the controller.
         instance_state: The controller's test-class instance ``__dict__`` (what xunit-style
@@ -105,7 +103,6 @@ class RankFixture:
             wider-scoped fixture until the controller ends that scope.
         function: The user's fixture function, or None for one of the built-ins.
         builtin: Which built-in (``"rank"``, ``"monkeypatch"``, ...) when ``function`` is None.
-        args: The fixture's arguments, by name.
         param: ``request.param`` for a parametrized fixture (``has_param``).
     """
 
@@ -125,12 +122,9 @@ class RequestInfo:
     """What the rank's view of pytest's ``request`` can answer (sent only when asked for).
 
     Attributes:
-        name: The test's ``node.name``.
-        nodeid: The test's ``node.nodeid``.
         marks: The test's marks, closest first (those that pickle).
-        config: The pair ``(options, ini)`` pickled: ``config.option`` and ``config.getini``
-            of every ini option (the values that pickle). Pickled once per session, it
-            costs a test nothing to send, and a rank unpickles it only when asked.
+        config: ``(config.option, {ini name: config.getini(name)})`` pickled (the values that
+            pickle), once per session; a rank unpickles it only when asked.
     """
 
     name: str
@@ -148,13 +142,8 @@ such lines from the rank's stderr into pytest's ``Captured log`` sections. (Not 
 
 @dataclass(frozen=True)
 class LogSettings:
-    """How a rank captures a pytest test's log records, as pytest's options say.
-
-    Attributes:
-        level: ``log_level`` as a number; None where unset (the loggers' own levels apply).
-        format: ``log_format``.
-        date_format: ``log_date_format``.
-    """
+    """How a rank captures a pytest test's log records: pytest's ``log_level`` (a number;
+    None where unset: the loggers' own levels apply), ``log_format`` and ``log_date_format``."""
 
     level: int | None
     format: str
@@ -166,7 +155,6 @@ class FixturePlan:
     """What a rank needs to call a test.
 
     Attributes:
-        args: The test function's arguments, by name.
         fixtures: Rank-side fixtures, each after the ones it requests.
         values: Controller fixture values, by fixture name.
         request: For the ``request`` view, when the test or a rank-side fixture asks for it.

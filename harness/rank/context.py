@@ -12,7 +12,7 @@ import time
 import unittest
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn, TextIO
+from typing import Any, NoReturn
 
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
@@ -30,26 +30,12 @@ class Running:
 
 
 class RankContext:
-    """A rank's state for its life.
-
-    Args:
-        setup: The rank's identity and settings, as the controller started it.
-        conn: Its pipe to the controller.
-        files: Its files in the world's directory.
-        cov: Its coverage measurement (None when the controller is not measured).
-        dumps: The files faulthandler writes to from a signal handler: held open here for
-            the rank's life.
-    """
+    """A rank's state for its life; ``cov``: its coverage, None where the controller has none."""
 
     def __init__(
-        self,
-        setup: RankSetup,
-        conn: Connection,
-        files: RankFiles,
-        cov: Any = None,
-        dumps: tuple[TextIO, TextIO] | None = None,
+        self, setup: RankSetup, conn: Connection, files: RankFiles, cov: Any = None
     ) -> None:
-        self.setup, self.conn, self.files, self.cov, self.dumps = setup, conn, files, cov, dumps
+        self.setup, self.conn, self.files, self.cov = setup, conn, files, cov
         self.rank = setup.rank
         # Where a call's output goes; its capture is made once and kept.
         self.output = output.Router(files, setup.rank)

@@ -55,7 +55,6 @@ class Setup:
     """The fixtures of one test call in this rank.
 
     Args:
-        plan: What the controller sent.
         test: What a ``request`` view says about the test (``module``, ``cls``,
             ``instance``, ``function``).
         load: Finds a fixture function from its reference (the test module's importer).
@@ -158,6 +157,7 @@ class Setup:
         if live is None:  # the test's own request: its finalizers end with the call, last
             live = _Live("request")
             self._function_scoped.insert(0, live)
+        assert self._plan.request is not None  # sent whenever `request` is asked for
         return RankRequest(self._plan.request, self._test, fixture, live.finalizers)
 
 
@@ -168,8 +168,6 @@ def lasting_groups() -> set[Any]:
 
 def end_fixture_scopes(scope_keys: list[str] | None) -> None:
     """End the wider-scoped fixtures of these scopes (None: all), newest first.
-
-    This is a call of its own, when pytest finishes a module, class, package or the session.
 
     Raises:
         BaseException: The first error a teardown raised, marked as a teardown error.
@@ -276,7 +274,7 @@ class RankRequest:
 
     def __init__(
         self,
-        info: RequestInfo | None,
+        info: RequestInfo,
         test: dict[str, Any],
         fixture: RankFixture | None,
         finalizers: list[Callable[[], object]],
@@ -290,22 +288,17 @@ class RankRequest:
         self.instance, self.module = test.get("instance"), test.get("module")
         self.addfinalizer = finalizers.append
 
-    def _need(self) -> RequestInfo:
-        if self._info is None:  # the controller sends it whenever `request` is asked for
-            raise RuntimeError("the test's request information did not reach this rank")
-        return self._info
-
     @property
     def node(self) -> RankNode:
-        return RankNode(self._need())
+        return RankNode(self._info)
 
     @property
     def config(self) -> RankConfig:
-        return RankConfig(self._need())
+        return RankConfig(self._info)
 
     @property
     def keywords(self) -> dict[str, Any]:
-        return {mark.name: mark for mark in reversed(self._need().marks)}
+        return {mark.name: mark for mark in reversed(self._info.marks)}
 
     def getfixturevalue(self, argname: str) -> Any:
         raise RuntimeError(
@@ -314,5 +307,4 @@ class RankRequest:
         )
 
     def __repr__(self) -> str:
-        nodeid = self._info.nodeid if self._info is not None else "?"
-        return f"<RankRequest for {nodeid} fixture={self.fixturename!r}>"
+        return f"<RankRequest for {self._info.nodeid} fixture={self.fixturename!r}>"

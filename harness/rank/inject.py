@@ -22,7 +22,6 @@ import torch
 from harness.faults import Fault
 
 Fire = Callable[[int, str, bool], None]
-"""Tells the controller that fault ``index`` acts: ``(index, what, ends)`` (see ``Fired``)."""
 
 # The parameters that hold a collective's input, in the order they are looked for.
 _INPUTS = ("tensor", "input_tensor", "input", "input_list", "input_tensor_list", "scatter_list")
@@ -32,9 +31,8 @@ class Plan:
     """This rank's faults of one call, by place.
 
     Args:
-        faults: Every rank's faults of the call (``Call.faults``).
-        rank: This rank.
-        fire: How to tell the controller that a fault acts.
+        faults: Every rank's faults of the call (``CallOptions.faults``): ``rank``'s are kept.
+        fire: Tells the controller that fault ``index`` acts: ``(index, what, ends)`` (``Fired``).
         exit: Ends the rank with a status (saving what must be saved first).
     """
 

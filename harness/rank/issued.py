@@ -51,7 +51,5 @@ class Issued(Sequence[IssuedCollective]):
             return collectives() == list(other)
         return NotImplemented
 
-    __hash__ = None  # type: ignore[assignment]
-
     def __repr__(self) -> str:
         return repr(collectives())

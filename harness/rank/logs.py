@@ -30,10 +30,8 @@ class _Handler(logging.Handler):
     for each test (:meth:`prepare`): making a ``logging.Handler`` registers it with the
     logging module (a lock, weak references), which a test need not pay for."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._fd = -1
-        self._settings: LogSettings | None = None
+    _fd = -1
+    _settings: LogSettings | None = None
 
     def prepare(self, settings: LogSettings, fd: int) -> None:
         """Write to ``fd`` at the level and in the format of ``settings``."""

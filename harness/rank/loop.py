@@ -55,8 +55,6 @@ from harness.rank import (
 )
 from harness.rank.context import RankContext, Running, failure, skip_kind
 
-_PR_SET_PDEATHSIG = 1
-
 # Variables a controller running under torchrun inherits that would point a rank's own
 # env:// rendezvous at the launcher's agent instead of at this world.
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
@@ -79,23 +77,21 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
             stream.reconfigure(line_buffering=True)
     files = RankFiles(setup.workdir, setup.rank)
     try:
-        crash, stacks = dumps = files.open_dumps()
+        # Held open for the rank's life: main never returns.
+        crash, stacks = files.open_dumps()
     except OSError:
         os._exit(1)  # our directory is gone: the controller gave up on this world
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     exits.install(files)  # an os._exit in the code a call runs says where it was called
     cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
-    ctx = current = RankContext(setup, conn, files, cov, dumps)
+    ctx = current = RankContext(setup, conn, files, cov)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
     leaks.note_group_sites()
     watchdog = threading.Thread(
-        target=_watch,
-        args=(ctx, lifeline, threading.get_ident()),
-        name="harness-watchdog",
-        daemon=True,
+        target=_watch, args=(ctx, lifeline), name="harness-watchdog", daemon=True
     )
     watchdog.start()
     wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
@@ -256,19 +252,18 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
     ctx.baseline_groups = compat.live_process_groups()
 
 
-def _watch(ctx: RankContext, lifeline: Connection, main_thread: int) -> NoReturn:
+def _watch(ctx: RankContext, lifeline: Connection) -> NoReturn:
     """Watchdog thread: answer ``TRACE_REQUEST`` while the main thread is blocked; end the
     rank when the lifeline closes."""
     while True:
         try:
-            request = lifeline.recv_bytes()
+            if lifeline.recv_bytes() != TRACE_REQUEST:
+                break
         except (EOFError, OSError):
-            break
-        if request != TRACE_REQUEST:
             break
         # Where this fails, the controller reads no trace for this rank, and says so.
         with contextlib.suppress(Exception):
-            ctx.files.write_trace(trace.snapshot(main_thread))
+            ctx.files.write_trace(trace.snapshot(threading.main_thread().ident or 0))
     ctx.exit(0)
 
 
@@ -288,12 +283,11 @@ def _own_process_group() -> None:
 def _die_with_parent() -> None:
     # Our parent is the forkserver (or the controller with spawn), which exits with the
     # controller. The lifeline covers the controller itself; this covers a killed server.
-    if not sys.platform.startswith("linux"):
-        return
+    # Elsewhere than on Linux, libc has no prctl (AttributeError).
     parent = os.getppid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.getppid() != parent:  # the parent died before prctl took effect

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -52,16 +53,14 @@ def run_pytest_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, floa
 
 def _run(ref: TestRef, plan: FixturePlan, marks: list[float]) -> None:
     module = import_test_module(ref)
-    owner: Any = module
-    cls = instance = None
+    cls: Any = None
+    instance: Any = None
     if ref.cls is not None:
-        for part in ref.cls.split("."):
-            owner = getattr(owner, part)
-        cls, owner = owner, owner()
-        instance = owner
+        cls = functools.reduce(getattr, ref.cls.split("."), module)
+        instance = cls()
         if ref.instance_state:
-            owner.__dict__.update(ref.instance_state)
-    function = getattr(owner, ref.function)
+            instance.__dict__.update(ref.instance_state)
+    function = getattr(module if instance is None else instance, ref.function)
     if not plan.args and not plan.fixtures:
         _enter("call", marks)
         function()  # nothing to set up or tear down
@@ -102,9 +101,8 @@ def _times(marks: list[float]) -> tuple[float, float, float]:
 
 def _load_fixture(ref: FunctionRef) -> Callable[..., Any]:
     """The function behind a fixture: pytest's decorator wraps it (``__wrapped__``)."""
-    owner: Any = _import(ref.module, ref.path, ref.rewrite)
-    for part in ref.qualname.split("."):
-        owner = inspect.getattr_static(owner, part)
+    module: Any = _import(ref.module, ref.path, ref.rewrite)
+    owner = functools.reduce(inspect.getattr_static, ref.qualname.split("."), module)
     function: Callable[..., Any] = inspect.unwrap(owner)
     return function
 

@@ -116,8 +116,7 @@ class Recorder:
 
     Attributes:
         busy: The threads inside a recorded collective: what they call from there is torch's.
-        raised: Whether a recorded collective raised (and the call went on): its group may
-            be broken, so the rank is not reused.
+        raised: Whether a recorded collective raised (and the call went on: ``Done.reusable``).
         plan: The faults placed at this call's collectives on this rank (None: none).
     """
 
