@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,6 +14,7 @@ import harness_rankfns
 import pytest
 import torch
 import torch.distributed as dist
+from verdict_testutil import verdict_lines
 
 import harness
 from harness import compat
@@ -33,19 +33,6 @@ from harness.protocol.traces import (
     render,
 )
 from harness.rank import describe, trace
-
-
-def _find(
-    traces: Mapping[int, RankTrace | None],
-    states: Mapping[int, str],
-    world_size: int,
-    *,
-    until_raised: bool = False,
-) -> list[str]:
-    """The verdict lines of ``verdicts.findings``."""
-    found = verdicts.findings(traces, states, world_size, until_raised=until_raised)
-    return [finding.text for finding in found]
-
 
 HANG_S = 3.0
 """Bound on a run that hangs on purpose: the ranks reach their collective long before."""
@@ -291,7 +278,7 @@ def test_verdict_groups_ranks_that_agree() -> None:
         rank: _trace(_history(DEFAULT_GROUP, None, [SUM, MAX if rank == 2 else SUM]))
         for rank in range(4)
     }
-    found = _find(traces, dict.fromkeys(traces, verdicts.DONE), 4)
+    found = verdict_lines(traces, dict.fromkeys(traces, verdicts.DONE), 4)
     assert found == [
         "collective #2 on the default group differs: ranks 0, 1, 3 all_reduce(SUM, float32[4]) "
         "at test_x.py:7; rank 2 all_reduce(MAX, float32[4]) at test_x.py:7"
@@ -307,7 +294,7 @@ def test_verdict_finished_early_and_ranks_phrases() -> None:
         for rank in range(4)
     }
     states = {0: verdicts.RUNNING, 1: verdicts.RUNNING, 2: verdicts.RUNNING, 3: verdicts.DONE}
-    assert _find(traces, states, 4) == [
+    assert verdict_lines(traces, states, 4) == [
         "rank 3 finished the call after #4; ranks 0-2 wait in #5 (all_gather)"
     ]
 
@@ -320,7 +307,7 @@ def test_unknown_and_outside_ranks_are_not_compared() -> None:
         2: _trace(_history(DEFAULT_GROUP, None, [SUM])),
         3: None,  # died: unknown, never a verdict of its own
     }
-    assert _find(traces, dict.fromkeys(traces, verdicts.DONE), 4) == []
+    assert verdict_lines(traces, dict.fromkeys(traces, verdicts.DONE), 4) == []
 
 
 def test_fingerprints_compare_members_only() -> None:

@@ -10,30 +10,18 @@ import os
 import textwrap
 import warnings
 from array import array
-from collections.abc import Mapping
 from pathlib import Path
 
 import error_paths_rankfns as fns
 import pytest
 import torch
+from verdict_testutil import verdict_lines
 
 import harness
 from harness.controller import verdicts
 from harness.controller.stacks import format_dump
 from harness.protocol.traces import DEFAULT_GROUP, GroupHistory, Op, RankTrace
 from harness.rank import sites, trace
-
-
-def _find(
-    traces: Mapping[int, RankTrace | None],
-    states: Mapping[int, str],
-    world_size: int,
-    *,
-    until_raised: bool = False,
-) -> list[str]:
-    """The verdict lines of ``verdicts.findings``."""
-    found = verdicts.findings(traces, states, world_size, until_raised=until_raised)
-    return [finding.text for finding in found]
 
 
 def test_a_collective_that_raised_and_was_handled_passes(world2: harness.World) -> None:
@@ -122,15 +110,15 @@ def test_a_passing_calls_check_stops_at_the_first_raised_collective() -> None:
     # Rank 0's #3 raised (its test handled it); what either rank did from there on differs.
     traces = {0: _trace([SUM, SUM, BARRIER, MAX], raised=3), 1: _trace([SUM, SUM, SUM])}
     done = dict.fromkeys(traces, verdicts.DONE)
-    assert _find(traces, done, 2, until_raised=True) == []
+    assert verdict_lines(traces, done, 2, until_raised=True) == []
     # A failed call's verdicts still compare everything.
-    assert _find(traces, done, 2) != []
+    assert verdict_lines(traces, done, 2) != []
 
 
 def test_a_difference_before_the_raised_collective_is_still_found() -> None:
     traces = {0: _trace([SUM, BARRIER], raised=2), 1: _trace([MAX])}
     done = dict.fromkeys(traces, verdicts.DONE)
-    assert _find(traces, done, 2, until_raised=True) == [
+    assert verdict_lines(traces, done, 2, until_raised=True) == [
         "collective #1 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at "
         "test_x.py:7; rank 1 all_reduce(MAX, float32[4]) at test_x.py:7"
     ]

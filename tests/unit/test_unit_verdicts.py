@@ -4,9 +4,9 @@ and how a rank's trace reads (``traces.render``, group names, the lookups a verd
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
 
 import pytest
+from verdict_testutil import verdict_lines
 
 from harness import faults
 from harness.controller import classify, verdicts
@@ -28,19 +28,6 @@ from harness.protocol.traces import (
     group_names,
     render,
 )
-
-
-def _find(
-    traces: Mapping[int, RankTrace | None],
-    states: Mapping[int, str],
-    world_size: int,
-    *,
-    until_raised: bool = False,
-) -> list[str]:
-    """The verdict lines of ``verdicts.findings``."""
-    found = verdicts.findings(traces, states, world_size, until_raised=until_raised)
-    return [finding.text for finding in found]
-
 
 SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
 MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")
@@ -100,13 +87,13 @@ def _running(*traces: RankTrace) -> dict[int, RankTrace | None]:
 
 def test_ranks_that_agree_give_no_verdict() -> None:
     traces = _running(_trace(_history([SUM, MAX])), _trace(_history([SUM, MAX])))
-    assert _find(traces, dict.fromkeys(traces, DONE), 2) == []
+    assert verdict_lines(traces, dict.fromkeys(traces, DONE), 2) == []
 
 
 def test_fewer_than_two_known_traces_give_no_verdict() -> None:
     one = {0: _trace(_history([SUM])), 1: None}
-    assert _find(one, {0: DONE, 1: DIED}, 2) == []
-    assert _find({}, {}, 2) == []
+    assert verdict_lines(one, {0: DONE, 1: DIED}, 2) == []
+    assert verdict_lines({}, {}, 2) == []
 
 
 def test_the_first_differing_collective_is_named_with_each_sides_call_site() -> None:
@@ -114,7 +101,7 @@ def test_the_first_differing_collective_is_named_with_each_sides_call_site() -> 
         _trace(_history([SUM, SUM, SUM])),
         _trace(_history([SUM, BCAST, MAX], lines=[10, 20, 21])),
     )
-    assert _find(traces, dict.fromkeys(traces, DONE), 2) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, DONE), 2) == [
         "collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at "
         "test_x.py:11; rank 1 broadcast(src=0, float32[4]) at test_x.py:20"
     ]
@@ -126,7 +113,7 @@ def test_a_difference_on_a_subgroup_is_said_on_that_group() -> None:
         _trace(_history([MAX], PAIR, (0, 1))),
         _trace(),
     )
-    assert _find(traces, dict.fromkeys(traces, DONE), 3) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, DONE), 3) == [
         "collective #1 on the group of ranks 0, 1 differs: rank 0 all_reduce(SUM, float32[4]) "
         "at test_x.py:10; rank 1 all_reduce(MAX, float32[4]) at test_x.py:10"
     ]
@@ -137,7 +124,7 @@ def test_each_group_gives_at_most_one_verdict() -> None:
         _trace(_history([SUM, SUM]), _history([SUM], PAIR, (0, 1))),
         _trace(_history([MAX, MAX]), _history([BARRIER], PAIR, (0, 1))),
     )
-    found = _find(traces, dict.fromkeys(traces, DONE), 2)
+    found = verdict_lines(traces, dict.fromkeys(traces, DONE), 2)
     assert [line.split(" differs")[0] for line in found] == [
         "collective #1 on the default group",
         "collective #1 on the group of ranks 0, 1",
@@ -146,7 +133,7 @@ def test_each_group_gives_at_most_one_verdict() -> None:
 
 def test_a_group_with_one_known_member_is_not_compared() -> None:
     traces = {0: _trace(_history([SUM], PAIR, (0, 1))), 1: None, 2: _trace()}
-    assert _find(traces, {0: DONE, 1: DIED, 2: DONE}, 3) == []
+    assert verdict_lines(traces, {0: DONE, 1: DIED, 2: DONE}, 3) == []
 
 
 def test_the_desync_check_stops_at_the_first_collective_that_raised() -> None:
@@ -154,13 +141,13 @@ def test_the_desync_check_stops_at_the_first_collective_that_raised() -> None:
     # #1 only, they agree. Differing at #1, they do not.
     after = _running(_trace(_history([SUM, SUM], raised=1)), _trace(_history([SUM, MAX])))
     states = dict.fromkeys(after, DONE)
-    assert _find(after, states, 2, until_raised=True) == []
-    assert _find(after, states, 2)[0].startswith("collective #2 on the default group")
+    assert verdict_lines(after, states, 2, until_raised=True) == []
+    assert verdict_lines(after, states, 2)[0].startswith("collective #2 on the default group")
     later = _running(_trace(_history([SUM, SUM, SUM], raised=3)), _trace(_history([SUM, MAX, MAX])))
-    assert _find(later, states, 2, until_raised=True)[0].startswith("collective #2 ")
+    assert verdict_lines(later, states, 2, until_raised=True)[0].startswith("collective #2 ")
     # Nor does the collective that raised itself count (a peer may have left it).
     at = _running(_trace(_history([SUM, SUM], raised=2)), _trace(_history([SUM, MAX])))
-    assert _find(at, states, 2, until_raised=True) == []
+    assert verdict_lines(at, states, 2, until_raised=True) == []
 
 
 # ---------------------------------------------------------------- ranks that are behind
@@ -170,7 +157,7 @@ def test_a_running_rank_behind_others_that_wait_is_named_where_it_is() -> None:
     waiting = _trace(_history([SUM, BARRIER]), last=IN_FLIGHT)
     behind = _trace(_history([SUM]), blocked_at="time.sleep at test_x.py:30")
     traces = _running(waiting, waiting, behind)
-    assert _find(traces, dict.fromkeys(traces, RUNNING), 3) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, RUNNING), 3) == [
         "rank 2 never reached collective #2 (barrier) that ranks 0, 1 wait in; "
         "rank 2 is in time.sleep at test_x.py:30"
     ]
@@ -181,7 +168,7 @@ def test_one_rank_waiting_is_said_in_the_singular() -> None:
         _trace(_history([SUM, BARRIER]), last=IN_FLIGHT),
         _trace(_history([SUM]), blocked_at="at test_x.py:31"),
     )
-    assert _find(traces, dict.fromkeys(traces, RUNNING), 2) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, RUNNING), 2) == [
         "rank 1 never reached collective #2 (barrier) that rank 0 waits in; "
         "rank 1 is at test_x.py:31"
     ]
@@ -203,7 +190,7 @@ def test_a_rank_behind_inside_another_groups_collective_is_named_there() -> None
         waiting,
     )
     # The pair agrees (one broadcast each); on the default group rank 1 is behind.
-    assert _find(traces, dict.fromkeys(traces, RUNNING), 3) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, RUNNING), 3) == [
         "rank 1 never reached collective #2 (barrier) that ranks 0, 2 wait in; rank 1 is "
         "in broadcast(src=0, float32[4]) at test_x.py:10"
     ]
@@ -213,7 +200,7 @@ def test_a_rank_behind_inside_another_groups_collective_is_named_there() -> None
 def test_a_running_rank_behind_others_that_went_on_is_named_without_a_place(state: str) -> None:
     # In flight on the group itself, it is where the verdict says: nothing to add.
     traces = _running(_trace(_history([SUM, SUM, SUM, SUM])), _trace(_history([SUM]), last=state))
-    assert _find(traces, dict.fromkeys(traces, RUNNING), 2) == [
+    assert verdict_lines(traces, dict.fromkeys(traces, RUNNING), 2) == [
         "rank 1 never reached collective #2 (all_reduce); rank 0 went on to #4"
     ]
 
@@ -224,7 +211,7 @@ def test_a_running_rank_behind_others_that_went_on_is_named_without_a_place(stat
 )
 def test_a_rank_that_ended_early_is_said_by_what_became_of_it(state: str, said: str) -> None:
     traces = _running(_trace(_history([SUM, BARRIER]), last=IN_FLIGHT), _trace(_history([SUM])))
-    assert _find(traces, {0: RUNNING, 1: state}, 2) == [
+    assert verdict_lines(traces, {0: RUNNING, 1: state}, 2) == [
         f"rank 1 {said} after #1; rank 0 waits in #2 (barrier)"
     ]
 
@@ -232,14 +219,14 @@ def test_a_rank_that_ended_early_is_said_by_what_became_of_it(state: str, said: 
 def test_peers_that_raised_where_a_rank_left_were_in_it() -> None:
     raised = _trace(_history([SUM, BARRIER]), last=RAISED)
     traces = _running(raised, raised, _trace(_history([SUM])))
-    assert _find(traces, {0: FAILED, 1: FAILED, 2: DIED}, 3) == [
+    assert verdict_lines(traces, {0: FAILED, 1: FAILED, 2: DIED}, 3) == [
         "rank 2 died after #1; ranks 0, 1 were in #2 (barrier)"
     ]
 
 
 def test_a_rank_that_ended_before_any_collective_while_others_went_on() -> None:
     traces = _running(_trace(_history([SUM, MAX, MAX])), _trace())
-    assert _find(traces, {0: DONE, 1: DONE}, 2) == [
+    assert verdict_lines(traces, {0: DONE, 1: DONE}, 2) == [
         "rank 1 finished the call before #1; rank 0 went on to #1 "
         "(all_reduce(SUM, float32[4]) at test_x.py:10) and 2 more"
     ]
@@ -249,7 +236,7 @@ def test_ranks_behind_that_ended_differently_stopped() -> None:
     traces = _running(
         _trace(_history([SUM, SUM])), _trace(_history([SUM])), _trace(_history([SUM]))
     )
-    assert _find(traces, {0: DONE, 1: FAILED, 2: DIED}, 3) == [
+    assert verdict_lines(traces, {0: DONE, 1: FAILED, 2: DIED}, 3) == [
         "ranks 1, 2 stopped after #1; rank 0 went on to #2 "
         "(all_reduce(SUM, float32[4]) at test_x.py:11)"
     ]
@@ -260,7 +247,7 @@ def test_a_rank_behind_on_a_subgroup_is_said_on_that_group() -> None:
         _trace(_history([SUM, SUM], PAIR, (0, 1))),
         _trace(_history([SUM], PAIR, (0, 1))),
     )
-    assert _find(traces, {0: DONE, 1: DONE}, 2) == [
+    assert verdict_lines(traces, {0: DONE, 1: DONE}, 2) == [
         "rank 1 finished the call after #1 on the group of ranks 0, 1; rank 0 went on to #2 "
         "(all_reduce(SUM, float32[4]) at test_x.py:11)"
     ]
