@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
 from harness.protocol.pytest_calls import LOG_MARK
@@ -20,8 +21,9 @@ from harness.protocol.rank_files import OutputCapture, RankFiles, flush_std_stre
 _LOG_MARK = LOG_MARK.encode()
 
 DRAIN_TIMEOUT_S = 2.0
-"""How long the end of a call waits for the last prefixed lines. A subprocess the call left
-running may hold the pipe open; its later output is then dropped rather than waited for."""
+"""How long the end of a call waits for the last prefixed lines, stdout's and stderr's
+together. A subprocess the call left running may hold the pipes open; its later output is
+then dropped rather than waited for."""
 
 
 class PrefixedOutput:
@@ -50,8 +52,10 @@ class PrefixedOutput:
         flush_std_streams()
         for fd, saved in zip((1, 2), self._saved, strict=True):
             os.dup2(saved, fd)  # closes our copy of the pipe's write end: the pump sees EOF
+        # One deadline for both pumps: a subprocess left running holds both pipes open.
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
         for pump in self._pumps:
-            pump.join(DRAIN_TIMEOUT_S)
+            pump.join(max(0.0, deadline - time.monotonic()))
         for saved in self._saved:
             os.close(saved)
 

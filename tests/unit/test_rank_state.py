@@ -119,6 +119,27 @@ def test_prefixed_output_marks_each_line_with_the_rank(tmp_path: Path) -> None:
     assert sink.read_bytes() == b"[rank 2] one\n[rank 2] a record\n[rank 2] last\n"
 
 
+def test_prefixed_output_waits_for_both_pipes_within_one_drain_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A subprocess the call left running holds both pipes open: neither pump ends, and the
+    # two waits together last DRAIN_TIMEOUT_S, not that much each (a fake clock and pumps).
+    now = [100.0]
+    waits: list[float] = []
+
+    class Stuck:
+        def join(self, timeout: float) -> None:
+            waits.append(timeout)
+            now[0] += timeout
+
+    monkeypatch.setattr(output.time, "monotonic", lambda: now[0])
+    prefixed = output.PrefixedOutput(0)
+    prefixed._saved = [os.dup(1), os.dup(2)]
+    prefixed._pumps = [Stuck(), Stuck()]  # type: ignore[list-item]
+    prefixed.stop()
+    assert waits == [output.DRAIN_TIMEOUT_S, 0.0]
+
+
 # ---------------------------------------------------------------- logs
 
 
