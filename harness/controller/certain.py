@@ -1,7 +1,7 @@
 """Finding hangs that can never end while a call runs.
 
-The ranks' traces are asked for every :data:`PROBE_EVERY_S` once a call has run that long,
-and judged by :func:`verdicts.can_never_finish`.
+The ranks' traces are asked for once a call has run :data:`FIRST_PROBE_S`, then every
+:data:`PROBE_EVERY_S`, and judged by :func:`verdicts.can_never_finish`.
 
 A call that returns sooner costs nothing. The request is answered by each rank's watchdog
 thread (as at a deadline), and read back without blocking: the supervisor keeps reading
@@ -23,10 +23,14 @@ from harness.faults import Fault
 from harness.protocol.messages import Done
 from harness.protocol.traces import RankTrace
 
+FIRST_PROBE_S = 0.1
+"""How long a call runs before the ranks are first asked for their traces: a call that
+blocks at once for good (a rank that returned early, mismatched ops) is reported about this
+soon, and the many calls that end sooner never pay for a round."""
+
 PROBE_EVERY_S = 0.5
-"""How long a call runs before the ranks are first asked for their traces, and how long
-after each round the next one starts: a hang that can never end is reported about this
-long after the ranks block."""
+"""How long after each round the next one starts: a hang that can never end is reported
+about this long after the ranks block."""
 
 _READ_EVERY_S = 0.01
 """While a round is out, how often the answers are looked for."""
@@ -65,7 +69,7 @@ class HangWatch:
         # its trace being of that time (a trace older than the return proves nothing).
         self._states: dict[int, str] = {}
         self._traces: dict[int, RankTrace] = {}
-        self.next_at = time.monotonic() + PROBE_EVERY_S
+        self.next_at = time.monotonic() + FIRST_PROBE_S
         """``time.monotonic()`` value at which :meth:`step` has work to do."""
         self.active = True
         """False once a round was given up (a rank failed or died meanwhile): an answer to
@@ -112,7 +116,7 @@ class HangWatch:
     def settle(self, timeout_s: float = 2.0) -> None:
         """Wait at most ``timeout_s`` for the answers to a round still out, which the next
         call's first round must not read as its own."""
-        if not self._asked:  # as after every call that ended within PROBE_EVERY_S
+        if not self._asked:  # as after every call that ended within FIRST_PROBE_S
             return
         end = time.monotonic() + timeout_s
         waiting = [p for rank, p in self._asked.items() if rank not in self._traces]
