@@ -115,9 +115,9 @@ class RankError(DistributedError):
 
 
 class WorldTimeout(DistributedError):
-    """The run did not finish within its timeout (or, as :class:`WorldHang`, can never finish).
+    """The run did not finish within its timeout.
 
-    The ranks were killed afterwards.
+    Or, as :class:`WorldHang`, it can never finish. The ranks were killed afterwards.
 
     Attributes:
         stacks: Every rank's Python stack (all threads) when the wait ended, formatted like a
@@ -139,13 +139,13 @@ class WorldTimeout(DistributedError):
 
 
 class WorldHang(WorldTimeout):
-    """The run was ended early, before its timeout, because it can never finish.
+    """The run can never finish, so it was ended early.
 
-    The ranks' collectives prove it: nothing timed out, and waiting longer would not help.
-    Ranks wait in a collective that a peer never joins (it returned from the call, or died,
-    after fewer collectives on that group), or every member of a group waits in collective #N
-    and they called different collectives there (another op, reduce op, root, shape or dtype;
-    with the desync check on). The ranks were then killed.
+    The ranks' collectives prove it, before the timeout: nothing timed out, and waiting
+    longer would not help. Ranks wait in a collective that a peer never joins (it returned
+    from the call, or died, after fewer collectives on that group), or every member of a group
+    waits in collective #N and they called different collectives there (another op, reduce op,
+    root, shape or dtype; with the desync check on). The ranks were then killed.
 
     A subclass of :class:`WorldTimeout`, so that ``except WorldTimeout`` catches both ways
     a run can hang; ``timeout`` is None. ``verdicts`` say which collective cannot complete,
@@ -154,7 +154,9 @@ class WorldHang(WorldTimeout):
 
 
 class RankCrash(DistributedError):
-    """A rank process died while running: killed by a signal, or exited.
+    """A rank process died while running.
+
+    It was killed by a signal, or exited.
 
     Attributes:
         exitcodes: The exit code of each rank that died, as :mod:`multiprocessing` reports
@@ -174,23 +176,25 @@ class RankCrash(DistributedError):
 
 
 class RankLeak(DistributedError):
-    """The call returned on every rank but left behind what a reused rank cannot undo.
+    """The call left behind what a reused rank cannot undo.
 
-    On some ranks: threads it started that are still alive, child processes, open files
-    (raised under ``leaks="error"``, ini ``dist_leaks = error``). The ranks were then stopped,
-    and what they leaked with them; the next call gets fresh ones.
+    It returned on every rank but left, on some: threads it started that are still alive,
+    child processes, open files (raised under ``leaks="error"``, ini ``dist_leaks = error``).
+    The ranks were then stopped, and what they leaked with them; the next call gets fresh
+    ones.
 
     Each failing rank's section lists its findings, one per line.
     """
 
 
 class CollectiveMismatch(DistributedError):
-    """The call returned on every rank, but the ranks' collectives did not match.
+    """The ranks' collectives did not match.
 
-    This is the desync check, on by default; ``check_collectives=False`` turns it off. It finds
-    a collective with another op, reduce op, root, shape or dtype on some ranks, or more
-    collectives on some ranks than on others. Nothing hung, but the results may be wrong: Gloo
-    completes ``all_reduce(SUM)`` on one rank against ``all_reduce(MAX)`` on another.
+    The call returned on every rank. This is the desync check, on by default;
+    ``check_collectives=False`` turns it off. It finds a collective with another op, reduce
+    op, root, shape or dtype on some ranks, or more collectives on some ranks than on others.
+    Nothing hung, but the results may be wrong: Gloo completes ``all_reduce(SUM)`` on one rank
+    against ``all_reduce(MAX)`` on another.
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
@@ -198,10 +202,11 @@ class CollectiveMismatch(DistributedError):
 
 
 class FaultNotFired(DistributedError):
-    """A fault given to the call (``harness.faults``) never acted.
+    """A fault given to the call never acted.
 
-    Its rank made fewer collectives on its group than the fault's ``at``. A sweep cannot pass
-    vacuously; ``strict=False`` on the fault allows it. ``summary`` has one line per fault.
+    The fault (``harness.faults``) did not act: its rank made fewer collectives on its group
+    than the fault's ``at``. A sweep cannot pass vacuously; ``strict=False`` on the fault
+    allows it. ``summary`` has one line per fault.
     """
 
 
