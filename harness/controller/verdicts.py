@@ -89,8 +89,7 @@ def findings(
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
     if len(known) < 2:
         return []
-    # Each group's members (None: every rank), as the first trace that has the group says.
-    members = {group: h.ranks for t in reversed(known.values()) for group, h in t.groups.items()}
+    members = _members(known)
     names = group_names(sorted(members), members)
     verdicts: list[Finding] = []
     for group in sorted(members):
@@ -137,8 +136,7 @@ def can_never_finish(
             side), so only the first kind counts, for a collective every member must join.
     """
     known = {rank: trace for rank, trace in traces.items() if trace is not None}
-    # Each group's members (None: every rank), as the first trace that has the group says.
-    members = {group: h.ranks for t in reversed(known.values()) for group, h in t.groups.items()}
+    members = _members(known)
     for group, ranks in members.items():
         group_ranks = list(ranks if ranks is not None else range(world_size))
         inside = {}
@@ -162,6 +160,15 @@ def can_never_finish(
         if len(seqs) == 1 < len({last.op.key for last in inside.values()}):
             return True
     return False
+
+
+def _members(known: Mapping[int, RankTrace]) -> dict[str, tuple[int, ...] | None]:
+    """Each group's members (None: every rank), as the first trace that has the group says."""
+    members: dict[str, tuple[int, ...] | None] = {}
+    for trace in known.values():
+        for group, history in trace.groups.items():
+            members.setdefault(group, history.ranks)
+    return members
 
 
 def _ends_itself(

@@ -134,16 +134,17 @@ class Runner:
         text = order.message(
             item, [step.nodeid for step in earlier], verdict, fresh, finding, option
         )
-        if settings.order_dependent != "fail" or fresh == FAILED:
-            path, lineno, _ = item.location
-            try:  # a warning located at the test
-                warnings.warn_explicit(
-                    OrderDependenceWarning(text),
-                    OrderDependenceWarning,
-                    str(item.config.rootpath / path),
-                    (lineno or 0) + 1,
-                )
-                return Checked(found)
-            except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
-                text = f"OrderDependenceWarning: {text}"
-        return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+        if settings.order_dependent == "fail" and fresh != FAILED:
+            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+        path, lineno, _ = item.location
+        try:  # a warning located at the test
+            warnings.warn_explicit(
+                OrderDependenceWarning(text),
+                OrderDependenceWarning,
+                str(item.config.rootpath / path),
+                (lineno or 0) + 1,
+            )
+        except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
+            text = f"OrderDependenceWarning: {text}"
+            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+        return Checked(found)
