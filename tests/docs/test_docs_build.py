@@ -48,6 +48,8 @@ def _missing_docs_packages() -> list[str]:
 
 
 def test_site_builds_strict(tmp_path: Path) -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("the docs extra installs nothing on Python 3.10: griffelib 2.4 needs 3.11")
     missing = _missing_docs_packages()
     if missing:
         pytest.skip(
