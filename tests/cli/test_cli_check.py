@@ -110,6 +110,28 @@ def test_cli_check_passes(world_size: int, capsys: pytest.CaptureFixture[str]) -
     assert re.fullmatch(r"all \d+ collectives ok( \(.*\))?", lines[-1]), lines[-1]
 
 
+def test_cli_stdout_holds_the_report_alone() -> None:
+    """What a child process or C++ code writes to file descriptor 1 (torch's Gloo prints its
+    connection lines there in some releases) reaches stderr: stdout holds the report only."""
+    script = (
+        "import os, subprocess, sys\n"
+        "from harness.__main__ import keep_stdout_for_the_report\n"
+        "keep_stdout_for_the_report()\n"
+        "os.write(1, b'written to fd 1\\n')\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"a child process\")'], check=True)\n"
+        "print('the report')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        check=True,
+    )
+    assert done.stdout == "the report\n"
+    assert done.stderr.splitlines() == ["written to fd 1", "a child process"]
+
+
 def test_cli_rejects_world_size_zero(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["check", "--world-size", "0"])
