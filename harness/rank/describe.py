@@ -126,7 +126,11 @@ def _text_reduce_op(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
 def _text_root(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
     if param.startswith("group_"):  # group_src/group_dst: shown as the global rank it is
         try:
-            value, param = dist.get_global_rank(facts.group, value), param[len("group_") :]
+            # On the default group (no handle: None) a group rank is its global rank, so
+            # group_src=1 there reads as src=1 does on a peer that named it so.
+            if facts.group is not None:
+                value = dist.get_global_rank(facts.group, value)
+            param = param[len("group_") :]
         except Exception:
             pass
     facts.root = f"{param}={value}"
@@ -180,6 +184,8 @@ _SRC = (OpArg("src", ROOT), OpArg("group_src", ROOT))
 _DST = (OpArg("dst", ROOT), OpArg("group_dst", ROOT))
 _OP = OpArg("op", REDUCE_OP)
 
+# What is compared is only what must agree on every member for the collective to be right;
+# what each rank may size or lay out for itself is shown, never compared.
 _COLLECTIVES: dict[str, tuple[OpArg, ...]] = {
     "all_reduce": (_OP, OpArg("tensor", TENSOR)),
     "all_reduce_coalesced": (_OP, OpArg("tensors", TENSORS)),
@@ -191,15 +197,28 @@ _COLLECTIVES: dict[str, tuple[OpArg, ...]] = {
         OpArg("tensor", TENSOR, compared=False),
         OpArg("tensor_list", TENSORS, shown=False),
     ),
-    "all_gather_into_tensor": (OpArg("output_tensor", TENSOR), OpArg("input_tensor", TENSOR)),
-    "all_gather_single": (OpArg("output_tensor", TENSOR), OpArg("input_tensor", TENSOR)),
+    # The output may be the inputs concatenated or stacked, each rank's choice (a size
+    # other than the group's times the input's raises on that rank alone); the input is
+    # the same size on every rank.
+    "all_gather_into_tensor": (
+        OpArg("output_tensor", TENSOR, compared=False),
+        OpArg("input_tensor", TENSOR),
+    ),
+    "all_gather_single": (
+        OpArg("output_tensor", TENSOR, compared=False),
+        OpArg("input_tensor", TENSOR),
+    ),
     "all_gather_coalesced": (OpArg("input_tensor_list", TENSORS),),
     # gather_list / scatter_list exist on the root only.
     "gather": (*_DST, OpArg("tensor", TENSOR)),
     "scatter": (*_SRC, OpArg("tensor", TENSOR)),
-    "reduce_scatter": (_OP, OpArg("output", TENSOR), OpArg("input_list", TENSORS)),
-    "reduce_scatter_tensor": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR)),
-    "reduce_scatter_single": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR)),
+    # Each rank's output is the size of its own entry of the input list, which may differ
+    # by rank where the backend allows it (Gloo does); the list is the same on every rank.
+    "reduce_scatter": (_OP, OpArg("output", TENSOR, compared=False), OpArg("input_list", TENSORS)),
+    # The reverse of all_gather_into_tensor: the input may be the outputs concatenated or
+    # stacked, each rank's choice; the output is the same size on every rank.
+    "reduce_scatter_tensor": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR, compared=False)),
+    "reduce_scatter_single": (_OP, OpArg("output", TENSOR), OpArg("input", TENSOR, compared=False)),
     # Split sizes differ by rank: only the dtype and the number of chunks must agree.
     "all_to_all": (
         OpArg("input_tensor_list", TENSORS, compared=False),
@@ -217,6 +236,13 @@ _COLLECTIVES: dict[str, tuple[OpArg, ...]] = {
     "scatter_object_list": _SRC,
 }
 """The collectives recorded, and the arguments that describe a call of each."""
+
+_ROOT_ZERO = frozenset(
+    {"gather", "scatter", "gather_object", "scatter_object_list", "broadcast_object_list"}
+)
+"""The collectives whose root is global rank 0 where a call names none: torch >= 2.6 reads
+that from ``src=None``, ``group_src=None`` (older ones have ``src=0`` in the signature), so
+a rank that names ``dst=0`` and one that names no root call the same collective."""
 
 _P2P: dict[str, tuple[OpArg, ...]] = {
     "send": (*_DST, OpArg("tensor", TENSOR)),
@@ -287,6 +313,8 @@ def op(spec: Spec, described: tuple[Any, ...], group: Any) -> Op:
     facts = _Facts(group)
     shown: list[str] = []
     key: list[str] = []
+    if spec.name in _ROOT_ZERO:
+        described = _root_zero(spec, described)
     for (_, _, arg), value in zip(spec.params, described, strict=True):
         if value is not None:
             text, compared = arg.kind.text(value, arg.param, facts)
@@ -304,6 +332,24 @@ def op(spec: Spec, described: tuple[Any, ...], group: Any) -> Op:
         facts.device,
         spec.p2p,
     )
+
+
+def _root_zero(spec: Spec, described: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A call's :func:`raw` description with torch's default root, where it names none.
+
+    Args:
+        spec: How the function is recorded (one of :data:`_ROOT_ZERO`).
+        described: The call's description.
+
+    Returns:
+        ``described``, its global root (``src``/``dst``) 0 where neither it nor the group
+        root is given.
+    """
+    roots = [at for at, (_, _, arg) in enumerate(spec.params) if arg.kind is ROOT]
+    if not roots or any(described[at] is not None for at in roots):
+        return described
+    first = roots[0]  # src/dst, the global one, comes before group_src/group_dst
+    return (*described[:first], 0, *described[first + 1 :])
 
 
 def flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tuple[str, ...]:

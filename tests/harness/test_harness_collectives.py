@@ -386,21 +386,23 @@ def _p2p(op: Any, peer: int, tensor: torch.Tensor) -> SimpleNamespace:
             "all_gather(float32[4])",
             "all_gather([float32[4], float32[4]])",
         ),
+        # The output may be concatenated or stacked, by rank; the input may not differ.
         (
             "all_gather_into_tensor",
             (torch.ones(8), _T),
             {},
             "all_gather_into_tensor(float32[8], float32[4])",
-            None,
+            "all_gather_into_tensor(float32[4])",
         ),
         ("gather", (_T, None, 1), {}, "gather(dst=1, float32[4])", None),
         ("scatter", (_T,), {"src": 0}, "scatter(src=0, float32[4])", None),
+        # Each rank's output may differ in size (uneven pieces); the list of inputs may not.
         (
             "reduce_scatter",
             (_T, [_T, _T]),
             {},
             "reduce_scatter(SUM, float32[4], [float32[4], float32[4]])",
-            None,
+            "reduce_scatter(SUM, [float32[4], float32[4]])",
         ),
         # Split sizes differ by rank: only the dtype and the number of chunks are compared.
         (
