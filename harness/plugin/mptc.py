@@ -111,7 +111,14 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
         environ=dict(os.environ),
     )
     keep = settings.keep_traces(session.settings, ())
-    options = CallOptions(compat.mptc_timeout(case), session.settings.output, keep_traces=keep)
+    # The run's desync check (--dist-no-collective-check) as for a marked test: a class has
+    # no marker to turn it off for one test.
+    options = CallOptions(
+        compat.mptc_timeout(case),
+        session.settings.output,
+        check_collectives=session.settings.check_collectives,
+        keep_traces=keep,
+    )
     prepare = functools.partial(_empty_store, call.file_name)
     step = replay.Step(item.nodeid, rank_body, (call,), options, prepare=prepare)
     # The ranks make their own groups with whatever backend the test asks for; the world's
