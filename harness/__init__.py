@@ -10,8 +10,9 @@ internal, laid out by which side of a world it runs on:
 * ``harness.protocol``    what both sides agree on: messages, rank files, failures
 * ``harness.plugin``      the pytest plugin, a thin layer over the controller
 * ``harness.cli``         ``python -m harness``
-* ``harness.errors``, ``harness.validate``, ``harness.compat``: shared by all of them (the
-  public errors; the one validator of user values; every private API of another project)
+* ``harness.errors``, ``harness.validate``, ``harness.compat``, ``harness.versions``: shared
+  by all of them (the public errors; the one validator of user values; every private API of
+  another project; the torch releases supported)
 
 Which side may import which is a contract checked by import-linter (``pyproject.toml``).
 """
@@ -22,7 +23,12 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from harness.errors import (
+from harness import versions
+
+# Before anything else of the harness: an unsupported torch is refused in one line.
+versions.check_torch(versions.installed_torch())
+
+from harness.errors import (  # noqa: E402
     CollectiveMismatch,
     DistributedError,
     FaultNotFired,
