@@ -1,7 +1,9 @@
 """A run's faults checked together: against its world, each other and its restarts.
 
-:mod:`harness.faults` makes and checks each fault alone; a run (``World.run``,
-``harness.run``, a marked test) hands its whole list here before any rank starts.
+:mod:`harness.faults` makes each fault without checking it, so that a bad one made at the
+import of a test module fails that test alone; a run (``World.run``, ``harness.run``, a
+marked test) hands its whole list here before any rank starts, and this is where each
+fault's arguments are checked.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ def checked(faults: object, world_size: int, where: str = "faults") -> tuple[Fau
     Raises:
         TypeError: ``faults`` is not a list or tuple of faults, is a :class:`Sweep` (meant
             one fault at a time), or a fault does not pickle (to travel to the ranks).
-        ValueError: A fault does not fit the world, or two act at the same collective of
-            the same rank.
+        ValueError: A fault's own argument is not valid (``at=0``: collectives are counted
+            from 1), a fault does not fit the world, or two act at the same collective of
+            the same rank; the message names the fault.
     """
     if isinstance(faults, (Sweep, OpenSweep)):
         raise TypeError(

@@ -1,4 +1,5 @@
-"""What a fault is: the :class:`Fault` record, checked when made, and :class:`FaultFired`.
+"""What a fault is: the :class:`Fault` record, checked when a run uses it, and
+:class:`FaultFired`.
 
 Both are public as ``harness.faults.Fault`` and ``harness.faults.FaultFired``, where
 :mod:`harness.faults` makes them. This module imports neither torch nor pytest.
@@ -59,59 +60,72 @@ class Fault:
     attempt: int = 0
 
     def __post_init__(self) -> None:
+        # Normalised where the value allows; every field is checked when a run uses the fault
+        # (:meth:`check`), so that a bad one fails that run, not the import of its module.
+        if isinstance(self.group, tuple) and all(_is_int(member) for member in self.group):
+            object.__setattr__(self, "group", tuple(sorted(self.group)))
+        if _is_int(self.signal) and self.signal in _SIGNALS:
+            # A plain int: Signals members travel as the number they stand for.
+            object.__setattr__(self, "signal", int(self.signal))
+
+    def problem(self) -> str:
+        """What is wrong with the fault's own arguments ('' when nothing), naming the bad
+        value and what would be valid."""
         if self.kind not in KINDS:
-            raise ValueError(f"unknown fault kind {self.kind!r}; valid: {', '.join(KINDS)}")
-        _index(self.rank, "rank", minimum=0)
-        _index(self.at, "at", minimum=1)
-        _index(self.attempt, "attempt", minimum=0)
+            return f"unknown fault kind {self.kind!r}; valid: {', '.join(KINDS)}"
+        found = (
+            _index(self.rank, "rank", minimum=0)
+            or _index(self.at, "at", minimum=1, why=" (collectives are counted from 1)")
+            or _index(self.attempt, "attempt", minimum=0)
+        )
+        if found:
+            return found
         if self.group is not None:
             members = self.group
             if not isinstance(members, tuple) or not members:
-                raise TypeError(
+                return (
                     f"group must be a non-empty tuple of global ranks (e.g. (0, 1)) or None "
                     f"for the default group, not {members!r}"
                 )
             for member in members:
-                _index(member, "a rank of group", minimum=0)
+                found = _index(member, "a rank of group", minimum=0)
+                if found:
+                    return found
             if len(set(members)) != len(members):
-                raise ValueError(f"group {members!r} names a rank twice")
+                return f"group {members!r} names a rank twice"
             if self.rank not in members:
-                raise ValueError(f"rank {self.rank} is not a member of group {members!r}")
-            object.__setattr__(self, "group", tuple(sorted(members)))
+                return f"rank {self.rank} is not a member of group {members!r}"
         if self.when not in WHEN:
-            raise ValueError(f"unknown when {self.when!r}; valid: {', '.join(map(repr, WHEN))}")
-        try:
-            if not isinstance(self.signal, int) or isinstance(self.signal, bool):
-                raise TypeError  # Signals() would take 9.0 or True as a signal
-            # A plain int: Signals members travel as the number they stand for.
-            object.__setattr__(self, "signal", int(_signal.Signals(self.signal)))
-        except (ValueError, TypeError):
-            raise ValueError(
-                f"signal must be a signal number such as signal.SIGKILL, not {self.signal!r}"
-            ) from None
-        code = self.code
-        if not isinstance(code, int) or isinstance(code, bool) or not 0 <= code < 256:
-            raise ValueError(f"code must be an exit status from 0 to 255, not {code!r}")
+            return f"unknown when {self.when!r}; valid: {', '.join(map(repr, WHEN))}"
+        # Signals() would take 9.0 or True as a signal.
+        if not _is_int(self.signal) or self.signal not in _SIGNALS:
+            return f"signal must be a signal number such as signal.SIGKILL, not {self.signal!r}"
+        if not _is_int(self.code) or not 0 <= self.code < 256:
+            return f"code must be an exit status from 0 to 255, not {self.code!r}"
         exc_type = self.exc if isinstance(self.exc, type) else type(self.exc)
         if self.kind == "error" and not issubclass(exc_type, BaseException):
-            raise TypeError(
+            return (
                 f"exc must be an exception or an exception class (e.g. RuntimeError('peer "
                 f"lost')), not {self.exc!r}"
             )
         seconds = self.seconds
         number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
         if not number or not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"seconds must be a finite number >= 0, not {seconds!r}")
+            return f"seconds must be a finite number >= 0, not {seconds!r}"
         if self.kind == "corrupt" and not callable(self.fn):
-            raise TypeError(f"fn must be callable (it gets the rank's tensor), not {self.fn!r}")
-        if not isinstance(self.strict, bool):
-            raise TypeError(f"strict must be True or False, not {self.strict!r}")
+            return f"fn must be callable (it gets the rank's tensor), not {self.fn!r}"
+        strict: object = self.strict  # typed bool, given anything
+        if not isinstance(strict, bool):
+            return f"strict must be True or False, not {strict!r}"
+        return ""
 
     @property
     def id(self) -> str:
         """The test id of this fault in a sweep, such as ``kill-r1-at3``."""
         kind = f"kill-{self.when}" if self.kind == "kill" and self.when != "before" else self.kind
-        group = "" if self.group is None else "-g" + "_".join(map(str, self.group))
+        # Any value reads (a bad one is reported when the case runs, by this id).
+        members = self.group if isinstance(self.group, tuple) else (self.group,)
+        group = "" if self.group is None else "-g" + "_".join(map(str, members))
         attempt = f"-attempt{self.attempt}" if self.attempt else ""
         return f"{kind}-r{self.rank}-at{self.at}{group}{attempt}"
 
@@ -123,13 +137,16 @@ class Fault:
         if self.kind == "kill" and self.when != "before":
             details.append(f"when={self.when!r}")
         if self.kind == "kill" and self.signal != _signal.SIGKILL:
-            details.append(f"signal={_signal.Signals(self.signal).name}")
+            valid = _is_int(self.signal) and self.signal in _SIGNALS
+            name = _signal.Signals(self.signal).name if valid else repr(self.signal)
+            details.append(f"signal={name}")
         if self.kind == "exit":
             details.append(f"code={self.code}")
         if self.kind == "error":
             details.append(f"exc={self.exc!r}")
         if self.kind == "delay":
-            details.append(f"seconds={self.seconds:g}")
+            number = isinstance(self.seconds, (int, float)) and not isinstance(self.seconds, bool)
+            details.append(f"seconds={self.seconds:g}" if number else f"seconds={self.seconds!r}")
         if self.kind == "corrupt":
             details.append(f"fn={getattr(self.fn, '__qualname__', self.fn)!s}")
         if self.group is not None:
@@ -150,11 +167,16 @@ class Fault:
         return "the default group" if self.group is None else f"group {self.group}"
 
     def check(self, world_size: int) -> None:
-        """Check the fault against the size of the world it is used in.
+        """Check the fault's arguments, then the fault against the size of the world it is
+        used in.
 
         Raises:
-            ValueError: Its rank, or a rank of its group, is not in the world.
+            ValueError: An argument is not valid (see :meth:`problem`), or its rank, or a
+                rank of its group, is not in the world; the message names the fault.
         """
+        problem = self.problem()
+        if problem:
+            raise ValueError(f"fault {self}: {problem}")
         for member in (self.rank, *(self.group or ())):
             if member >= world_size:
                 raise ValueError(
@@ -185,8 +207,15 @@ class FaultFired:
         return f"FaultFired({self})"
 
 
-def _index(value: object, what: str, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{what} must be an int >= {minimum}, not {value!r}")
-    if value < minimum:
-        raise ValueError(f"{what} must be >= {minimum}, got {value}")
+_SIGNALS = frozenset(int(number) for number in _signal.Signals)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _index(value: object, what: str, *, minimum: int, why: str = "") -> str:
+    """What is wrong with ``value`` as an int >= ``minimum`` ('' when nothing)."""
+    if not _is_int(value) or value < minimum:  # type: ignore[operator]
+        return f"{what} must be an int >= {minimum}{why}, not {value!r}"
+    return ""

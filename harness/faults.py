@@ -11,10 +11,12 @@ pair, and the marker turns a sweep into one test case per fault.
 A rank's death or error caused by a fault is not a failure by itself: the call's verdict is
 what the other ranks did. A fault that never fires is an error (``strict=False`` allows it).
 
-Every spec is checked when it is made (and against the world's size when it is used), so a
-bad one fails before any process starts. The record of a fault, :class:`Fault`, and of
-what it did, :class:`FaultFired`, are defined in :mod:`harness.fault_values` and public
-here; this module makes them, one at a time or swept. It imports neither torch nor pytest.
+A spec is checked when a run uses it (``World.run``, ``harness.run``, or the test it marks),
+against the world's size too, before any process starts: a bad one (``kill(rank=1, at=0)``)
+fails that run or test alone, never the import of the module that makes it. The record of a
+fault, :class:`Fault`, and of what it did, :class:`FaultFired`, are defined in
+:mod:`harness.fault_values` and public here; this module makes them, one at a time or
+swept. It imports neither torch nor pytest.
 """
 
 from __future__ import annotations
@@ -221,7 +223,8 @@ def sweep(
     Raises:
         ValueError: ``kind`` is unknown, ``ranks`` or ``at`` is empty, or a string other
             than ``"all"``.
-        TypeError, ValueError: As the kind's function, for a bad argument.
+        TypeError: An argument the kind's function does not take. The values of the
+            faults' arguments are checked when the test runs, as any fault's.
     """
     maker = _MAKERS.get(kind) if isinstance(kind, str) else kind
     if maker is None or maker not in _MAKERS.values():
@@ -230,7 +233,7 @@ def sweep(
         for name, value in (("ranks", ranks), ("at", at)):
             if isinstance(value, str) and value != ALL:
                 raise ValueError(f"{name} must be {ALL!r} or ints, not {value!r}")
-        maker(0, 1, **kwargs)  # its arguments checked now, not once the cases are made
+        maker(0, 1, **kwargs)  # an argument the kind has no parameter for is named now
         return OpenSweep(
             maker.__name__,
             ALL if ranks == ALL else tuple(ranks),  # type: ignore[arg-type]

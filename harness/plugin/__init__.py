@@ -13,6 +13,7 @@ distributed test (or with ``--dist-mptc``).
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Generator
 from typing import Any
@@ -32,6 +33,7 @@ from harness.plugin import (  # noqa: E402
     marker,
     report,
     settings,
+    sweep_count,
     sweep_report,
     warmup,
 )
@@ -50,7 +52,7 @@ from harness.plugin.fixtures import (  # noqa: E402, F401
 from harness.plugin.marker import (  # noqa: E402
     MARKER,
     find_mark,
-    launcher_world,
+    launched,
     marker_name,
     run_mark,
 )
@@ -148,6 +150,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None
     # A wrapper, outermost: before the conftests are imported and before pytest starts
     # capturing (the server keeps this process's real stdout and stderr).
     warmup.before_conftests(early_config)
+    launched(early_config)  # under a launcher or not: decided once, from the start's environment
     return (yield)
 
 
@@ -174,6 +177,9 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = settings.read(config)
     config.pluginmanager.register(report, "harness-report")
     config.pluginmanager.register(interrupts.Hooks(config), "harness-interrupts")
+    counting = os.environ.get(sweep_count.COUNT_DIR)
+    if counting:  # the clean run of a sweep: its failure is what the sweep's case says
+        config.pluginmanager.register(sweep_count.FailureRecorder(counting), "harness-count")
     if chosen.mptc:
         from harness.plugin import mptc
 
@@ -293,7 +299,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         # Before any test, distributed or not: another process waits for GPUs that an idle
         # world of ours holds, and gets them.
         session.give_back_gpus()
-    if not isinstance(item, pytest.Function) or run_mark(item) is None or launcher_world():
+    if not isinstance(item, pytest.Function) or run_mark(item) is None or launched(item.config):
         return (yield)
     from harness.plugin import rank_fixtures
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness.plugin import lazy_session
-from harness.plugin.marker import MARKER, find_mark, launcher_world, marker_name
+from harness.plugin.marker import MARKER, find_mark, launched, marker_name
 
 if TYPE_CHECKING:
     from harness.controller.world import World
 
 
 def _rank_side(request: pytest.FixtureRequest, name: str) -> Any:
-    if launcher_world() is not None:
+    if launched(request.config) is not None:
         launcher = lazy_session.get(request.config).launcher
         assert launcher is not None
         return launcher.fixture(name)

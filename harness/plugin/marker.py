@@ -58,6 +58,8 @@ class CleanRun:
 _CLAIMED = pytest.StashKey["str | None"]()
 # The marker a test is run with (see run_mark), in a tuple: None is a valid answer.
 _RUN_MARK = pytest.StashKey["tuple[pytest.Mark | None]"]()
+# The session's launcher world (see launched), in a tuple: None is a valid answer.
+_LAUNCHED = pytest.StashKey["tuple[tuple[int, int] | None]"]()
 
 
 def claim_marker(config: pytest.Config) -> str | None:
@@ -96,6 +98,17 @@ def launcher_world() -> tuple[int, int] | None:
         return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     except (KeyError, ValueError):
         return None
+
+
+def launched(config: pytest.Config) -> tuple[int, int] | None:
+    """:func:`launcher_world` as it was when the session started, asked once per session: a
+    test that leaves ``RANK`` and ``WORLD_SIZE`` in pytest's environment (torch's own tests
+    do) must not put the tests after it under a launcher, nor one that removes them take
+    them out."""
+    found = config.stash.get(_LAUNCHED, None)
+    if found is None:
+        found = config.stash[_LAUNCHED] = (launcher_world(),)
+    return found[0]
 
 
 def find_mark(node: pytest.Item) -> pytest.Mark | None:

@@ -28,7 +28,7 @@ import pytest
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
 from harness.plugin import refs, replay, report, settings
-from harness.plugin.marker import launcher_world
+from harness.plugin.marker import launched
 from harness.protocol.messages import CallOptions
 from harness.protocol.pytest_calls import CaseCall, CaseExit
 
@@ -60,7 +60,7 @@ class CasePlugin:
         # The case instance exists from pytest's setup phase on; its own setUp runs inside
         # the call phase (unittest's run), so diverting it here comes before its processes
         # start.
-        if selected(item) and launcher_world() is None:
+        if selected(item) and launched(item.config) is None:
             assert isinstance(item, pytest.Function)
             case = item.instance
             started: list[Any] = []

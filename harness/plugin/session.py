@@ -38,7 +38,7 @@ from harness.plugin import (
     trace_folders,
 )
 from harness.plugin.leases import Leases
-from harness.plugin.marker import launcher_world
+from harness.plugin.marker import launched
 from harness.plugin.runner import Runner, Shape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings
@@ -59,13 +59,13 @@ class DistSession:
         self.settings = settings.read(config)
         self.trace_folders = trace_folders.TraceFolders(self.settings)
         self._logs = _log_settings(config)
-        launched = launcher_world()
+        launcher = launched(config)
         self.launcher: LauncherRank | None = None
-        if launched is not None:
+        if launcher is not None:
             # Only under a launcher: it brings the rank side into this process.
             from harness.plugin.launcher import LauncherRank
 
-            self.launcher = LauncherRank(launched[1], self.settings.timeout)
+            self.launcher = LauncherRank(launcher[1], self.settings.timeout)
         self._worlds: dict[Shape, World] = {}
         self.runner = Runner(self.settings, self._world, self._new_world)
         self.leases = Leases(self.settings)
@@ -152,6 +152,7 @@ class DistSession:
         try:
             if self._preload_failure():
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+            sweeps.check_resolved(item)  # a sweep that made no faults fails its case
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
             per_rank = self.leases.per_rank(test.gpus_per_rank, backend)

@@ -44,27 +44,44 @@ def test_a_sweep_is_every_rank_and_collective_pair_in_order() -> None:
 
 
 @pytest.mark.parametrize(
-    ("make", "error", "message"),
+    ("make", "message"),
     [
-        (lambda: faults.kill(-1, 1), ValueError, "rank must be >= 0, got -1"),
-        (lambda: faults.kill("1", 1), TypeError, "rank must be an int >= 0, not '1'"),
-        (lambda: faults.kill(0, 0), ValueError, "at must be >= 1, got 0"),
-        (lambda: faults.kill(0, 1, when="later"), ValueError, "unknown when 'later'; valid: "),
-        (lambda: faults.kill(0, 1, signal=999), ValueError, "signal must be a signal number"),
-        (lambda: faults.exit(0, 1, 256), ValueError, "code must be an exit status from 0 to 255"),
-        (lambda: faults.error(0, 1, "boom"), TypeError, "exc must be an exception"),
-        (lambda: faults.delay(0, 1, -1), ValueError, "seconds must be a finite number >= 0"),
-        (lambda: faults.corrupt(0, 1, 3), TypeError, "fn must be callable"),
-        (lambda: faults.hang(0, 1, group=[0, 1]), TypeError, "group must be a non-empty tuple"),
-        (lambda: faults.hang(0, 1, group=(0, 0)), ValueError, "group (0, 0) names a rank twice"),
-        (lambda: faults.hang(2, 1, group=(0, 1)), ValueError, "rank 2 is not a member of group"),
-        (lambda: faults.hang(0, 1, strict="no"), TypeError, "strict must be True or False"),
-        (lambda: faults.sweep("explode", ranks=[0], at=[1]), ValueError, "unknown fault kind"),
-        (lambda: faults.sweep("kill", ranks=[], at=[1]), ValueError, "has no (rank, at) pair"),
+        (lambda: faults.kill(-1, 1), "rank must be an int >= 0, not -1"),
+        (lambda: faults.kill("1", 1), "rank must be an int >= 0, not '1'"),
+        (
+            lambda: faults.kill(0, 0),
+            "fault kill(rank=0, at=0): at must be an int >= 1 (collectives are counted from 1), "
+            "not 0",
+        ),
+        (lambda: faults.kill(0, 1, when="later"), "unknown when 'later'; valid: "),
+        (lambda: faults.kill(0, 1, signal=999), "signal must be a signal number"),
+        (lambda: faults.exit(0, 1, 256), "code must be an exit status from 0 to 255"),
+        (lambda: faults.error(0, 1, "boom"), "exc must be an exception"),
+        (lambda: faults.delay(0, 1, -1), "seconds must be a finite number >= 0"),
+        (lambda: faults.corrupt(0, 1, 3), "fn must be callable"),
+        (lambda: faults.hang(0, 1, group=[0, 1]), "group must be a non-empty tuple"),
+        (lambda: faults.hang(0, 1, group=(0, 0)), "group (0, 0) names a rank twice"),
+        (lambda: faults.hang(2, 1, group=(0, 1)), "rank 2 is not a member of group"),
+        (lambda: faults.hang(0, 1, strict="no"), "strict must be True or False"),
     ],
 )
-def test_a_bad_spec_fails_when_made_naming_the_value(make, error, message) -> None:
-    with pytest.raises(error) as raised:
+def test_a_bad_spec_fails_when_a_run_checks_it_naming_the_fault_and_value(make, message) -> None:
+    made = make()  # at a test module's import: nothing fails yet
+    with pytest.raises(ValueError) as raised:
+        fault_checks.checked([made], 4)
+    assert str(raised.value).startswith(f"fault {made}: ")
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: faults.sweep("explode", ranks=[0], at=[1]), "unknown fault kind"),
+        (lambda: faults.sweep("kill", ranks=[], at=[1]), "has no (rank, at) pair"),
+    ],
+)
+def test_a_sweep_of_no_kind_or_no_case_fails_when_made(make, message) -> None:
+    with pytest.raises(ValueError) as raised:
         make()
     assert message in str(raised.value)
 

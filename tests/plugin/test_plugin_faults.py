@@ -106,3 +106,55 @@ def test_faults_that_do_not_fit_the_world_fail_that_test_alone(pytester: pytest.
         ],
         consecutive=False,
     )
+
+
+def test_a_bad_fault_argument_fails_that_test_alone_when_it_runs(
+    pytester: pytest.Pytester,
+) -> None:
+    # Made at the module's import, checked when the test runs: the module's other tests,
+    # and the other cases of a sweep, run as ever.
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+        from harness import faults
+
+
+        @pytest.mark.distributed(world_size=2, faults=[faults.kill(rank=1, at=0)])
+        def test_at_zero(rank):
+            dist.barrier()
+
+
+        @pytest.mark.distributed(
+            world_size=2, faults=faults.sweep("kill", ranks=[1], at=[0, 1], strict=False)
+        )
+        def test_swept(rank):
+            try:
+                dist.barrier()
+            except RuntimeError:  # rank 1 was killed
+                pass
+
+
+        @pytest.mark.distributed(world_size=2)
+        def test_fine(rank):
+            dist.barrier()
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly", "-rA")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "PASSED test_a_bad_fault_argument_fails_that_test_alone_when_it_runs.py::"
+            "test_swept[[]kill-r1-at1[]]",
+            "PASSED *::test_fine",
+        ],
+        consecutive=False,
+    )
+    message = (
+        "invalid @pytest.mark.distributed: fault kill(rank=1, at=0): at must be an int >= 1 "
+        "(collectives are counted from 1), not 0"
+    )
+    result.stdout.fnmatch_lines(
+        ["*_ test_at_zero _*", message, "*_ test_swept[[]kill-r1-at0[]] _*", message]
+    )
+    assert "Traceback" not in result.stdout.str()

@@ -144,7 +144,7 @@ def test_explicit_sweeps_are_summarised_too(pytester: pytest.Pytester) -> None:
     )
 
 
-def test_a_count_that_differs_between_clean_runs_fails_collection(
+def test_a_count_that_differs_between_clean_runs_fails_the_test(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
@@ -170,10 +170,10 @@ def test_a_count_that_differs_between_clean_runs_fails_collection(
         """
     )
     result = pytester.runpytest("-p", "no:randomly")
-    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*test_moody.py::test_moody: sweep('kill', ranks='all', at='all'): two clean runs "
+            "test_moody.py::test_moody: sweep('kill', ranks='all', at='all'): two clean runs "
             "issued different collectives (test_moody[[]clean1[]] and test_moody[[]clean2[]]: "
             "rank 0 made 1 collective on the default "
             "group, then 2); a sweep over 'all' needs the same ones in every run*"
@@ -181,7 +181,7 @@ def test_a_count_that_differs_between_clean_runs_fails_collection(
     )
 
 
-def test_more_than_500_cases_fail_collection_saying_how_many(pytester: pytest.Pytester) -> None:
+def test_more_than_500_cases_fail_the_test_saying_how_many(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_long="""
         import pytest
@@ -197,12 +197,13 @@ def test_more_than_500_cases_fail_collection_saying_how_many(pytester: pytest.Py
         """
     )
     result = pytester.runpytest("-p", "no:randomly")
-    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
-            "*test_long.py::test_long: a sweep over every collective would make 502 cases "
+            "*_ test_long[[]kill-unresolved[]] _*",
+            "test_long.py::test_long: a sweep over every collective would make 502 cases "
             "(collectives of a clean run: rank 0: 251, rank 1: 251), more than 500: sweep "
-            "some of them, e.g. at=range(1, 50)*"
+            "some of them, e.g. at=range(1, 50)*",
         ]
     )
 
@@ -236,15 +237,6 @@ def test_bad_sweeps_and_verify_values_are_named(pytester: pytest.Pytester) -> No
             except RuntimeError:
                 pass
         """,
-        test_failing_count="""
-        import pytest
-        from harness import faults
-
-
-        @pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
-        def test_broken(rank):
-            assert rank == 5, "broken without any fault"
-        """,
         test_sizes="""
         import pytest
         from harness import faults
@@ -257,8 +249,8 @@ def test_bad_sweeps_and_verify_values_are_named(pytester: pytest.Pytester) -> No
             pass
         """,
     )
-    result = pytester.runpytest("-p", "no:randomly", "--continue-on-collection-errors")
-    result.assert_outcomes(failed=4, errors=2)
+    result = pytester.runpytest("-p", "no:randomly")
+    result.assert_outcomes(failed=6)  # test_sizes: a case per world size
     result.stdout.fnmatch_lines(
         [
             "*invalid @pytest.mark.distributed: verify must be a module-level function (it "
@@ -268,10 +260,55 @@ def test_bad_sweeps_and_verify_values_are_named(pytester: pytest.Pytester) -> No
         ],
         consecutive=False,
     )
+    result.stdout.fnmatch_lines(["*a sweep over 'all' needs one world_size, not [[]2, 3[]]*"])
+
+
+def test_a_failing_clean_run_fails_its_sweep_alone_with_its_own_failure_first(
+    pytester: pytest.Pytester,
+) -> None:
+    # A regression that breaks the test without any fault: its one case fails, saying that
+    # the clean run failed and then how (the clean run's own report, not a transcript of the
+    # counting run); the other tests of the run are collected and run as ever.
+    pytester.makepyfile(
+        test_regressed="""
+        import pytest
+        import torch.distributed as dist
+        from harness import faults
+
+
+        @pytest.mark.distributed(world_size=2, faults=faults.sweep("kill", ranks="all", at="all"))
+        def test_broken(rank):
+            dist.barrier()
+            assert rank == 5, "broken without any fault"
+
+
+        @pytest.mark.distributed(world_size=2)
+        def test_fine(rank):
+            dist.barrier()
+
+
+        def test_plain():
+            pass
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly", "-rA")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["PASSED test_regressed.py::test_fine", "PASSED *::test_plain"])
     result.stdout.fnmatch_lines(
         [
-            "*test_failing_count.py::test_broken: sweep('kill', ranks='all', at='all'): the "
-            "clean run that counts its collectives did not pass (exit status 1)*",
+            "*_ test_broken[[]kill-unresolved[]] _*",
+            "test_regressed.py::test_broken: sweep('kill', ranks='all', at='all'): its clean "
+            "run failed: RankError: rank ? raised AssertionError: broken without any fault*",
+            "*rank ? (root cause)*",
         ]
     )
-    result.stdout.fnmatch_lines(["*a sweep over 'all' needs one world_size, not [[]2, 3[]]*"])
+    result.stdout.fnmatch_lines(
+        [
+            "  #1 barrier() at test_regressed.py:8",
+            "(a sweep over 'all' counts the collectives of a run without faults, which must "
+            "pass; the counting run's exit status: 1)",
+        ]
+    )
+    text = result.stdout.str()
+    assert "test session starts" not in text.split("test_broken[kill-unresolved]")[-1]
+    assert "[clean1]" not in text

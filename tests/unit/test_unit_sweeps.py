@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness import fault_checks, faults
-from harness.plugin import sweeps
+from harness.plugin import sweep_count, sweeps
 from harness.plugin.sweep_report import (
     MAX_CASES,
     Case,
@@ -68,12 +68,23 @@ def test_explicit_ranks_and_collectives_are_a_plain_sweep_as_before() -> None:
     assert [f.id for f in swept] == ["kill-r1-at1", "kill-r1-at2"]
 
 
+def test_an_open_sweeps_bad_argument_value_is_named_by_its_faults_when_resolved() -> None:
+    swept = faults.sweep("kill", ranks="all", at="all", when="later")  # made, as any fault
+    assert isinstance(swept, faults.OpenSweep)
+    (first, _) = swept.faults(2, lambda rank: 1)
+    with pytest.raises(ValueError) as info:
+        first.check(2)
+    assert str(info.value) == (
+        "fault kill(rank=0, at=1, when='later'): unknown when 'later'; valid: 'before', "
+        "'during', 'after'"
+    )
+
+
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
         (lambda: faults.sweep("kill", ranks="every", at="all"), ValueError, "ranks must be 'all'"),
         (lambda: faults.sweep("kill", ranks="all", at="each"), ValueError, "at must be 'all'"),
-        (lambda: faults.sweep("kill", ranks="all", at="all", when="later"), ValueError, "when"),
         (lambda: faults.sweep("delay", ranks="all", at="all"), TypeError, "seconds"),
         (lambda: faults.sweep("boom", ranks="all", at="all"), ValueError, "unknown fault kind"),
         (
@@ -127,11 +138,11 @@ def test_verify_may_be_none_or_a_module_level_function() -> None:
 def test_two_clean_runs_that_differ_say_where() -> None:
     one = {"0": {"": [["all_reduce", "x.py:3"]]}, "1": {"": [["all_reduce", "x.py:3"]]}}
     other = {"0": {"": [["all_reduce", "x.py:3"]]}, "1": {"": [], "0,1": [["barrier", "x.py:4"]]}}
-    assert sweeps._difference(one, one) == ""
-    assert sweeps._difference(one, other) == (
+    assert sweep_count._difference(one, one) == ""
+    assert sweep_count._difference(one, other) == (
         "rank 1 made 1 collective on the default group, then 0"
     )
-    assert sweeps._difference({"1": {}}, {"1": {"0,1": [["b", "x"]]}}) == (
+    assert sweep_count._difference({"1": {}}, {"1": {"0,1": [["b", "x"]]}}) == (
         "rank 1 made 0 collectives on group (0,1), then 1"
     )
 
@@ -139,7 +150,7 @@ def test_two_clean_runs_that_differ_say_where() -> None:
 def test_the_counting_run_gets_the_arguments_it_needs() -> None:
     given = ["-p", "no:cov", "-x", "-o", "dist_leaks=off", "--dist-backend", "gloo"]
     given += ["--dist-timeout=30", "-pxdist", "tests/", "-k", "save"]
-    assert sweeps._passed_on(given) == [
+    assert sweep_count._passed_on(given) == [
         "-p",
         "no:cov",
         "-o",
