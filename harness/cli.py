@@ -19,6 +19,7 @@ the world is rebuilt and the next rows run. A collective the backend does not im
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -31,7 +32,9 @@ with warnings.catch_warnings():
     import torch
 
 from harness import validate
-from harness.controller import forkserver
+from harness.controller import forkserver, gpus
+from harness.controller.backends import resolve_backend
+from harness.controller.gpus import Lease
 from harness.controller.world import World
 from harness.errors import DistributedError, RankError, WorldHang, WorldTimeout
 from harness.protocol.failures import ranks_phrase
@@ -50,6 +53,9 @@ from harness.rank.check_rows import (
     rank_info,
     row_names,
 )
+
+SHARING_BACKENDS = ("auto", "nccl")
+"""The backends ``--ranks-per-gpu`` above 1 goes with."""
 
 DEFAULT_ROW_TIMEOUT_S = 30.0
 """Default ``--timeout``: a healthy row takes milliseconds; this leaves room for a loaded
@@ -196,6 +202,15 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     check.add_argument(
+        "--ranks-per-gpu",
+        type=validate.argparse_type(validate.positive_int, "--ranks-per-gpu"),
+        default=1,
+        metavar="K",
+        help="NCCL ranks that share one GPU: the world of N ranks leases ceil(N / K) GPUs, "
+        "rank r on the (r %% G)-th, with NCCL_MULTI_RANK_GPU_ENABLE=1 (needs NCCL >= 2.30; "
+        "default: 1, a GPU per rank, none leased)",
+    )
+    check.add_argument(
         "--repeats",
         type=validate.argparse_type(validate.positive_int, "repeat count"),
         default=DEFAULT_REPEATS,
@@ -216,8 +231,20 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: From argparse, for ``--help`` or a usage error (exit code 2).
     """
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.ranks_per_gpu > 1 and args.backend not in SHARING_BACKENDS:
+        parser.error(
+            f"--ranks-per-gpu {args.ranks_per_gpu} shares GPUs between NCCL ranks, but the "
+            f"backend is {args.backend!r}: use --backend nccl, or --ranks-per-gpu 1"
+        )
     try:
+        if args.ranks_per_gpu > 1:
+            lease = _lease(args.world_size, args.backend, args.ranks_per_gpu, args.timeout)
+            if isinstance(lease, str):
+                _say(lease)
+                return 2
+            return _check(args.world_size, args.backend, args.timeout, args.repeats, lease)
         return _check(args.world_size, args.backend, args.timeout, args.repeats)
     except KeyboardInterrupt:
         # The World has already stopped its ranks (World.call and close run on the way out).
@@ -225,16 +252,46 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def _check(world_size: int, backend: str, timeout: float, repeats: int) -> int:
-    """Start the world, run the rows, print the report.
+def _lease(world_size: int, backend: str, ranks_per_gpu: int, timeout: float) -> Lease | str:
+    """The GPUs a world whose ranks share them leases: ``ceil(world_size / ranks_per_gpu)``
+    of those CUDA shows, taken as the plugin takes them (exclusive of every pytest run's).
+
+    Returns:
+        The lease, or why there is none (no NCCL here, too few GPUs, or they stayed taken).
+    """
+    if resolve_backend(backend) != "nccl":
+        return "--ranks-per-gpu needs the NCCL backend, and CUDA shows no GPU here"
+    count = -(-world_size // ranks_per_gpu)
+
+    def shown() -> int:
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+    stock = gpus.inventory(None, os.environ, shown, gpus.default_lease_dir())
+    if len(stock.ids) < count:
+        return (
+            f"{world_size} ranks, {ranks_per_gpu} per GPU, need {count} "
+            f"{'GPU' if count == 1 else 'GPUs'}; CUDA shows {len(stock.ids)}"
+        )
+    try:
+        return gpus.acquire(stock, count, holder="python -m harness check", timeout=timeout)
+    except gpus.LeaseError as exc:
+        return str(exc)
+
+
+def _check(
+    world_size: int, backend: str, timeout: float, repeats: int, lease: Lease | None = None
+) -> int:
+    """Start the world, run the rows, print the report; ``lease``: its GPUs (ranks that
+    share them), which the World gives back when it closes.
 
     Returns the exit code.
     """
     try:
-        world = World(world_size, backend=backend)
+        world = World(world_size, backend=backend, gpus=lease)
     except RuntimeError as exc:
         # An unavailable backend (NCCL without CUDA devices, a backend torch lacks).
-        _say(f"{exc}; try --backend gloo" if backend != "gloo" else str(exc))
+        gloo = backend != "gloo" and lease is None  # sharing GPUs is NCCL's alone
+        _say(f"{exc}; try --backend gloo" if gloo else str(exc))
         return 2
     except DistributedError as exc:
         _say(str(exc))

@@ -18,6 +18,10 @@ import torch.distributed as dist
 
 __all__ = ["init", "local_device", "shutdown"]
 
+MULTI_RANK_GPU = "NCCL_MULTI_RANK_GPU_ENABLE"
+"""NCCL's variable (2.30 and later) that lets several ranks share one GPU; where it is ``1``,
+``init`` selects ``cuda:(LOCAL_RANK % device_count)``."""
+
 
 def local_device() -> torch.device:
     """Return rank-local device metadata selected for the current process.
@@ -83,10 +87,14 @@ def init(
         pg_options: Optional backend-specific process-group options forwarded to PyTorch.
         device_id: Rank-local device: a ``torch.device``, a device string such as ``"cpu"`` or
             ``"cuda:1"``, or an ``int`` CUDA ordinal. When omitted with CUDA available,
-            ``cuda:LOCAL_RANK`` is selected (``LOCAL_RANK`` unset means 0); a CUDA device given
-            without an index means the same. A CUDA device is required when CUDA is available;
-            only a CPU device is accepted otherwise. With NCCL the selected device is also
-            bound to the process group (``init_process_group(device_id=...)``).
+            ``cuda:LOCAL_RANK`` is selected (``LOCAL_RANK`` unset means 0); where
+            ``NCCL_MULTI_RANK_GPU_ENABLE=1`` is set (several ranks share a GPU, NCCL 2.30 and
+            later), ``cuda:(LOCAL_RANK % torch.cuda.device_count())``, the device torch's
+            own NCCL backend binds then. A CUDA device given without an index means the
+            same. A CUDA device is required when CUDA is available; only a CPU device is
+            accepted otherwise. With an NCCL backend (``"nccl"``, ``"nccl-legacy"``,
+            ``"nccl2"``, or one named for CUDA in ``"cpu:gloo,cuda:nccl"``) the selected
+            device is also bound to the process group (``init_process_group(device_id=...)``).
 
     Returns:
         None. If a process group is already initialized, the selected CUDA device is still
@@ -97,7 +105,8 @@ def init(
     Raises:
         ValueError: If ``device_id`` is incompatible with CUDA availability (an ``int`` or a
             CUDA device without CUDA, a non-CUDA device with CUDA, an ordinal outside the
-            visible devices), if ``WORLD_SIZE``, ``RANK`` or ``LOCAL_RANK`` is not a
+            visible devices, ``LOCAL_RANK`` among them unless ``NCCL_MULTI_RANK_GPU_ENABLE=1``),
+            if ``WORLD_SIZE``, ``RANK`` or ``LOCAL_RANK`` is not a
             non-negative integer, if ``world_size < 1`` or ``rank`` is outside
             ``[0, world_size)``, or if both ``init_method`` and ``store`` are given.
         TypeError: If ``world_size``, ``rank``, ``backend``, ``timeout`` or ``device_id`` has
@@ -151,9 +160,10 @@ def init(
     if device is not None:
         torch.cuda.set_device(device)
     kwargs: dict[str, Any] = {}
-    if device is not None and backend.lower() == "nccl":
+    if device is not None and binds_device(backend):
         # Binding the device makes NCCL create its communicator eagerly on the right GPU
-        # instead of guessing it from the first collective.
+        # instead of guessing it from the first collective; torch 2.15's NCCL ignores the
+        # current device altogether and, without it, binds LOCAL_RANK % device_count.
         kwargs["device_id"] = device
     try:
         dist.init_process_group(
@@ -214,6 +224,17 @@ def shutdown(group: dist.ProcessGroup | None = None) -> None:
     dist.destroy_process_group(group)
 
 
+def binds_device(backend: str) -> bool:
+    """Whether ``init`` binds its device to a group of ``backend``: any NCCL backend.
+
+    That is ``"nccl"``, torch 2.15's ``"nccl-legacy"``, ``"nccl2"`` and ``"nccl-lazy"``, and
+    a ``"cpu:gloo,cuda:nccl"`` string that names one of them for a device. Not part of the
+    public API.
+    """
+    names = [part.rpartition(":")[2].strip().lower() for part in backend.split(",")]
+    return any(name.startswith("nccl") for name in names)
+
+
 def _check_int(name: str, value: object) -> None:
     # bool is an int subclass, but world_size=True is a bug, not a world of one.
     if not isinstance(value, int) or isinstance(value, bool):
@@ -238,7 +259,7 @@ def _select_device(device_id: object, cuda: bool) -> torch.device | None:
     if device_id is None:
         if not cuda:
             return None
-        return _cuda_ordinal(_env_int("LOCAL_RANK", default=0), "LOCAL_RANK")
+        return _local_rank_device()
     if isinstance(device_id, bool) or not isinstance(device_id, (int, str, torch.device)):
         raise TypeError(
             "device_id must be a torch.device, a device string or an int CUDA ordinal, "
@@ -272,8 +293,19 @@ def _select_device(device_id: object, cuda: bool) -> torch.device | None:
         )
     index: int | None = device.index  # None for a bare "cuda"
     if index is None:
-        return _cuda_ordinal(_env_int("LOCAL_RANK", default=0), "LOCAL_RANK")
+        return _local_rank_device()
     return _cuda_ordinal(index, "device_id")
+
+
+def _local_rank_device() -> torch.device:
+    """``cuda:LOCAL_RANK``; ``cuda:(LOCAL_RANK % device_count)`` where ranks share GPUs."""
+    local_rank = _env_int("LOCAL_RANK", default=0)
+    if os.environ.get(MULTI_RANK_GPU) == "1":
+        # Several ranks on one GPU (NCCL >= 2.30): what torch's NCCL binds without a
+        # device_id, and torch's own convention (MultiProcContinuousTest sets the variable
+        # when its world outnumbers the devices).
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return _cuda_ordinal(local_rank, "LOCAL_RANK")
 
 
 def _cuda_ordinal(index: int, source: str) -> torch.device:

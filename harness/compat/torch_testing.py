@@ -19,6 +19,7 @@ __all__ = [
     "mptc_error_exit_code",
     "mptc_is_case_class",
     "mptc_join_natively",
+    "mptc_min_gpus",
     "mptc_refresh_module_state",
     "mptc_run",
     "mptc_run_kwargs",
@@ -78,6 +79,21 @@ def mptc_run_kwargs(case: Any) -> dict[str, Any]:
     if any(p.kind is p.VAR_KEYWORD or p.name == "fake_pg" for p in parameters):
         return {"fake_pg": getattr(case, "fake_pg", False)}
     return {}
+
+
+def mptc_min_gpus(case: Any) -> int | None:
+    """The GPUs the test's decorators say it needs, or None where they say nothing.
+
+    torch 2.15's ``skip_if_lt_x_gpu(n)``, ``nccl_skip_if_lt_x_gpu`` and
+    ``require_n_gpus_for_nccl_backend`` record ``n`` on the test function as
+    ``_min_gpus_required``; older torch records nothing (None then). Read from the class's
+    method, as decorated: the instance's is the class's own wrapper around it.
+    """
+    method = getattr(type(case), str(case._testMethodName), None)
+    found = getattr(method, "_min_gpus_required", None)
+    if isinstance(found, int) and not isinstance(found, bool) and found > 0:
+        return found
+    return None
 
 
 def mptc_error_exit_code() -> int:
@@ -216,9 +232,23 @@ def _probe_distributed_test_state() -> object:
     return spec.origin
 
 
+def _probe_min_gpus() -> object:
+    # Absent before torch 2.15, which is no breakage: mptc_min_gpus then finds nothing.
+    import importlib
+
+    module = importlib.import_module(MPTC_MODULE)
+    marked = module.skip_if_lt_x_gpu(3)(lambda: None)
+    found = getattr(marked, "_min_gpus_required", None)
+    if found is not None and found != 3:
+        raise TypeError(f"skip_if_lt_x_gpu(3) now records _min_gpus_required={found!r}")
+    return found
+
+
 PROBES: dict[str, Callable[[], object]] = {
     "torch.testing._internal.common_distributed.MultiProcessTestCase "
     "(_run, _start_processes, _join_processes, _check_return_codes, TEST_SKIPS)": _probe_mptc,
     "torch.testing._internal.distributed.distributed_test (INIT_METHOD, BACKEND, "
     "Barrier.barrier_id)": _probe_distributed_test_state,
+    "torch.testing._internal.common_distributed.skip_if_lt_x_gpu "
+    "(_min_gpus_required, torch 2.15 and later)": _probe_min_gpus,
 }

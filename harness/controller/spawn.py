@@ -29,7 +29,8 @@ from typing import Any
 from harness.controller import coverage
 from harness.controller.forkserver import context
 from harness.controller.gpus import Lease
-from harness.protocol.messages import GPUS_PER_RANK, TRACE_REQUEST, RankSetup
+from harness.protocol import devices
+from harness.protocol.messages import TRACE_REQUEST, RankSetup
 from harness.protocol.rank_files import RankFiles
 from harness.rank import CODE_DIR, entry
 
@@ -72,8 +73,9 @@ def rank_env(
 ) -> dict[str, str]:
     """The torchrun environment of one rank of a single-node world.
 
-    With ``gpus``, the world's GPUs: every rank sees all of them, in rank order, as under
-    torchrun; its ``restarts``: which restart this is, of how many, as torchrun's agent counts
+    With ``gpus``, the world's GPUs: every rank sees all of them, its own at
+    ``cuda:LOCAL_RANK`` onwards, or shared (:func:`harness.protocol.devices.lease_env`); its
+    ``restarts``: which restart this is, of how many, as torchrun's agent counts
     them; without ``cuda``, no GPU at all (an empty ``CUDA_VISIBLE_DEVICES``).
     """
     env = {
@@ -100,8 +102,8 @@ def rank_env(
         if name not in os.environ:
             env[name] = loopback
     if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        env[GPUS_PER_RANK] = str(len(gpus) // world_size)
+        # Not the same order on every rank: see harness.protocol.devices for why.
+        env.update(devices.lease_env(gpus, rank, world_size))
     elif not cuda:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env

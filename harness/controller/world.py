@@ -81,19 +81,22 @@ class World:
             the ranks and each finding), ``"error"`` (the call fails with a ``RankLeak``
             and the ranks are stopped, ending what they leaked) or ``"off"`` (no look).
         gpus: GPUs the World holds while it lives (a lease of
-            :mod:`harness.controller.gpus`, ``world_size`` times the GPUs per rank), given
-            back when it closes, also when it fails to start. Every rank sees exactly
-            them as ``CUDA_VISIBLE_DEVICES``, in rank order; rank ``r``'s first is
-            ``cuda:r * gpus_per_rank``. None: the ranks of an NCCL world, or of one with
-            ``init=False``, see what this process sees; those of any other see no GPU
-            (lease GPUs for a Gloo world that works on CUDA tensors).
+            :mod:`harness.controller.gpus`), given back when it closes, also when it fails
+            to start. Every rank sees exactly them as ``CUDA_VISIBLE_DEVICES``, and its own
+            device is ``cuda:(LOCAL_RANK % len(gpus.ids))``, the one torch's NCCL binds by
+            itself: with ``world_size`` times ``G`` GPUs, rank ``r``'s are ``cuda:r`` to
+            ``cuda:r + G - 1`` (its view of the lease is rotated so); with fewer GPUs than
+            ranks, the ranks share them (``NCCL_MULTI_RANK_GPU_ENABLE=1``, NCCL 2.30 and
+            later). See :mod:`harness.protocol.devices`. None: the ranks of an NCCL world,
+            or of one with ``init=False``, see what this process sees; those of any other
+            see no GPU (lease GPUs for a Gloo world that works on CUDA tensors).
 
     Raises:
         TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,
-            ``init`` (which must be a bool), ``leaks`` or ``gpus`` (not a whole number
-            of GPUs per rank).
-        RuntimeError: If the backend cannot run here (not built into torch, or NCCL with
-            fewer CUDA devices than ranks).
+            ``init`` (which must be a bool), ``leaks`` or ``gpus`` (a lease of no GPU).
+        RuntimeError: If the backend cannot run here (not built into torch, NCCL with
+            fewer CUDA devices than ranks or leased GPUs, or ranks sharing a GPU on an
+            NCCL older than 2.30).
         DistributedError: If a rank does not come up within 60 s or fails to initialize.
     """
 
@@ -117,14 +120,14 @@ class World:
             self.timeout: float | None = calls.checked_timeout(timeout)
             self.init: bool = validate.flag(init, "init")
             self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
-            reason = unavailable_reason(self.backend, self.world_size)
+            if gpus is not None and not gpus.ids:
+                raise ValueError(
+                    f"gpus must hold at least one GPU for {_ranks(self.world_size)}, not none"
+                )
+            devices = len(gpus.ids) if gpus is not None else None
+            reason = unavailable_reason(self.backend, self.world_size, devices)
             if reason:
                 raise RuntimeError(f"cannot start a world of {_ranks(world_size)}: {reason}")
-            if gpus is not None and (not gpus.ids or len(gpus.ids) % self.world_size):
-                raise ValueError(
-                    f"gpus must hold a whole number of GPUs for each of {_ranks(self.world_size)},"
-                    f" not {len(gpus.ids)} ({gpus.visible_devices or 'none'})"
-                )
         except BaseException:
             if gpus is not None:
                 gpus.release()  # the World owns them from here on, also when it fails

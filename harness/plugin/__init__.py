@@ -93,6 +93,9 @@ _INI = {
     "dist_marker": f"name of the marker that runs a test on ranks (default: {MARKER}; needed "
     f"where the project has a '{MARKER}' marker of its own)",
     "dist_gpus": "the GPUs this run may use, as --dist-gpus",
+    "dist_ranks_per_gpu": "how many ranks of an NCCL test share one GPU where its marker "
+    "does not say (default: 1; its world of N ranks leases ceil(N / K) GPUs; needs NCCL "
+    ">= 2.30)",
     "dist_preload": "modules (mylib.models) and functions (mylib.testing:warm_up) the "
     "forkserver imports or calls once, before it forks any rank: every rank, also of a "
     "world rebuilt after a failure or a fault, starts with them done",
@@ -161,14 +164,16 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line(
             "markers",
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
-            "init=True, check_collectives=True, faults=(), gpus_per_rank=None, restarts=0, "
+            "init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
+            "ranks_per_gpu=None, restarts=0, "
             "verify=None): run the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
             "check_collectives=False: a passing test's collectives are not compared between "
             "ranks; faults: harness.faults injected at the ranks' collectives; "
-            "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0; restarts: how often the "
+            "gpus_per_rank: GPUs each rank leases, 1 with NCCL else 0; ranks_per_gpu: NCCL "
+            "ranks that share one GPU (default: ini dist_ranks_per_gpu); restarts: how often the "
             "run starts again on fresh ranks when a rank fails, or each restart's world size; "
             "verify: a module-level function run on the ranks of a fresh world after each "
             "case of a sweep)",

@@ -1,12 +1,13 @@
 """The plugin's GPUs: the run's inventory, what each test needs, and the leases its worlds hold.
 
 A distributed test needs ``world_size x gpus_per_rank`` GPUs (``gpus_per_rank``: the marker's,
-else 1 with NCCL and 0 with Gloo). A test that needs none takes no lease and costs nothing
-here. One that needs more than the run has is skipped, saying so, or fails under
-``--dist-require-gpus``; the others' worlds lease their GPUs
-(:mod:`harness.controller.gpus`) for as long as they live. Each test notes in its report's
-``user_properties`` whether it ran on GPUs or was skipped for lack of them, so that the
-terminal summary counts them across pytest-xdist's workers too.
+else 1 with NCCL and 0 with Gloo), ``ceil(world_size / ranks_per_gpu)`` where its NCCL ranks
+share GPUs, or a ``--dist-mptc`` test's own minimum (:mod:`harness.plugin.gpu_needs`). A
+test that needs none takes no lease and costs nothing here. One that needs more than the
+run has is skipped, saying so, or fails under ``--dist-require-gpus``; the others' worlds
+lease their GPUs (:mod:`harness.controller.gpus`) for as long as they live. Each test notes
+in its report's ``user_properties`` whether it ran on GPUs or was skipped for lack of them,
+so that the terminal summary counts them across pytest-xdist's workers too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 from harness.controller import gpus
 from harness.controller.gpus import Inventory, Lease
 from harness.plugin import report
+from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.settings import Settings
 
 
@@ -57,28 +59,19 @@ class Leases:
                 raise pytest.fail.Exception(str(exc), pytrace=False) from None
         return self._stock
 
-    def per_rank(self, asked: int | None, backend: str) -> int:
-        """The GPUs each rank of a test leases: ``asked`` (the marker's), else the backend's
-        default."""
-        if asked is not None:
-            return asked
-        return 1 if backend == "nccl" else 0
-
-    def check(self, item: pytest.Item, world_size: int, per_rank: int) -> None:
+    def check(self, item: pytest.Item, world_size: int, need: GpuNeed) -> None:
         """Skip ``item`` (fail it under ``--dist-require-gpus``) where it needs more GPUs
         than the run has; note that it runs on GPUs where it needs some.
 
         Raises:
             pytest.skip.Exception, pytest.fail.Exception: It needs more GPUs than there are.
         """
-        if not per_rank:
+        if not need:
             return
-        needed, have = world_size * per_rank, len(self.stock.ids)
-        if needed <= have:
+        message = need.shortfall(world_size, len(self.stock.ids))
+        if message is None:
             item.user_properties.append((report.GPU_TESTS, "ran"))
             return
-        noun = "GPU" if needed == 1 else "GPUs"
-        message = f"needs {needed} {noun} ({world_size} x {per_rank}), this run has {have}"
         if self._settings.require_gpus:
             raise pytest.fail.Exception(
                 f"{message} (--dist-require-gpus: a test is not skipped for lack of GPUs)",

@@ -38,6 +38,7 @@ class MarkSpec:
     check_collectives: Any = True
     faults: Any = ()
     gpus_per_rank: Any = None
+    ranks_per_gpu: Any = None
     restarts: Any = 0
     verify: Any = None
 

@@ -27,7 +27,7 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import refs, replay, report, settings
+from harness.plugin import gpu_needs, refs, replay, report, settings
 from harness.plugin.marker import launched
 from harness.protocol.messages import CallOptions
 from harness.protocol.pytest_calls import CaseCall, CaseExit
@@ -102,6 +102,10 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
+    # torch 2.15's GPU decorators record their minimum on the test: that many GPUs are
+    # leased (the ranks see exactly them), or the test is skipped as a marked one is.
+    need = gpu_needs.mptc_need(compat.mptc_min_gpus(case))
+    session.leases.check(item, world_size, need)
     call = CaseCall(
         test=refs.reference(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
@@ -123,7 +127,9 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     step = replay.Step(item.nodeid, rank_body, (call,), options, prepare=prepare)
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
-    shape = (world_size, "gloo", False, 0)
+    shape = (world_size, "gloo", False, need)
+    if need:  # a wait for its GPUs names the test, and ends with its time limit
+        session.taking(item.nodeid, time.monotonic() + compat.mptc_timeout(case))
     # A test that turns torch's flight recorder on (a process-wide buffer of every group's
     # collectives, sized at its first use, that no call empties) expects it new, as its
     # native processes have it: it runs on fresh ranks.

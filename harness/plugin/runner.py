@@ -24,6 +24,7 @@ import pytest
 from harness.controller import restarts
 from harness.errors import OrderDependenceWarning
 from harness.plugin import order, report
+from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.replay import FAILED, History, Step, on_fresh
 from harness.plugin.settings import Settings
 
@@ -35,8 +36,8 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
 
-Shape = tuple[int, str, bool, int]
-"""A world's size, resolved backend, ``init`` and GPUs per rank."""
+Shape = tuple[int, str, bool, GpuNeed]
+"""A world's size, resolved backend, ``init`` and the GPUs it leases."""
 
 
 class Runnable(Protocol[_T_co]):

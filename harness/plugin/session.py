@@ -28,6 +28,7 @@ from harness.controller.gpus import LeaseError
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import (
+    gpu_needs,
     interrupts,
     rank_fixtures,
     refs,
@@ -37,6 +38,7 @@ from harness.plugin import (
     sweeps,
     trace_folders,
 )
+from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.leases import Leases
 from harness.plugin.marker import launched
 from harness.plugin.runner import Runner, Shape
@@ -85,7 +87,7 @@ class DistSession:
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
         size, init = validate.positive_int(world_size, "world_size"), validate.flag(init, "init")
-        return self._world((size, self.resolve_backend(backend), init, 0))
+        return self._world((size, self.resolve_backend(backend), init, GpuNeed()))
 
     def _world(self, shape: Shape) -> World:
         world = self._worlds.get(shape)
@@ -94,11 +96,11 @@ class DistSession:
         return world
 
     def _new_world(self, shape: Shape) -> World:
-        size, backend, init, per_rank = shape
+        size, backend, init, need = shape
         lease = None
-        if per_rank:
+        if need:
             holder, deadline = self._taking
-            lease = self.leases.take(size * per_rank, holder, deadline, self.give_back_gpus)
+            lease = self.leases.take(need.count(size), holder, deadline, self.give_back_gpus)
         world = World(size, backend=backend, init=init, leaks=self.settings.leaks, gpus=lease)
         if self._preload_failed is None:
             # The server has run the warm-up by now: it did before it forked these ranks.
@@ -106,6 +108,11 @@ class DistSession:
             failed = "ini dist_preload failed in the forkserver, which ranks are forked from: "
             self._preload_failed = failed + "; ".join(problems) if problems else ""
         return world
+
+    def taking(self, nodeid: str, deadline: float | None) -> None:
+        """Name the test whose worlds are made next, and the deadline of its wait for GPUs
+        (``time.monotonic()``; None: no bound)."""
+        self._taking = (nodeid, deadline)
 
     def give_back_gpus(self) -> None:
         """End the idle worlds that hold GPUs, their wider-scoped rank fixtures first."""
@@ -155,9 +162,10 @@ class DistSession:
             sweeps.check_resolved(item)  # a sweep that made no faults fails its case
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
-            per_rank = self.leases.per_rank(test.gpus_per_rank, backend)
-            self.leases.check(item, test.world_size, per_rank)
-            if unavailable := self._unavailable(backend, test.world_size):
+            need = gpu_needs.need(backend, test.gpus_per_rank, test.ranks_per_gpu)
+            self.leases.check(item, test.world_size, need)
+            devices = need.count(test.world_size) or None
+            if unavailable := self._unavailable(backend, test.world_size, devices):
                 compat.skip_at_test(unavailable)
             ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item, self._logs)
@@ -169,7 +177,7 @@ class DistSession:
         option = f"--dist-backend={backend}"
         with interrupts.taken_over(item, test.timeout) as deadline:
             seconds = deadline.seconds
-            shape = (test.world_size, backend, test.init, per_rank)
+            shape = (test.world_size, backend, test.init, need)
 
             def marked(options: CallOptions) -> _MarkedTest:
                 body, args = sweeps.body(item, run_test, (ref, plan))  # a sweep's count
@@ -177,7 +185,7 @@ class DistSession:
                 return _MarkedTest(step, self, item, plan, test.timeout)
 
             try:
-                if per_rank:
+                if need:
                     # Its GPUs first: waiting for them counts against the test's deadline.
                     end = time.monotonic() + seconds
                     self._taking = (item.nodeid, end)

@@ -25,6 +25,7 @@ import pytest
 
 from harness import validate
 from harness.fault_checks import check_attempts, checked
+from harness.plugin import gpu_needs
 from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
@@ -61,6 +62,7 @@ class Settings:
     output: str = OUTPUT_CAPTURE
     randomly_seed: int | None = None
     gpus: str | None = None
+    ranks_per_gpu: int = 1
     gpu_lease_dir: str = ""
     require_gpus: bool = False
     preload: tuple[str, ...] = ()
@@ -101,6 +103,11 @@ def read(config: pytest.Config) -> Settings:
             output=OUTPUT_CAPTURE if config.getoption("capture", "fd") != "no" else OUTPUT_PREFIX,
             randomly_seed=randomly_seed(config),
             gpus=_gpus(config),
+            ranks_per_gpu=validate.positive_int(
+                str(config.getini("dist_ranks_per_gpu") or "1").strip(),
+                "ini option dist_ranks_per_gpu",
+                text=True,
+            ),
             gpu_lease_dir=str(config.getini("dist_gpu_lease_dir") or "").strip(),
             require_gpus=bool(
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
@@ -186,6 +193,8 @@ class TestSettings:
     Attributes:
         backend: ``"auto"`` as ``--dist-backend`` says (the session resolves what remains).
         gpus_per_rank: None: the backend's default, applied once the backend is resolved.
+        ranks_per_gpu: Ranks that share a GPU: the marker's, else ini
+            ``dist_ranks_per_gpu`` where it can apply (:func:`gpu_needs.ranks_per_gpu`).
         call: How its ranks run it (one of a sweep's faults per case).
         attempts: With ``restarts``, the world size of each attempt, the first included.
     """
@@ -198,6 +207,7 @@ class TestSettings:
     init: bool
     gpus_per_rank: int | None
     call: CallOptions
+    ranks_per_gpu: int = 1
     attempts: tuple[int, ...] = ()
 
     @property
@@ -218,7 +228,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         spec = parse_mark(mark)
         callspec = getattr(item, "callspec", None)
         params: dict[str, Any] = callspec.params if callspec is not None else {}
-        backend = params.get(BACKEND_PARAM, spec.backend)
+        backend = named = params.get(BACKEND_PARAM, spec.backend)
         if isinstance(backend, str) and backend.lower() == "auto":
             backend = session.backend
         size = params.get(WORLD_SIZE_PARAM, spec.world_size)
@@ -234,6 +244,9 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         # pytest-randomly's seed where it is active (it reseeds every test alike), else one
         # from the node id: a test draws the same numbers alone, first, or after any others.
         seed, per_rank = session.randomly_seed, spec.gpus_per_rank
+        if per_rank is not None:
+            per_rank = validate.whole(per_rank, "gpus_per_rank")
+        shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
         call = CallOptions(
             timeout=(
                 session.timeout
@@ -255,8 +268,9 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
             backend=validate.backend(backend),
             isolate=bool(spec.isolate) or session.isolate,
             init=validate.flag(spec.init, "init"),
-            gpus_per_rank=None if per_rank is None else validate.whole(per_rank, "gpus_per_rank"),
+            gpus_per_rank=per_rank,
             call=call,
+            ranks_per_gpu=shared,
             attempts=sizes,
         )
     except (TypeError, ValueError) as exc:

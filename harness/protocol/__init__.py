@@ -12,6 +12,8 @@ It is shared by both sides, and imports only the stdlib.
   exception, or from how a process ended) and rendered for a reader
 * :mod:`~harness.protocol.traces`      the collectives a rank issued during a call, and how
   they read in a report
+* :mod:`~harness.protocol.devices`     the GPUs of a world's lease as each rank sees them, and
+  which is its own
 
 Nothing here imports torch, pytest or any other part of the harness (an import-linter contract
 in ``pyproject.toml`` enforces it), so both sides can rely on it and it can be read on its own.

@@ -37,8 +37,9 @@ PRELOAD_REPORT = "HARNESS_PRELOAD_REPORT"
 """Set beside :data:`PRELOAD_VARIABLE`: the file the server writes each failed entry to."""
 
 GPUS_PER_RANK = "HARNESS_GPUS_PER_RANK"
-"""Set in the ranks of a world that holds GPUs: how many each rank has. Each sees the world's
-GPUs as ``CUDA_VISIBLE_DEVICES``, in rank order: rank ``r``'s first is ``cuda:r * N``."""
+"""Set in the ranks of a world that holds ``N`` whole GPUs per rank: ``N``. Rank ``r``'s are
+``cuda:r`` to ``cuda:r + N - 1`` of its ``CUDA_VISIBLE_DEVICES`` (see
+:mod:`harness.protocol.devices`)."""
 
 
 @dataclass(frozen=True)

@@ -9,24 +9,26 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from harness.protocol.messages import GPUS_PER_RANK
+from harness.protocol import devices
 
 
 def first_gpu() -> int | None:
-    """The CUDA index of this rank's first GPU.
+    """The CUDA index of this rank's (first) GPU.
 
-    In a world that holds GPUs, it is ``LOCAL_RANK * gpus_per_rank`` of the world's
-    ``CUDA_VISIBLE_DEVICES``; None elsewhere, or without CUDA (a lease tried on a machine
-    without GPUs).
+    In a world that holds GPUs, it is ``LOCAL_RANK % G`` of the rank's
+    ``CUDA_VISIBLE_DEVICES`` (``G`` GPUs leased): the device torch's NCCL binds by itself, and
+    the one :func:`harness.protocol.devices.lease_env` laid out as the rank's own. None
+    elsewhere, or without CUDA (a lease tried on a machine without GPUs).
     """
-    per_rank = os.environ.get(GPUS_PER_RANK)
-    if per_rank is None:
+    leased = os.environ.get(devices.LEASED_GPUS)
+    if not leased:
         return None
     import torch
 
     if not torch.cuda.is_available():
         return None
-    return int(os.environ.get("LOCAL_RANK", "0")) * int(per_rank)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return devices.own_device(local_rank, len(leased.split(",")))
 
 
 def rank_value(name: str) -> Any:

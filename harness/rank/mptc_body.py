@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from harness import compat
+from harness.protocol import devices
 from harness.protocol.failures import EXIT_CODE_ATTR
 from harness.protocol.pytest_calls import CaseCall, CaseExit
 from harness.rank import reset
@@ -101,8 +102,14 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
     # (RANK, LOCAL_RANK, TORCHELASTIC_*, OMP_NUM_THREADS, its rendezvous): the test may look
     # (torch's own tests do), and code under test reads them. The rank puts its environment
     # and thread count back after the call.
-    reset.update_environ(call.environ, exact=True)
-    threads = _native_threads(call.environ)
+    environ = dict(call.environ)
+    leased = os.environ.get(devices.LEASED_GPUS)
+    if leased:
+        # A world leased for the test's own minimum of GPUs: the test sees exactly them, in
+        # the lease's order on every rank, as native processes see one CUDA_VISIBLE_DEVICES.
+        environ[devices.VISIBLE] = leased
+    reset.update_environ(environ, exact=True)
+    threads = _native_threads(environ)
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     compat.mptc_refresh_module_state()

@@ -369,9 +369,9 @@ def test_parse_mark_reads_world_size_by_position_or_name() -> None:
             _mark(bakend="gloo"),
             "unknown argument(s) 'bakend' (did you mean 'backend'?); valid: world_size, "
             "backend, timeout, isolate, init, check_collectives, faults, gpus_per_rank, "
-            "restarts",
+            "ranks_per_gpu, restarts",
         ),
-        (_mark(ranks=2), "unknown argument(s) 'ranks'; valid: world_size, "),
+        (_mark(size=2), "unknown argument(s) 'size'; valid: world_size, "),
         (
             _mark(zzz=1, isolated=True, fault=[]),
             "unknown argument(s) 'fault', 'isolated', 'zzz' (did you mean 'faults'?) "
