@@ -26,7 +26,13 @@ It prints one table, a row per check, each PASS, FAIL or SKIP with its reason an
 * (e) a test that makes a process group and does not destroy it: the leak warning must
   name the test and the line that made the group;
 * (f) a test that keeps a CUDA tensor in a module global: the leak warning must name the
-  test and the CUDA memory.
+  test and the CUDA memory;
+* (g) several NCCL ranks on one GPU (``ranks_per_gpu``, ``gpu_sharing.py``): ``harness
+  check`` with 2 and with 4 ranks on one GPU, ``--tests`` tests of a 2-rank world on one GPU
+  on a reused world with their per-test cost, and a planted desync that must be reported.
+  They need torch 2.15 and NCCL 2.30: elsewhere each is a SKIP saying which is missing.
+
+The first line it prints is the NCCL version torch has (``torch.cuda.nccl.version()``).
 
 Exit status: 0 when no row failed, 1 when one did, 2 when this machine has no CUDA GPU (or
 no NCCL), said on stderr before anything runs. Progress goes to stderr, the table to
@@ -54,6 +60,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import gpu_sharing
 
 REPO = Path(__file__).resolve().parents[1]
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -84,6 +92,18 @@ except Exception as exc:
     raise SystemExit(0)
 info = {"torch": torch.__version__, "cuda": torch.version.cuda, "count": 0, "uuids": []}
 info["nccl"] = bool(dist.is_available() and dist.is_nccl_available())
+try:
+    import torch.cuda.nccl
+
+    found = torch.cuda.nccl.version()
+    numbers = []
+    for part in found if isinstance(found, tuple) else ():
+        if not isinstance(part, int):
+            break
+        numbers.append(part)
+    info["nccl_version"] = numbers or None
+except Exception:
+    info["nccl_version"] = None
 if torch.cuda.is_available():
     info["count"] = torch.cuda.device_count()
     for index in range(info["count"]):
@@ -211,6 +231,7 @@ class Machine:
     count: int
     uuids: list[str | None]
     nccl: bool
+    nccl_version: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -560,9 +581,21 @@ def child_env(visible: str | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
-def probe() -> Machine | str:
-    """The machine's torch and GPUs, asked in a child (this process never touches CUDA);
-    a string says why there is nothing to run on."""
+def probe() -> tuple[Machine | str, str]:
+    """The machine's torch and GPUs, asked in a child (this process never touches CUDA), and
+    the NCCL version torch has (``"2.30.7"``, ``"none"``, ``"unknown"``); a string says why
+    there is nothing to run on."""
+    found = _probe()
+    if isinstance(found, Machine):
+        return found, gpu_sharing.version_text(found.nccl_version)
+    return found, _probe_nccl
+
+
+_probe_nccl = "unknown"  # what the last probe learnt of NCCL, also where it found no GPU
+
+
+def _probe() -> Machine | str:
+    global _probe_nccl
     try:
         done = subprocess.run(
             [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=300
@@ -575,7 +608,11 @@ def probe() -> Machine | str:
         return f"could not ask torch for its GPUs: {done.stderr.strip()[-300:]}"
     if "error" in info:
         return str(info["error"])
-    machine = Machine(info["torch"], info["cuda"], info["count"], info["uuids"], info["nccl"])
+    nccl_version = tuple(info["nccl_version"]) if info.get("nccl_version") else None
+    _probe_nccl = gpu_sharing.version_text(nccl_version)
+    machine = Machine(
+        info["torch"], info["cuda"], info["count"], info["uuids"], info["nccl"], nccl_version
+    )
     if machine.count == 0:
         build = f"CUDA {machine.cuda}" if machine.cuda else "a CPU-only build"
         return f"torch {machine.torch} ({build}) shows no CUDA GPU"
@@ -829,9 +866,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.self_check:
         self_check()
+        gpu_sharing.self_check()
         print("gpu_acceptance: self-check ok")
         return 0
-    found = probe()
+    found, nccl = probe()
+    print(f"NCCL {nccl} (torch.cuda.nccl.version())", flush=True)
     if isinstance(found, str):
         print(
             f"gpu_acceptance: nothing to check here: {found}. Run it on a machine with at "
@@ -861,6 +900,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 row_contention(work, run_gpus, outside, workers, args.contention_tests, args.hold)
             )
         rows += row_leaks(work, visible)
+        rows += gpu_sharing.rows(
+            sys.modules[__name__],
+            work,
+            run_gpus[0],
+            args.tests,
+            machine.torch,
+            machine.nccl_version,
+        )
     except KeyboardInterrupt:
         if _current is not None:
             _kill_group(_current.pid)
@@ -878,6 +925,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{time.monotonic() - started:.0f} s in all"
     )
     print(table(rows))
+    for row in rows:
+        if row.result == SKIP:
+            print(f"not run: {row.name}: {row.detail}")
     return 1 if any(row.result == FAIL for row in rows) else 0
 
 
