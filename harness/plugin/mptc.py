@@ -103,8 +103,14 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
 
     world_size = validate.positive_int(int(case.world_size), "world_size")
     # torch 2.15's GPU decorators record their minimum on the test: that many GPUs are
-    # leased (the ranks see exactly them), or the test is skipped as a marked one is.
+    # leased (the ranks see exactly them). Where the run has fewer, the decorator itself
+    # decides on the ranks, as natively: it skips with torch's own reason, or runs the test
+    # on the CPU (skip_if_lt_x_gpu(n, allow_cpu=True) on a machine without GPUs), which
+    # the recorded minimum does not tell. Only --dist-require-gpus fails it here.
     need = gpu_needs.mptc_need(compat.mptc_min_gpus(case))
+    short = need.shortfall(world_size, len(session.leases.stock.ids)) if need else None
+    if short is not None and not session.settings.require_gpus:
+        need = gpu_needs.GpuNeed()
     session.leases.check(item, world_size, need)
     call = CaseCall(
         test=refs.reference(item, compat.mptc_test_name(case)),

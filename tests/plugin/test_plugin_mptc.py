@@ -57,22 +57,15 @@ def _failure(result: pytest.RunResult, test: str) -> str:
     return str(found[test].longrepr)
 
 
-def _gpu_skips(n: int) -> tuple[str, str]:
-    """How ``skip_if_lt_x_gpu(n)`` skips on this machine (fewer than ``n`` GPUs): natively,
-    and under ``--dist-mptc``. From torch 2.15 on the decorator records ``n`` on the test
-    (``_min_gpus_required``) and ``--dist-mptc`` skips it as a marked test that needs more
-    GPUs than the run has (``--dist-require-gpus`` can fail it then); before, the class's own
-    skip decides. torch 2.15 renamed the keys of ``TEST_SKIPS`` (``multi-gpu-N`` to
-    ``multi-device-N``): the message is found by either name."""
-    import torch
-    from torch.testing._internal.common_distributed import TEST_SKIPS, skip_if_lt_x_gpu
+def _gpu_skip(n: int) -> str:
+    """How torch's ``skip_if_lt_x_gpu(n)`` skips on a machine with fewer than ``n`` GPUs.
+
+    torch 2.15 renamed the keys of ``TEST_SKIPS`` (``multi-gpu-N`` to ``multi-device-N``,
+    "CUDA devices" to "accelerator devices"): the message is found by either name."""
+    from torch.testing._internal.common_distributed import TEST_SKIPS
 
     names = (f"multi-gpu-{n}", f"multi-device-{n}")
-    native = next(skip.message for name, skip in TEST_SKIPS.items() if name in names)
-    if getattr(skip_if_lt_x_gpu(n)(lambda: None), "_min_gpus_required", None) != n:
-        return native, native
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return native, f"needs {n} GPUs (the test's _min_gpus_required), this run has {have}"
+    return next(skip.message for name, skip in TEST_SKIPS.items() if name in names)
 
 
 def _skip_reasons(result: pytest.RunResult) -> list[str]:
@@ -120,8 +113,7 @@ class TestThree(TwoRanks):
         "-rs", "-p", "no:randomly", "--dist-mptc", "-o", "dist_confirm=off"
     )  # fmt: skip
     reused.assert_outcomes(passed=1, failed=1, skipped=1)
-    natively, here = _gpu_skips(8)
-    assert (_skip_reasons(native), _skip_reasons(reused)) == ([natively], [here])
+    assert _skip_reasons(reused) == _skip_reasons(native) == [_gpu_skip(8)]
     # The harness's report: which rank failed, its traceback first.
     reused.stdout.fnmatch_lines(
         ["*RankError: rank 1 raised ValueError: boom on rank one*", "*- rank 1 -*"]
@@ -270,7 +262,7 @@ class TestSkips(TwoRanks):
     result.assert_outcomes(passed=2, skipped=4)
     assert _skip_reasons(result) == sorted(
         [
-            _gpu_skips(8)[1],
+            _gpu_skip(8),
             "Skipped due to small world size.",
             "Test skipped at subprocess level, look at subprocess log for skip reason",
             "decided in the controller",
