@@ -11,6 +11,7 @@ to the probe that checks it:
 * :mod:`~harness.compat.torch_testing`      ``MultiProcessTestCase`` and torch's own tests
 * :mod:`~harness.compat.cpython`            frames, multiprocessing's forkserver, ``os.environ``
 * :mod:`~harness.compat.coverage_api`       coverage's configuration file
+* :mod:`~harness.compat.nanobind`           whether an extension built with nanobind is loaded
 * :mod:`~harness.compat.pytest_internals`   pytest's and pytest-timeout's internals
 
 :data:`PRIVATE_APIS` lists every use with its probe; ``tests/test_structure.py`` runs them, so
@@ -25,9 +26,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.compat import coverage_api, cpython, pytest_internals, torch_distributed, torch_testing
+from harness.compat import (
+    coverage_api,
+    cpython,
+    nanobind,
+    pytest_internals,
+    torch_distributed,
+    torch_testing,
+)
 from harness.compat.coverage_api import *  # noqa: F403
 from harness.compat.cpython import *  # noqa: F403
+from harness.compat.nanobind import *  # noqa: F403
 from harness.compat.pytest_internals import *  # noqa: F403
 from harness.compat.torch_distributed import *  # noqa: F403
 from harness.compat.torch_testing import *  # noqa: F403
@@ -37,6 +46,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     **torch_testing.PROBES,
     **cpython.PROBES,
     **coverage_api.PROBES,
+    **nanobind.PROBES,
     **pytest_internals.PROBES,
 }
 """Each private API the harness uses, named as a reader would look it up, with a probe that

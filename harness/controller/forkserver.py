@@ -196,9 +196,11 @@ def _stop() -> None:
     # The interpreter's own exit then runs its final collections over every object alive,
     # which torch makes many of: most of a torch process's exit time (Ctrl-C under xdist
     # waits for it in each worker). Collecting once here, as the exit would, finalizes the
-    # garbage; frozen, what is left is not walked again.
+    # garbage; frozen, what is left is not walked again (unless nanobind would then report
+    # it all as leaked).
     gc.collect()
-    gc.freeze()
+    if not compat.nanobind_loaded():
+        gc.freeze()
 
 
 def stop_idle() -> None:

@@ -75,8 +75,10 @@ class Hooks:
             return
         # The final garbage collections of the interpreter, and pytest's at unconfigure,
         # would walk every object torch has made: what exists now is out of their reach
-        # (the process ends from here; a cycle left then is freed with the process).
-        gc.freeze()
+        # (the process ends from here; a cycle left then is freed with the process), unless
+        # nanobind would then report it all as leaked.
+        if not compat.nanobind_loaded():
+            gc.freeze()
         summary = found[0]
         blocks = interrupt_sections(interrupt)  # as the note reads: collectives, then ranks
         forget_interrupt_note(interrupt)
