@@ -242,13 +242,14 @@ def _make_default_group(ctx: RankContext, store: str) -> None:
     """Make the harness's default group, which every call keeps, on the FileStore ``store``."""
     setup = ctx.setup
     file_store = dist.FileStore(store, setup.world_size)  # type: ignore[attr-defined]
-    fhelium.distributed.init(
-        backend=setup.backend,
-        store=file_store,
-        world_size=setup.world_size,
-        rank=setup.rank,
-        device_id=identity.first_gpu(),
-    )
+    with output.setup_output():
+        fhelium.distributed.init(
+            backend=setup.backend,
+            store=file_store,
+            world_size=setup.world_size,
+            rank=setup.rank,
+            device_id=identity.first_gpu(),
+        )
     ctx.baseline_groups = compat.live_process_groups()
 
 

@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX
 from harness.protocol.pytest_calls import LOG_MARK
@@ -100,3 +103,35 @@ class Router:
         if output == OUTPUT_PREFIX:
             return PrefixedOutput(self._rank)
         return None
+
+
+@contextlib.contextmanager
+def setup_output() -> Iterator[None]:
+    """Keep what torch prints on stdout while the harness sets a rank up out of sight.
+
+    Gloo, in several torch releases, prints a ``[Gloo] Rank N is connected to M peer ranks``
+    line for every group it makes: on the terminal at each world start, and inside the
+    stdout of a script that uses the harness. Printed while the block runs, that is the
+    harness's setup, not output of the user's code: file descriptor 1 goes to a temporary
+    file, dropped when the block ends normally and written to stderr when it raises (then it
+    may say why).
+    """
+    flush_std_streams()
+    saved = os.dup(1)
+    try:
+        with tempfile.TemporaryFile() as kept:
+            os.dup2(kept.fileno(), 1)
+            try:
+                yield
+            except BaseException:
+                flush_std_streams()
+                os.dup2(saved, 1)
+                kept.seek(0)
+                with contextlib.suppress(OSError):
+                    write_all(2, kept.read())
+                raise
+            finally:
+                flush_std_streams()
+                os.dup2(saved, 1)
+    finally:
+        os.close(saved)

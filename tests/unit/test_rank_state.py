@@ -8,6 +8,7 @@ import logging
 import os
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,46 @@ def test_prefixed_output_waits_for_both_pipes_within_one_drain_timeout(
     prefixed._pumps = [Stuck(), Stuck()]  # type: ignore[list-item]
     prefixed.stop()
     assert waits == [output.DRAIN_TIMEOUT_S, 0.0]
+
+
+def _with_fds_in_files(tmp_path: Path, body: Callable[[], None]) -> tuple[bytes, bytes]:
+    """What ``body`` leaves in file descriptors 1 and 2, each pointed at a file meanwhile."""
+    saved = [os.dup(1), os.dup(2)]
+    out, err = tmp_path / "out", tmp_path / "err"
+    try:
+        for fd, path in ((1, out), (2, err)):
+            with open(path, "wb") as handle:
+                os.dup2(handle.fileno(), fd)
+        body()
+    finally:
+        for fd, copy in zip((1, 2), saved, strict=True):
+            os.dup2(copy, fd)
+            os.close(copy)
+    return out.read_bytes(), err.read_bytes()
+
+
+def test_setup_output_keeps_torchs_stdout_out_of_sight(tmp_path: Path) -> None:
+    def body() -> None:
+        os.write(1, b"before\n")
+        with output.setup_output():
+            os.write(1, b"[Gloo] Rank 0 is connected to 1 peer ranks\n")
+        os.write(1, b"after\n")
+
+    assert _with_fds_in_files(tmp_path, body) == (b"before\nafter\n", b"")
+
+
+def test_setup_output_that_failed_is_shown_on_stderr(tmp_path: Path) -> None:
+    def fail_to_set_up() -> None:
+        with output.setup_output():
+            os.write(1, b"what torch said first\n")
+            raise RuntimeError("no rendezvous")
+
+    def body() -> None:
+        with pytest.raises(RuntimeError, match="no rendezvous"):
+            fail_to_set_up()
+        os.write(1, b"after\n")
+
+    assert _with_fds_in_files(tmp_path, body) == (b"after\n", b"what torch said first\n")
 
 
 # ---------------------------------------------------------------- logs
