@@ -254,6 +254,7 @@ def pytest_sessionfinish(session):
         "harness.compat",
         "harness.compat.coverage_api",
         "harness.compat.cpython",
+        "harness.compat.nanobind",
         "harness.compat.pytest_internals",
         "harness.compat.torch_distributed",
         "harness.compat.torch_testing",
@@ -262,5 +263,6 @@ def pytest_sessionfinish(session):
         "harness.protocol",
         "harness.protocol.failures",
         "harness.protocol.traces",
+        "harness.versions",
     }
     assert set(rewritten) <= before_opting_out, output

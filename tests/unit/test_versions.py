@@ -61,7 +61,10 @@ def test_pyproject_requires_the_floor() -> None:
 def test_installed_torch_is_read_from_its_metadata() -> None:
     import torch
 
-    assert versions.installed_torch() == torch.__version__
+    installed = versions.installed_torch()
+    assert installed is not None
+    # PyPI's CUDA builds say "2.8.0" in their metadata and "2.8.0+cu128" in __version__.
+    assert torch.__version__.startswith(installed)
 
 
 def _older_torch_first(tmp_path: Path) -> dict[str, str]:
