@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 TABLE_ROW = re.compile(
-    r"^(?P<name>\S.*?)\s+\| (?P<status>ok|unsupported: .+|n/a: .+|FAIL: .+?)\s+\|\s+"
+    r"^(?P<name>\S.*?)\s+\| (?P<status>ok|unsupported: .+?|n/a: .+?|FAIL: .+?)\s+\|\s+"
     r"(?P<latency>\d+\.\d{3} ms|-)$"
 )
 
