@@ -53,6 +53,12 @@ class Op:
         device: The first tensor's device (``"cpu"``, ``"cuda:0"``; '' when no tensor).
         p2p: A point-to-point op (``send``, ``irecv``, ``batch_isend_irecv``...): it is not
             numbered among the group's collectives, nor compared across ranks.
+        async_op: Whether it was issued without waiting (``async_op=True``, DDP's bucket
+            all-reduces, functional collectives): it returned a ``Work`` or a tensor to wait on.
+        origin: What issued it below ``torch.distributed``'s functions, as the user called it
+            (``"backward (DDP)"``, ``"DTensor.redistribute"``, ``"functional all_reduce"``;
+            '' for a call of those functions). ``text`` ends with it (``"... in backward
+            (DDP)"``).
     """
 
     name: str
@@ -63,6 +69,8 @@ class Op:
     tensors: tuple[str, ...] = ()
     device: str = ""
     p2p: bool = False
+    async_op: bool = False
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,8 +82,13 @@ class IssuedCollective:
         group_ranks: The global ranks of its process group.
         shapes: Each tensor's shape, as described (``(4,)``; ``()`` for a scalar).
         dtype: The first tensor's dtype (``"float32"``), None where there is no tensor.
-        reduce_op: ``"SUM"``, ``"MAX"``, ... (None where the op has none).
-        site: Its call site, ``"test_x.py:14"``.
+        reduce_op: ``"SUM"``, ``"MAX"``, ... (None where the op has none, or where it was
+            issued below ``torch.distributed``'s functions: torch's hooks do not say).
+        site: Its call site, ``"test_x.py:14"`` (for a collective DDP issues in backward,
+            the line that called ``backward()``).
+        async_op: Whether it was issued without waiting (see ``Op.async_op``).
+        origin: What issued it below ``torch.distributed``'s functions (see ``Op.origin``),
+            None for a call of those functions.
     """
 
     op: str
@@ -84,6 +97,8 @@ class IssuedCollective:
     dtype: str | None
     reduce_op: str | None
     site: str
+    async_op: bool = False
+    origin: str | None = None
 
 
 _TENSOR = re.compile(r"^(\w+)\[([\d, ]*)\]")
@@ -106,6 +121,8 @@ def issued(op: Op, group_ranks: tuple[int, ...], site: str) -> IssuedCollective:
         dtypes[0] if dtypes else None,
         op.reduce_op or None,
         site,
+        op.async_op,
+        op.origin or None,
     )
 
 

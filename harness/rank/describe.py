@@ -29,12 +29,13 @@ class _Facts:
     That is, besides its text and key.
     """
 
-    __slots__ = ("device", "group", "reduce_op", "root", "tensors")
+    __slots__ = ("async_op", "device", "group", "reduce_op", "root", "tensors")
 
     def __init__(self, group: Any) -> None:
         self.group = group  # the call's process group: a rank in it reads as its global rank
         self.reduce_op = self.root = self.device = ""
         self.tensors: list[str] = []
+        self.async_op = False
 
 
 class ArgKind(NamedTuple):
@@ -58,7 +59,7 @@ def _raw_tensor(t: Any) -> tuple[Any, Any, Any]:
     return (t.dtype, t.shape, t.device)
 
 
-def _tensor_text(value: tuple[Any, Any, Any], device: bool = True) -> str:
+def tensor_text(value: tuple[Any, Any, Any], device: bool = True) -> str:
     """How a raw tensor reads, as ``"float32[2, 3]"``.
 
     With ``device``, a tensor off the CPU names its device (``"float32[4] cuda:0"``).
@@ -70,10 +71,10 @@ def _tensor_text(value: tuple[Any, Any, Any], device: bool = True) -> str:
 
 def _text_tensor(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
     # The key leaves the device out: cuda:0 on rank 0 against cuda:1 on rank 1 is right.
-    bare = _tensor_text(value, device=False)
+    bare = tensor_text(value, device=False)
     facts.tensors.append(bare)
     facts.device = facts.device or str(value[2])
-    return _tensor_text(value), bare
+    return tensor_text(value), bare
 
 
 def _text_tensors(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
@@ -152,10 +153,15 @@ def _raw_p2p(value: Any) -> tuple[Any, ...]:
 def _text_p2p(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
     text = ", ".join(
         f"{name}({'dst' if name == 'isend' else 'src'}="
-        f"{peer if peer is not None else group_peer}, {_tensor_text(t)})"
+        f"{peer if peer is not None else group_peer}, {tensor_text(t)})"
         for name, peer, group_peer, t in value
     )
     return text, text
+
+
+def _text_async(value: Any, param: str, facts: _Facts) -> tuple[str, str]:
+    facts.async_op = bool(value)
+    return "", ""
 
 
 TENSOR = ArgKind(_raw_tensor, _text_tensor)
@@ -165,6 +171,7 @@ OBJECTS = ArgKind(len, _text_objects)  # a list: its length
 REDUCE_OP = ArgKind(_raw_reduce_op, _text_reduce_op)
 ROOT = ArgKind(lambda value: value, _text_root)  # src/dst, or group_src/group_dst in the group
 P2P = ArgKind(_raw_p2p, _text_p2p)  # batch_isend_irecv's list of P2POp
+ASYNC = ArgKind(bool, _text_async)  # async_op: neither shown nor compared
 
 
 class OpArg(NamedTuple):
@@ -180,6 +187,7 @@ class OpArg(NamedTuple):
     compared: bool = True
 
 
+_ASYNC_ARG = OpArg("async_op", ASYNC, shown=False, compared=False)
 _SRC = (OpArg("src", ROOT), OpArg("group_src", ROOT))
 _DST = (OpArg("dst", ROOT), OpArg("group_dst", ROOT))
 _OP = OpArg("op", REDUCE_OP)
@@ -273,16 +281,20 @@ class Spec(NamedTuple):
     group_at: int
 
 
-def spec(name: str, fn: Callable[..., Any]) -> Spec:
+def spec(name: str, fn: Callable[..., Any], described: tuple[OpArg, ...] | None = None) -> Spec:
     """How to record ``fn``, from its signature.
 
-    ``fn`` is the function of ``torch.distributed`` named ``name`` (one of :data:`TRACED`).
+    ``fn`` is the function of ``torch.distributed`` named ``name`` (one of :data:`TRACED`),
+    or another that reads as ``name`` with the arguments ``described`` (a functional
+    collective: :mod:`harness.rank.functional`).
     """
     signature = list(inspect.signature(fn).parameters.values())
     position = {p.name: i for i, p in enumerate(signature)}
     p2p = name in _P2P
+    if described is None:
+        described = (_P2P if p2p else _COLLECTIVES)[name]
     params = []
-    for arg in (_P2P if p2p else _COLLECTIVES)[name]:
+    for arg in (*described, _ASYNC_ARG):
         if arg.param in position:
             default = signature[position[arg.param]].default
             default = None if default is inspect.Parameter.empty else default
@@ -331,6 +343,7 @@ def op(spec: Spec, described: tuple[Any, ...], group: Any) -> Op:
         tuple(facts.tensors),
         facts.device,
         spec.p2p,
+        facts.async_op,
     )
 
 
@@ -377,7 +390,7 @@ def flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tu
         dtypes = [str(d).lower() for d in entry.get("input_dtypes") or []]
         sizes = entry.get("input_sizes") or []
         tensors = ", ".join(
-            _tensor_text((_FR_DTYPES.get(d, d), size, "cpu"))
+            tensor_text((_FR_DTYPES.get(d, d), size, "cpu"))
             for d, size in zip(dtypes, sizes, strict=False)
         )
         seq = entry.get("collective_seq_id") or entry.get("p2p_seq_id") or 0

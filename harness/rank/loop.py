@@ -45,6 +45,8 @@ from harness.rank import (
     coverage,
     exits,
     fixtures,
+    functional,
+    hooks,
     identity,
     inject,
     leaks,
@@ -90,6 +92,9 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     # all_reduce` then holds the recording wrapper.
     trace.install()
     leaks.note_group_sites()
+    # After note_group_sites: the hooks ride on the same registry of groups.
+    hooks.install()
+    functional.install()  # where the hooks cannot see functional collectives
     watchdog = threading.Thread(
         target=_watch, args=(ctx, lifeline), name="harness-watchdog", daemon=True
     )

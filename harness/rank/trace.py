@@ -7,16 +7,23 @@ module that did ``from torch.distributed import all_reduce`` holds the wrapper t
 the latter's ``isend``/``irecv``). Between calls a wrapper costs one global read. During a
 call (:class:`Recorder`) it records, before calling torch, the collective's group, its number
 there, its op (:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as
-ids into per-call tables, and when it started (``time.monotonic()``, shared by the machine's
-processes); once torch returns, when, and whether it completed, was issued (a ``Work``) or
-raised. A collective called by another on the same thread (``all_gather_object`` calls
-``all_gather``) is not recorded again; those of other threads are, in the order they start.
+ids into per-call tables (:mod:`harness.rank.records`), and when it started
+(``time.monotonic()``, shared by the machine's processes); once torch returns, when, and
+whether it completed, was issued (a ``Work``) or raised. A collective called by another on the
+same thread (``all_gather_object`` calls ``all_gather``) is not recorded again; those of other
+threads are, in the order they start.
 
-What this does not see: collectives torch issues in C++ (DDP's bucket all-reduces,
-functional collectives, DTensor) and code that kept the unwrapped functions from before the
-rank started (modules preloaded in the forkserver). torch's flight recorder sees those, but
-only through private APIs and only when turned on before the group was made: where it is on,
-a failure's trace adds what it holds (``RankTrace.recorded``).
+Collectives torch issues below these functions (DDP's bucket all-reduces, functional
+collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's process-group
+hooks where torch has them (:mod:`harness.rank.hooks`, torch >= 2.14), and on older torch from
+wrappers of the functional collectives (:mod:`harness.rank.functional`). What this still does
+not see, on older torch: collectives issued in C++ alone (DDP), and code that kept the
+unwrapped functions from before the rank started (modules preloaded in the forkserver).
+torch's flight recorder sees those, but only through private APIs and only when turned on
+before the group was made: where it is on, a failure's trace adds what it holds
+(``RankTrace.recorded``).
+
+Imports: see :mod:`harness.rank`.
 """
 
 from __future__ import annotations
@@ -26,8 +33,6 @@ import functools
 import os
 import threading
 import time
-import zlib
-from array import array
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -39,13 +44,11 @@ from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
     EMPTY,
-    IN_FLIGHT,
     ISSUED,
     RAISED,
     SEQUENCE_CAP,
     Collective,
     Fingerprint,
-    GroupHistory,
     IssuedCollective,
     Op,
     RankTrace,
@@ -53,61 +56,13 @@ from harness.protocol.traces import (
 )
 from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
+from harness.rank.records import Group, Record, returned
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
 
 _NOT_MEMBER = object()
 _NAN = float("nan")
-
-
-class _Record:
-    """One collective (``seq`` its number in the group) or point-to-point op (``seq`` 0)."""
-
-    __slots__ = ("group", "op", "place", "seq", "state")
-
-    def __init__(self, group: _Group, seq: int, op: Op, place: tuple[str, int]) -> None:
-        self.group, self.seq, self.op, self.place = group, seq, op, place
-        self.state = IN_FLIGHT
-
-
-class _Group:
-    """What a call issued on one process group (see ``GroupHistory``)."""
-
-    def __init__(self, id: str, ranks: tuple[int, ...] | None, handle: Any) -> None:
-        self.id, self.ranks, self.handle = id, ranks, handle
-        self.timeout = compat.group_timeout(dist.group.WORLD if handle is None else handle)
-        self.count = 0
-        self.raised = 0  # the number of the first collective that raised (0: none)
-        self.table: dict[Any, int] = {}  # a collective's raw description -> its index in ops
-        self.ops: list[Op] = []
-        self.p2p: dict[Any, Op] = {}  # a point-to-point op's, kept apart: never compared
-        self.places: dict[tuple[str, int], int] = {}
-        self.op_ids = array("I")
-        self.place_ids = array("I")
-        # Per collective kept, when it started and returned (time.monotonic(); NaN: not yet).
-        self.times = array("d")
-
-    def history(self) -> GroupHistory:
-        # Taken from another thread while the main thread may still record: the ids first,
-        # then the tables they index (a new op or place is added before its id), so every
-        # id copied has its entry.
-        count, op_ids, place_ids = self.count, self.op_ids.tobytes(), self.place_ids.tobytes()
-        ops, places, times = tuple(self.ops), tuple(self.places), self.times.tobytes()
-        kept = (count, ops, op_ids, places, place_ids, self.raised, self.timeout, times)
-        return GroupHistory(self.id, self.ranks, *kept)
-
-    def fingerprint(self) -> tuple[str, tuple[int, ...] | None, int, int]:
-        """The group's entry of :data:`~harness.protocol.traces.Fingerprint`: a checksum of
-        its ops table and ids (where a collective raised, of those before it, as a member
-        that issued just those has it: ops are numbered as first seen)."""
-        count, ids, ops = self.count, self.op_ids, self.ops
-        if self.raised:
-            count = self.raised - 1
-            ids = ids[:count]
-            ops = ops[: max(ids) + 1 if ids else 0]
-        keys = "\0".join(op.key for op in ops).encode()
-        return (self.id, self.ranks, count, zlib.crc32(ids, zlib.crc32(keys)))
 
 
 class Recorder:
@@ -125,11 +80,11 @@ class Recorder:
         self.raised = False
         self.plan = plan or None
         self._started_ns = 0  # on the wall clock, as torch's flight recorder dates entries
-        self._groups: dict[Any, Any] = {}  # a group's handle -> its _Group (or _NOT_MEMBER)
-        self._ended: list[_Group] | None = None  # the call's groups, once the block ended
-        self._recent: deque[_Record] = deque(maxlen=RECENT)
+        self._groups: dict[Any, Any] = {}  # a group's handle -> its Group (or _NOT_MEMBER)
+        self._ended: list[Group] | None = None  # the call's groups, once the block ended
+        self._recent: deque[Record] = deque(maxlen=RECENT)
         # Every collective in the order issued, as the group it was on (see issued()).
-        self._order: list[_Group] = []
+        self._order: list[Group] = []
 
     def __enter__(self) -> Recorder:
         global _current
@@ -143,16 +98,18 @@ class Recorder:
         # The call's groups are destroyed before the next call: hold none of their handles.
         # What was recorded becomes a trace only if asked for (a failure, or a desync).
         self._ended = self._records()
+        for record in list(self._recent):
+            record.settle()
         for group in self._ended:
             group.handle = None
         self._groups.clear()
 
-    def _records(self) -> list[_Group]:
+    def _records(self) -> list[Group]:
         if self._ended is not None:
             return self._ended
         # list(): one C-level copy, safe while the main thread records (the GIL). The
         # default group is there twice (None and group.WORLD).
-        found = [g for g in list(self._groups.values()) if isinstance(g, _Group)]
+        found = [g for g in list(self._groups.values()) if isinstance(g, Group)]
         return list(dict.fromkeys(found))
 
     def trace(self) -> RankTrace:
@@ -162,7 +119,9 @@ class Recorder:
         recorded = describe.flight_recorder(self._started_ns, seen)
         if not records and not recorded:
             return EMPTY
-        recent = tuple(Collective(r.group.id, r.seq, r.op, *r.place, r.state) for r in records)
+        recent = tuple(
+            Collective(r.group.id, r.seq, r.op, *r.place, r.state_now()) for r in records
+        )
         groups = {g.id: g.history() for g in self._records() if g.count}
         return RankTrace(recent, groups, recorded=recorded)
 
@@ -175,7 +134,7 @@ class Recorder:
         out; at most ``SEQUENCE_CAP`` per group); ``world_size``: the default group's."""
         order = list(self._order)  # a C-level copy: safe while another thread records
         places = {group: list(group.places) for group in dict.fromkeys(order)}
-        seen: dict[_Group, int] = {}
+        seen: dict[Group, int] = {}
         found = []
         for group in order:
             seq = seen[group] = seen.get(group, 0) + 1
@@ -194,10 +153,30 @@ class Recorder:
             counts[key] = counts.get(key, 0) + group.count
         return counts
 
-    def call(self, spec: Spec, fn: Callable[..., Any], args: Any, kwargs: Any) -> Any:
-        """Record ``fn(*args, **kwargs)`` and call it."""
+    def call(
+        self,
+        spec: Spec,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+        group: Any = None,
+        waited: Callable[[Any], Any] | None = None,
+    ) -> Any:
+        """Record ``fn(*args, **kwargs)`` and call it.
+
+        Args:
+            spec: How ``fn`` is recorded.
+            fn: The function called.
+            args: Its positional arguments.
+            kwargs: Its keyword arguments.
+            group: Its process group, where its arguments name it otherwise than
+                ``torch.distributed``'s functions do (None: read from them).
+            waited: Makes, from what ``fn`` returned, the ``Work``-like object whose
+                ``is_completed()`` says whether the collective completed (see
+                ``Record.work``); None: the state it returned in stands.
+        """
         try:
-            record = self._enter(spec, args, kwargs)
+            record = self._enter(spec, args, kwargs, group)
         except Exception:
             record = None  # never let recording break the user's call (a bad argument)
         if record is None:
@@ -205,7 +184,7 @@ class Recorder:
         placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
         if placed is not None and not placed[1].enters:
             # The trace then shows what the rank did: it stopped after the one before.
-            self._forget(record)
+            self.forget(record)
         thread = threading.get_ident()
         self.busy.add(thread)
         try:
@@ -218,14 +197,14 @@ class Recorder:
                     # The record says how it ended before a fault fires after it (the
                     # trace sent when it fires shows it).
                     done = fn(*args, **kwargs)
-                    _returned(record, _ended(done))
+                    returned(record, _ended(done))
                     return done
 
                 if placed[1].kind == "error":
                     record.state = RAISED
                 result = self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
         except BaseException:
-            _returned(record, RAISED)
+            returned(record, RAISED)
             self.raised = True
             group = record.group
             # The desync check stops comparing the group there. A point-to-point op has no
@@ -234,31 +213,59 @@ class Recorder:
             raise
         finally:
             self.busy.discard(thread)
-        _returned(record, _ended(result))
+        returned(record, _ended(result))
+        if waited is not None:
+            record.work = waited(result)
         return result
 
-    def _enter(self, spec: Spec, args: Any, kwargs: Any) -> _Record | None:
+    def _enter(self, spec: Spec, args: Any, kwargs: Any, group: Any) -> Record | None:
         at = spec.group_at
-        handle = args[at] if 0 <= at < len(args) else kwargs.get("group")
+        handle = group or (args[at] if 0 <= at < len(args) else kwargs.get("group"))
+        raw = describe.raw(spec, args, kwargs)
+        # Past this method, Recorder.call and the wrapper: the frame that called torch.
+        place = sites.call_site(compat.frame(3))
+        # The name's hash is cached: a cheaper key than the spec's.
+        return self.note(handle, (spec.name, raw), spec.p2p, place, describe.op, spec, raw)
+
+    def note(
+        self,
+        handle: Any,
+        key: Any,
+        p2p: bool,
+        place: tuple[str, int],
+        make: Callable[..., Op],
+        *made_from: Any,
+    ) -> Record | None:
+        """Record a collective (``p2p``: a point-to-point op) issued now on the group
+        ``handle`` (None: the default group), from where it was called.
+
+        Args:
+            handle: The process group, as the caller holds it.
+            key: A hashable description of the call: calls with equal keys read alike.
+            p2p: Whether it is a point-to-point op (not numbered, never compared).
+            place: Its call site, ``(file, line)``.
+            make: Makes its :class:`Op` the first time ``key`` is seen on the group, from
+                ``made_from`` and the group's handle.
+            made_from: ``make``'s first arguments.
+
+        Returns:
+            The record, or None where this rank is not a member of the group.
+        """
         group = self._groups.get(handle)
         if group is None:
             group = self._groups[handle] = self._group(handle)
         if group is _NOT_MEMBER:
             return None  # torch returns at once on a rank outside the group: nothing issued
-        raw = describe.raw(spec, args, kwargs)
-        key = (spec.name, raw)  # the name's hash is cached: cheaper than the spec's
-        # Past this method, Recorder.call and the wrapper: the frame that called torch.
-        place = sites.call_site(compat.frame(3))
-        if spec.p2p:
+        if p2p:
             op = group.p2p.get(key)
             if op is None:
-                op = group.p2p[key] = describe.op(spec, raw, group.handle)
-            record = _Record(group, 0, op, place)
+                op = group.p2p[key] = make(*made_from, group.handle)
+            record = Record(group, 0, op, place)
         else:
             op_id = group.table.get(key)
             if op_id is None:
                 op_id = group.table[key] = len(group.ops)
-                group.ops.append(describe.op(spec, raw, group.handle))
+                group.ops.append(make(*made_from, group.handle))
             place_id = group.places.get(place)
             if place_id is None:
                 place_id = group.places[place] = len(group.places)
@@ -268,29 +275,23 @@ class Recorder:
                 group.place_ids.append(place_id)
                 group.times.extend((time.monotonic(), _NAN))
                 self._order.append(group)
-            record = _Record(group, group.count, group.ops[op_id], place)
+            record = Record(group, group.count, group.ops[op_id], place)
         self._recent.append(record)
         return record
 
-    def _forget(self, record: _Record) -> None:
+    def forget(self, record: Record) -> None:
         """Take back the latest record, of a collective the rank will not enter."""
         if self._recent and self._recent[-1] is record:
             self._recent.pop()
-        group = record.group
-        if record.seq:
-            if group.count <= SEQUENCE_CAP:
-                group.op_ids.pop()
-                group.place_ids.pop()
-                del group.times[-2:]
-                self._order.pop()
-            group.count -= 1
+        if record.seq and record.group.take_back():
+            self._order.pop()
 
     def _group(self, handle: Any) -> Any:
         """The record of a group first seen in this call (``_NOT_MEMBER``: not this rank's)."""
         if handle is None or handle is dist.group.WORLD:
             default = self._groups.get(None)
             if default is None:  # once per call: a group reads its timeout from torch
-                default = self._groups[None] = _Group(DEFAULT_GROUP, None, None)
+                default = self._groups[None] = Group(DEFAULT_GROUP, None, None)
             return default
         if handle is dist.GroupMember.NON_GROUP_MEMBER:
             return _NOT_MEMBER
@@ -299,20 +300,9 @@ class Recorder:
                 return _NOT_MEMBER
             ranks = tuple(dist.get_process_group_ranks(handle))
         except Exception:
-            return _Group(f"?/{id(handle):x}", (), handle)
+            return Group(f"?/{id(handle):x}", (), handle)
         name = getattr(handle, "group_name", "")
-        return _Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
-
-
-def _returned(record: _Record, state: str) -> None:
-    """Note how a collective ended, and when (once; where its start was kept)."""
-    seq = record.seq
-    if 0 < seq <= SEQUENCE_CAP:
-        # Set once: a fault's run() notes it before the fault acts, the caller again after.
-        times = record.group.times
-        if times[2 * seq - 1] != times[2 * seq - 1]:  # NaN: not noted yet
-            times[2 * seq - 1] = time.monotonic()
-    record.state = state
+        return Group(f"{','.join(map(str, ranks))}/{name}", ranks, handle)
 
 
 def _ended(result: Any) -> str:
