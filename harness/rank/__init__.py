@@ -13,6 +13,9 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
 * :mod:`~harness.rank.trace`        which collectives a call issues, per process group, and when
+* :mod:`~harness.rank.records`      a group's record of one call: tables of ops and sites
+* :mod:`~harness.rank.hooks`        collectives below torch.distributed, from torch's group hooks
+* :mod:`~harness.rank.functional`   functional collectives, wrapped where torch has no hooks
 * :mod:`~harness.rank.issued`       the ``collectives`` fixture's value, read from the recording
 * :mod:`~harness.rank.describe`     how a recorded call reads (its op); the flight recorder
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
