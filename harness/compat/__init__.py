@@ -1,6 +1,7 @@
 """Every private API of another project the harness uses.
 
-These are the private APIs of torch, pytest, CPython and coverage that the harness relies on.
+These are the private APIs of torch, pytest, CPython, coverage and Hypothesis that the
+harness relies on.
 
 Nothing else in the harness touches a private name of another project. One module per
 owner, each function wrapping one such use and saying which public API is missing, next
@@ -13,6 +14,7 @@ to the probe that checks it:
 * :mod:`~harness.compat.coverage_api`       coverage's configuration file
 * :mod:`~harness.compat.nanobind`           whether an extension built with nanobind is loaded
 * :mod:`~harness.compat.pytest_internals`   pytest's and pytest-timeout's internals
+* :mod:`~harness.compat.hypothesis_api`     a ``@given`` test's strategies and settings
 
 :data:`PRIVATE_APIS` lists every use with its probe; ``tests/test_structure.py`` runs them, so
 an upgrade that removes one fails that test by name instead of breaking a rank in a way that
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from harness.compat import (
     coverage_api,
     cpython,
+    hypothesis_api,
     nanobind,
     pytest_internals,
     torch_distributed,
@@ -36,6 +39,7 @@ from harness.compat import (
 )
 from harness.compat.coverage_api import *  # noqa: F403
 from harness.compat.cpython import *  # noqa: F403
+from harness.compat.hypothesis_api import *  # noqa: F403
 from harness.compat.nanobind import *  # noqa: F403
 from harness.compat.pytest_internals import *  # noqa: F403
 from harness.compat.torch_distributed import *  # noqa: F403
@@ -48,6 +52,7 @@ PRIVATE_APIS: dict[str, Callable[[], object]] = {
     **coverage_api.PROBES,
     **nanobind.PROBES,
     **pytest_internals.PROBES,
+    **hypothesis_api.PROBES,
 }
 """Each private API the harness uses, named as a reader would look it up, with a probe that
 raises (AttributeError, ImportError, TypeError, ...) when an upgrade has removed it."""

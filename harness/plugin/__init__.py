@@ -102,6 +102,8 @@ _INI = {
     "dist_trace_dir": "as --dist-trace-dir (relative to this file's directory)",
     "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
+    "dist_max_world_size": "the largest world a Hypothesis-drawn world_size may ask for: a "
+    "strategy that can draw more fails its test before any example runs (default: 8)",
 }
 _BOOL_INI = {
     "dist_require_gpus": "as --dist-require-gpus (false)",

@@ -30,6 +30,7 @@ from harness.errors import DistributedError
 from harness.plugin import (
     gpu_needs,
     interrupts,
+    properties,
     rank_fixtures,
     refs,
     replay,
@@ -43,7 +44,7 @@ from harness.plugin.leases import Leases
 from harness.plugin.marker import launched
 from harness.plugin.runner import Runner, Shape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
-from harness.protocol.pytest_calls import FixturePlan, LogSettings
+from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
     from harness.plugin.launcher import LauncherRank
 
 _CALL = pytest.StashKey["BaseException | str"]()  # the call phase's failure, or skip reason
+_PROPERTY = pytest.StashKey[properties.PropertyTest]()  # a @given test, run in its call phase
 
 
 class DistSession:
@@ -156,9 +158,14 @@ class DistSession:
         """Run a marked test on its ranks, its controller fixtures set up."""
         if self.config.option.setuponly or self.config.option.setupplan:
             return
+        prop = properties.is_property(item)
+        if prop:
+            # Before anything can fail: Hypothesis's health checks run before the call phase.
+            compat.relax_settings(item.obj)
         try:
             if self._preload_failure():
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+            properties.check_marker(item)
             sweeps.check_resolved(item)  # a sweep that made no faults fails its case
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
@@ -169,6 +176,11 @@ class DistSession:
                 compat.skip_at_test(unavailable)
             ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item, self._logs)
+            if prop:
+                bound = properties.max_world_size(self.config)
+                properties.check_bounds(item, bound)
+                item.stash[_PROPERTY] = self._property(item, test, backend, need, ref, plan, bound)
+                return
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
             # test, rather than erroring its setup: nothing ran on the ranks.
@@ -239,8 +251,49 @@ class DistSession:
             else:
                 item.stash[_CALL] = error
 
+    def _property(
+        self,
+        item: pytest.Function,
+        test: settings.TestSettings,
+        backend: str,
+        need: GpuNeed,
+        ref: TestRef,
+        plan: FixturePlan,
+        bound: int,
+    ) -> properties.PropertyTest:
+        """A ``@given`` test as its call phase runs it (:mod:`harness.plugin.properties`)."""
+
+        def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
+            return _MarkedTest(step, self, item, plan, test.timeout).attempt(world, fresh)[1]
+
+        def warm(shape: Shape) -> World | None:
+            world = self._worlds.get(shape)
+            return world if world is not None and not world.closed else None
+
+        self._taking = (item.nodeid, None)
+        return properties.PropertyTest(
+            item=item,
+            shape=(test.world_size, backend, test.init, need),
+            ref=ref,
+            plan=plan,
+            options=test.call,
+            isolate=test.isolate,
+            option=f"--dist-backend={backend}",
+            bound=bound,
+            session_world=self._world,
+            warm=warm,
+            new_world=self._new_world,
+            call=call,
+        )
+
     def finish_call(self, item: pytest.Function) -> None:
-        """Raise what :meth:`run_item` kept for a test (under a launcher: run it here)."""
+        """Raise what :meth:`run_item` kept for a test (under a launcher: run it here); run
+        a ``@given`` test's examples."""
+        if _PROPERTY in item.stash:
+            prop = item.stash[_PROPERTY]
+            del item.stash[_PROPERTY]
+            prop.run()
+            return
         if self.launcher is not None:
             test = settings.for_test(self.settings, item)
             self.launcher.run_item(item, test, self.resolve_backend(test.backend))

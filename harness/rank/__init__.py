@@ -23,6 +23,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.logs`         a call's log records, for pytest's "Captured log" sections
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
+* :mod:`~harness.rank.property_body` where one Hypothesis example of a property test runs
 * :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
 * :mod:`~harness.rank.identity`     the plugin's rank-side fixture values (``rank``, ...)
