@@ -280,10 +280,11 @@ class PropertyTest:
         if failed is None or failed.outcome.error is not error:
             return
         args = ", ".join(f"{name}={value!r}" for name, value in failed.drawn.items())
+        ranks = f"{failed.size} rank" + ("" if failed.size == 1 else "s")
         note = (
-            f"minimal example ({failed.size} ranks, {self.examples} examples run): "
+            f"minimal example ({ranks}, {self.examples} examples run): "
             f"{self.item.originalname}({args})\n"
             f"to replay it first, add above @given: @example({args})\n"
         )
-        report.set_repro(self.item, note, f"{failed.size} ranks, {self.shape[1]}", self.option)
+        report.set_repro(self.item, note, f"{ranks}, {self.shape[1]}", self.option)
         report.add_output_sections(self.item, failed.outcome.outputs)
