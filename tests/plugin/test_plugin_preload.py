@@ -98,7 +98,8 @@ def test_an_entry_that_fails_in_the_server_fails_each_distributed_test_naming_it
     result.stdout.fnmatch_lines(
         [
             "*ini dist_preload failed in the forkserver, which ranks are forked from: "
-            "warm:warm_upp: AttributeError: module 'warm' has no attribute 'warm_upp'; "
+            # Python 3.10 and 3.12+ add "Did you mean: 'warm_up'?" to the error's line.
+            "warm:warm_upp: AttributeError: module 'warm' has no attribute 'warm_upp'*; "
             "no_such_module: ModuleNotFoundError: No module named 'no_such_module'"
         ]
     )
