@@ -1,15 +1,17 @@
-"""Hypothesis strategies for distributed code: world sizes, meshes, placements, shapes, dtypes.
+"""Hypothesis strategies for distributed code: world sizes, meshes, placements, shapes, dtypes,
+faults.
 
 Use them in ``@given`` on a distributed test (see the how-to page *Property-based
 distributed tests*). Each one shrinks towards the simple case: the smallest world, a 1-D
-mesh, replicated placements, the smallest shape, ``float32``. So a failing example is
-reported as the simplest one that still fails. Hypothesis is an optional dependency
-(``pip install hypothesis``, or fhelium's ``test`` extra); torch is imported only by the
-strategies that make torch objects, when they are called.
+mesh, replicated placements, the smallest shape, ``float32``, the first rank and collective.
+So a failing example is reported as the simplest one that still fails. Hypothesis is an
+optional dependency (``pip install hypothesis``, or fhelium's ``test`` extra); torch is
+imported only by the strategies that make torch objects, when they are called.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 try:
@@ -21,12 +23,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     ) from exc
 
 from harness import validate
+from harness.faults import _MAKERS, KINDS, Fault
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["dtypes", "mesh_shapes", "placements", "tensor_shapes", "world_sizes"]
+__all__ = ["dtypes", "faults", "mesh_shapes", "placements", "tensor_shapes", "world_sizes"]
 
 _DTYPES = {
     # Each backend's dtypes for every collective, float32 first: the one to shrink to.
@@ -179,3 +182,61 @@ def dtypes(backend: str = "gloo", *, floating: bool = False) -> st.SearchStrateg
     if floating:
         found = [dtype for dtype in found if dtype.is_floating_point]
     return st.sampled_from(found)
+
+
+def faults(
+    kind: str | Callable[..., Fault],
+    *,
+    ranks: int | range | list[int] | tuple[int, ...] | st.SearchStrategy[int],
+    at: int | range | list[int] | tuple[int, ...] | st.SearchStrategy[int],
+    **kwargs: Any,
+) -> st.SearchStrategy[Fault]:
+    """Faults of ``kind`` on a drawn rank at a drawn collective: draw the test's ``fault``
+    with it, and each example runs with that fault injected (see the how-to page
+    *Property-based distributed tests*).
+
+    Shrinks towards the first of ``ranks`` and the first of ``at``. ``st.none() |
+    faults(...)`` also draws clean runs, and shrinks to one.
+
+    Args:
+        kind: A kind's name (``"kill"``) or its function (``harness.faults.kill``).
+        ranks: The rank: one, a range or list of them, or a strategy of ints.
+        at: The collective, from 1: one, a range or list of them, or a strategy of ints.
+        **kwargs: The kind's other arguments (``when="during"``, ``code=3``, ``strict=False``).
+
+    Returns:
+        The strategy.
+
+    Raises:
+        ValueError: ``kind`` is unknown, or ``ranks`` or ``at`` is empty.
+        TypeError: ``ranks`` or ``at`` is none of those, or an argument the kind's function
+            does not take. The values of the faults' arguments are checked when an example
+            runs, as any fault's.
+    """
+    maker = _MAKERS.get(kind) if isinstance(kind, str) else kind
+    if maker is None or maker not in _MAKERS.values():
+        raise ValueError(f"unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
+    maker(0, 1, **kwargs)  # an argument the kind has no parameter for is named now
+    rank, point = _ints(ranks, "ranks"), _ints(at, "at")
+    return st.builds(lambda r, n: maker(r, n, **kwargs), rank, point)
+
+
+def _ints(value: object, name: str) -> st.SearchStrategy[int]:
+    """``value`` as a strategy of ints: itself, one int, or the ints of a range or list.
+
+    Raises:
+        ValueError: An empty range or list.
+        TypeError: Anything else, naming it.
+    """
+    if isinstance(value, st.SearchStrategy):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return st.just(value)
+    if isinstance(value, (range, list, tuple)):
+        if not value:
+            raise ValueError(f"{name} is empty: give at least one int")
+        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return st.sampled_from(list(value))
+    raise TypeError(
+        f"{name} must be an int, a range or list of ints, or a strategy of ints, not {value!r}"
+    )

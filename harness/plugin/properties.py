@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +29,9 @@ import pytest
 
 from harness import compat, validate
 from harness.controller.pickling import pickle_problem
-from harness.errors import DistributedError
-from harness.plugin import interrupts, report
-from harness.plugin.marker import parse_mark, run_mark
+from harness.errors import DistributedError, OrderDependenceWarning
+from harness.faults import Fault
+from harness.plugin import interrupts, property_checks, report, settings, sweeps
 from harness.plugin.replay import Step
 from harness.protocol.pytest_calls import ARG_VALUE, Arg, FixturePlan, TestRef
 from harness.rank.property_body import run_example
@@ -40,12 +41,6 @@ if TYPE_CHECKING:
     from harness.controller.world import World
     from harness.plugin.runner import Shape
     from harness.protocol.messages import CallOptions
-
-MAX_WORLD_SIZE_INI = "dist_max_world_size"
-DEFAULT_MAX_WORLD_SIZE = 8
-"""The largest world a drawn ``world_size`` may ask for, where ini ``dist_max_world_size``
-does not say: Gloo ranks share the machine's cores, and a world larger than this is more
-likely a strategy's mistake than a test's intent."""
 
 _DRAWN = "\x1fdrawn "  # a drawn argument's key among the plan's values: never a fixture's
 
@@ -66,76 +61,63 @@ def is_property(item: pytest.Function) -> bool:
     return bool(getattr(item.obj, "is_hypothesis_test", False))
 
 
-def check_marker(item: pytest.Function) -> None:
-    """Fail a test whose marker's ``world_size`` is a Hypothesis strategy, saying where the
-    strategy goes instead.
+def prepare(
+    item: pytest.Function,
+    test: settings.TestSettings,
+    shape: Shape,
+    ref: TestRef,
+    plan: FixturePlan,
+    session: settings.Settings,
+    worlds: Mapping[Shape, World],
+    world: Callable[[Shape], World],
+    new_world: Callable[[Shape], World],
+    call: Callable[[World, Step, bool], Outcome],
+) -> PropertyTest:
+    """A ``@given`` test as its call phase runs it, checked before any example runs.
+
+    Args:
+        item: The test.
+        test: Its settings (its marker's, else the session's).
+        shape: The marker's world: size, resolved backend, ``init``, GPUs.
+        ref: Where the ranks find the test.
+        plan: Its fixture plan.
+        session: The session's settings (``dist_confirm``, ``dist_order_dependent``).
+        worlds: The session's worlds, by shape (read only: a warm one is used).
+        world: The session's world of a shape, started on first use.
+        new_world: A fresh world of a shape.
+        call: Runs one step on a world (``True``: a fresh one), under the harness's
+            warnings and its wider-scoped fixtures' bookkeeping.
+
+    Returns:
+        The test, for :meth:`PropertyTest.run`.
 
     Raises:
-        pytest.fail.Exception: The marker's ``world_size`` is a strategy.
+        pytest.fail.Exception: Its ``world_size`` strategy can draw outside 1 to ini
+            ``dist_max_world_size``, or ini ``dist_max_world_size`` is not an int >= 1.
     """
-    mark = run_mark(item)
-    if mark is None:
-        return
-    try:
-        size = parse_mark(mark).world_size
-    except ValueError:
-        return  # the marker's other mistakes are reported by its settings
-    if type(size).__module__.startswith("hypothesis."):
-        raise pytest.fail.Exception(
-            f"invalid @pytest.mark.{mark.name}: world_size={size!r} is a Hypothesis strategy; "
-            f"draw it with the test's arguments instead: @given(world_size={size!r}, ...), "
-            "and leave world_size out of the marker",
-            pytrace=False,
-        )
+    bound = property_checks.max_world_size(item.config)
+    property_checks.check_bounds(item, bound)
 
+    def warm(wanted: Shape) -> World | None:
+        found = worlds.get(wanted)
+        return found if found is not None and not found.closed else None
 
-def max_world_size(config: pytest.Config) -> int:
-    """The largest world a drawn ``world_size`` may ask for (ini ``dist_max_world_size``).
-
-    Raises:
-        pytest.fail.Exception: The ini value is not an int >= 1.
-    """
-    value = config.getini(MAX_WORLD_SIZE_INI) or DEFAULT_MAX_WORLD_SIZE
-    try:
-        return validate.positive_int(value, f"ini option {MAX_WORLD_SIZE_INI}", text=True)
-    except (TypeError, ValueError) as exc:
-        raise pytest.fail.Exception(str(exc), pytrace=False) from None
-
-
-def check_bounds(item: pytest.Function, bound: int) -> None:
-    """Fail the test before any example runs where its ``world_size`` strategy can draw a
-    size outside 1 to ``bound``, naming the bound and a size it drew.
-
-    Hypothesis cannot tell what a strategy may draw without drawing: each side is searched
-    for with ``hypothesis.find``, derandomized, so the verdict is the same at every run.
-
-    Raises:
-        pytest.fail.Exception: The strategy can draw 0 or fewer ranks, or more than ``bound``.
-    """
-    strategy = compat.given_strategies(item.obj).get("world_size")
-    if strategy is None:
-        return
-    from hypothesis import HealthCheck, find, settings
-    from hypothesis.errors import NoSuchExample
-
-    search = settings(
-        database=None, derandomize=True, max_examples=200, suppress_health_check=list(HealthCheck)
+    return PropertyTest(
+        item=item,
+        shape=shape,
+        ref=ref,
+        plan=plan,
+        options=test.call,
+        isolate=test.isolate,
+        option=f"--dist-backend={shape[1]}",
+        bound=bound,
+        session_world=world,
+        warm=warm,
+        new_world=new_world,
+        call=call,
+        confirm=session.confirm,
+        order_dependent=session.order_dependent,
     )
-    sides: list[tuple[str, Callable[[Any], bool]]] = [
-        ("not a world size", lambda v: not isinstance(v, int) or isinstance(v, bool) or v < 1),
-        (f"more ranks than {bound}", lambda v: isinstance(v, int) and v > bound),
-    ]
-    for what, outside in sides:
-        try:
-            found = find(strategy, outside, settings=search)
-        except NoSuchExample:
-            continue
-        raise pytest.fail.Exception(
-            f"@given(world_size={strategy!r}) can draw {found!r}, {what}: a drawn world has "
-            f"1 to {bound} ranks (ini {MAX_WORLD_SIZE_INI} = {bound}); bound the strategy, "
-            f"e.g. st.integers(1, {bound}), or raise the ini option",
-            pytrace=False,
-        )
 
 
 @dataclass
@@ -156,7 +138,8 @@ class PropertyTest:
         shape: The marker's world (its size is used where ``world_size`` is not drawn).
         ref: Where the ranks find the test.
         plan: Its fixture plan, to which each example adds its drawn arguments.
-        options: How its ranks run each example (its timeout: each example's).
+        options: How its ranks run each example (its timeout: each example's; the
+            marker's faults, to which each example adds its drawn ``fault``).
         isolate: Whether each example runs on fresh ranks.
         option: What the repro command needs besides the test's id (``--dist-backend=gloo``).
         bound: The largest drawn world size (ini ``dist_max_world_size``).
@@ -165,6 +148,10 @@ class PropertyTest:
         new_world: A fresh world of a shape.
         call: Runs one example's step on a world (``True``: a fresh one), under the
             harness's warnings and its wider-scoped fixtures' bookkeeping.
+        confirm: Whether the minimal example runs again on fresh processes (ini
+            ``dist_confirm``).
+        order_dependent: What a minimal example that passes there gets (ini
+            ``dist_order_dependent``): ``"warn"`` or ``"fail"``.
     """
 
     item: pytest.Function
@@ -179,13 +166,16 @@ class PropertyTest:
     warm: Callable[[Shape], World | None]
     new_world: Callable[[Shape], World]
     call: Callable[[World, Step, bool], Outcome]
+    confirm: bool = True
+    order_dependent: str = "warn"
     examples: int = 0
     _own: dict[Shape, World] = field(default_factory=dict)
     _failed: _Failed | None = None
 
     def run(self) -> None:
         """Run Hypothesis's wrapper here, each example on the ranks; close the worlds it
-        started. A failure is the minimal example's, its report naming it."""
+        started. A failure is the minimal example's, confirmed on fresh processes, its
+        report naming it."""
         function = self.item.obj
         handle = function.hypothesis
         original = handle.inner_test
@@ -207,27 +197,27 @@ class PropertyTest:
             params = inspect.signature(function).parameters
             function(**{name: self.item.funcargs.get(name, RANK_SIDE) for name in params})
         except DistributedError as error:
-            self._report(error)
-            raise
+            confirmed = self._confirmed(error)
+            if confirmed is not None:
+                raise confirmed from None
         finally:
             handle.inner_test = original
             self.close()
 
     def example(self, drawn: dict[str, Any]) -> None:
-        """Run one example on every rank of the world of its size.
+        """Run one example on every rank of the world of its size, with its faults, then
+        the marker's ``verify=`` where it passed.
 
         Raises:
-            DistributedError: A rank failed, hung or crashed, or the ranks' collectives
-                differ: a failing example for Hypothesis.
-            TypeError: A drawn argument does not pickle (naming it).
-            ValueError: A drawn world size outside 1 to the bound.
+            DistributedError: A rank failed, hung or crashed, the ranks' collectives
+                differ, or ``verify=`` failed: a failing example for Hypothesis.
+            TypeError: A drawn argument does not pickle (naming it), or a drawn ``fault``
+                is not a fault.
+            ValueError: A drawn world size outside 1 to the bound, or a drawn fault's
+                argument is not valid.
         """
-        size = drawn.get("world_size", self.shape[0])
-        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= self.bound:
-            raise ValueError(
-                f"drawn world_size {size!r}: a drawn world has 1 to {self.bound} ranks "
-                f"(ini {MAX_WORLD_SIZE_INI})"
-            )
+        size = property_checks.drawn_size(drawn, self.shape[0], self.bound)
+        placed = property_checks.drawn_faults(drawn, self.options.faults, size)
         for name, value in drawn.items():
             problem = pickle_problem(value)
             if problem is not None:
@@ -235,6 +225,18 @@ class PropertyTest:
                     f"drawn argument {name!r} cannot be sent to the ranks: its value "
                     f"{validate.short_repr(value)} does not pickle ({problem})"
                 )
+        outcome = self._outcome(drawn, size, placed, self.isolate)
+        self.examples += 1
+        if outcome.skip is not None:  # Hypothesis lets pytest's skip through: the test's
+            compat.skip_at_test(outcome.skip.reason)
+        if outcome.error is not None:
+            self._failed = _Failed(size, dict(drawn), outcome)
+            raise outcome.error
+
+    def _outcome(
+        self, drawn: dict[str, Any], size: int, placed: tuple[Any, ...], fresh: bool
+    ) -> Outcome:
+        """One example's run on its world (``fresh``: a world of its own), then ``verify=``."""
         plan = replace(
             self.plan,
             args=(*self.plan.args, *((name, Arg(ARG_VALUE, _DRAWN + name)) for name in drawn)),
@@ -243,20 +245,24 @@ class PropertyTest:
         shape: Shape = (size, *self.shape[1:])
         timeout = self.options.timeout or validate.DEFAULT_TIMEOUT_S
         with interrupts.taken_over(self.item, timeout) as deadline:
-            options = replace(self.options, timeout=deadline.seconds)
+            options = replace(self.options, timeout=deadline.seconds, faults=placed)
             step = Step(self.item.nodeid, run_example, (self.ref, plan), options)
-            if self.isolate:
+            if fresh:
                 with self.new_world(shape) as world:
                     outcome = self.call(world, step, True)
             else:
                 outcome = self.call(self._world(shape), step, False)
+            fault = drawn.get(property_checks.FAULT_ARG)
+            outcome = sweeps.after_case(
+                self.item,
+                outcome,
+                lambda n: self.new_world((n, *self.shape[1:])),
+                options,
+                fault=fault if isinstance(fault, Fault) else None,
+                values=drawn,
+            )
             deadline.explain(outcome.error)
-        self.examples += 1
-        if outcome.skip is not None:  # Hypothesis lets pytest's skip through: the test's
-            compat.skip_at_test(outcome.skip.reason)
-        if outcome.error is not None:
-            self._failed = _Failed(size, dict(drawn), outcome)
-            raise outcome.error
+        return outcome
 
     def close(self) -> None:
         """Close the worlds this test started for drawn sizes."""
@@ -274,17 +280,70 @@ class PropertyTest:
             world = self._own[shape] = self.new_world(shape)
         return world
 
-    def _report(self, error: DistributedError) -> None:
-        """End the failure's report with the minimal example and how to replay it."""
+    def _confirmed(self, error: DistributedError) -> BaseException | None:
+        """The test's failure: the minimal example's, run once more on fresh processes
+        (ini ``dist_confirm = fresh``), its report naming it; None where it passed there
+        and the order dependence is a warning.
+
+        Shrinking runs many examples, so only the minimal one is confirmed: one world start
+        per failing test, as for any test.
+        """
         failed = self._failed
         if failed is None or failed.outcome.error is not error:
-            return
+            return error
+        note = ""
+        if self.confirm and not self.isolate:
+            drawn, size = failed.drawn, failed.size
+            try:
+                placed = property_checks.drawn_faults(drawn, self.options.faults, size)
+                fresh = self._outcome(drawn, size, placed, True)
+            except Exception as exc:  # the fresh world did not start
+                note = f"not confirmed on fresh processes ({exc}); "
+            else:
+                if fresh.error is None and fresh.skip is None:
+                    return self._order_dependent(failed)
+                if fresh.error is not None:
+                    # The fresh run's account: what the example shows on ranks of its own.
+                    failed.outcome, error = fresh, fresh.error
+                    note = "confirmed on fresh processes; "
+        self._report(failed, note)
+        return error
+
+    def _order_dependent(self, failed: _Failed) -> BaseException | None:
+        """The minimal example failed after earlier examples on the same ranks and passed
+        on fresh ones: a warning at the test, or its failure (ini ``dist_order_dependent``)."""
+        text = (
+            f"{self.item.nodeid}: the minimal example {self._call_text(failed)} failed on "
+            f"ranks that ran earlier examples ({self.examples} examples run) and passed on "
+            "fresh processes: an example leaves state in its ranks that a later one "
+            "depends on"
+        )
+        if self.order_dependent == "fail":
+            return pytest.fail.Exception(text, pytrace=False)
+        path, lineno, _ = self.item.location
+        try:  # a warning located at the test
+            warnings.warn_explicit(
+                OrderDependenceWarning(text),
+                OrderDependenceWarning,
+                str(self.item.config.rootpath / path),
+                (lineno or 0) + 1,
+            )
+        except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
+            return pytest.fail.Exception(f"OrderDependenceWarning: {text}", pytrace=False)
+        return None
+
+    def _call_text(self, failed: _Failed) -> str:
+        args = ", ".join(f"{name}={value!r}" for name, value in failed.drawn.items())
+        return f"{self.item.originalname}({args})"
+
+    def _report(self, failed: _Failed, note: str) -> None:
+        """End the failure's report with the minimal example and how to replay it."""
         args = ", ".join(f"{name}={value!r}" for name, value in failed.drawn.items())
         ranks = f"{failed.size} rank" + ("" if failed.size == 1 else "s")
-        note = (
+        lines = (
             f"minimal example ({ranks}, {self.examples} examples run): "
-            f"{self.item.originalname}({args})\n"
+            f"{self._call_text(failed)}\n"
             f"to replay it first, add above @given: @example({args})\n"
         )
-        report.set_repro(self.item, note, f"{ranks}, {self.shape[1]}", self.option)
+        report.set_repro(self.item, lines + note, f"{ranks}, {self.shape[1]}", self.option)
         report.add_output_sections(self.item, failed.outcome.outputs)

@@ -31,6 +31,7 @@ from harness.plugin import (
     gpu_needs,
     interrupts,
     properties,
+    property_checks,
     rank_fixtures,
     refs,
     replay,
@@ -44,7 +45,7 @@ from harness.plugin.leases import Leases
 from harness.plugin.marker import launched
 from harness.plugin.runner import Runner, Shape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
-from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
+from harness.protocol.pytest_calls import FixturePlan, LogSettings
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class DistSession:
         try:
             if self._preload_failure():
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
-            properties.check_marker(item)
+            property_checks.check_marker(item)
             sweeps.check_resolved(item)  # a sweep that made no faults fails its case
             test = settings.for_test(self.settings, item)
             backend = self.resolve_backend(test.backend)
@@ -177,9 +178,17 @@ class DistSession:
             ref = refs.reference(item, item.originalname, state=True)
             plan = rank_fixtures.plan(item, self._logs)
             if prop:
-                bound = properties.max_world_size(self.config)
-                properties.check_bounds(item, bound)
-                item.stash[_PROPERTY] = self._property(item, test, backend, need, ref, plan, bound)
+                self._taking = (item.nodeid, None)
+
+                def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
+                    marked = _MarkedTest(step, self, item, plan, test.timeout)
+                    return marked.attempt(world, fresh)[1]
+
+                shape = (test.world_size, backend, test.init, need)
+                item.stash[_PROPERTY] = properties.prepare(
+                    item, test, shape, ref, plan, self.settings, self._worlds, self._world,
+                    self._new_world, call,
+                )  # fmt: skip
                 return
         except pytest.fail.Exception as exc:
             # The test's own mistake (its marker, a value that does not pickle) fails the
@@ -250,41 +259,6 @@ class DistSession:
                 item.addfinalizer(functools.partial(_fail, None, error))
             else:
                 item.stash[_CALL] = error
-
-    def _property(
-        self,
-        item: pytest.Function,
-        test: settings.TestSettings,
-        backend: str,
-        need: GpuNeed,
-        ref: TestRef,
-        plan: FixturePlan,
-        bound: int,
-    ) -> properties.PropertyTest:
-        """A ``@given`` test as its call phase runs it (:mod:`harness.plugin.properties`)."""
-
-        def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
-            return _MarkedTest(step, self, item, plan, test.timeout).attempt(world, fresh)[1]
-
-        def warm(shape: Shape) -> World | None:
-            world = self._worlds.get(shape)
-            return world if world is not None and not world.closed else None
-
-        self._taking = (item.nodeid, None)
-        return properties.PropertyTest(
-            item=item,
-            shape=(test.world_size, backend, test.init, need),
-            ref=ref,
-            plan=plan,
-            options=test.call,
-            isolate=test.isolate,
-            option=f"--dist-backend={backend}",
-            bound=bound,
-            session_world=self._world,
-            warm=warm,
-            new_world=self._new_world,
-            call=call,
-        )
 
     def finish_call(self, item: pytest.Function) -> None:
         """Raise what :meth:`run_item` kept for a test (under a launcher: run it here); run

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 import os
 import pickle
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -168,9 +168,25 @@ def after_case(
     outcome: Outcome,
     new_world: Callable[[int], World],
     options: CallOptions,
+    *,
+    fault: Fault | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> Outcome:
     """Run the marker's ``verify=`` on a fresh world after a case that passed; the outcome
     is the case's, or ``verify``'s failure, which names the case's fault.
+
+    Args:
+        item: The test.
+        outcome: The case's outcome.
+        new_world: A fresh world of a size.
+        options: The case's call options (its timeout and seed).
+        fault: The case's fault where it is not a sweep's (a Hypothesis example's drawn
+            ``fault``).
+        values: More arguments ``verify`` may ask for by name (a Hypothesis example's
+            drawn arguments).
+
+    Returns:
+        The case's outcome, or, where ``verify`` failed, its failure.
 
     Raises:
         pytest.fail.Exception: ``verify`` is not a module-level function, or names an
@@ -189,9 +205,10 @@ def after_case(
     if isinstance(_param(item), CleanRun):
         return outcome
     param = _param(item)
-    fault = param if isinstance(param, Fault) else None
+    fault = param if isinstance(param, Fault) else fault
     kwargs: dict[str, Any] = {"_harness_rank_args": []}
     funcargs = {k: v for k, v in getattr(item, "funcargs", {}).items() if k != "request"}
+    funcargs.update(values or {})
     for name in inspect.signature(verify).parameters:
         if name in RANK_ARGS:
             kwargs["_harness_rank_args"].append(name)

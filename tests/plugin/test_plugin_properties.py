@@ -77,7 +77,8 @@ def test_sum(rank, world_size, n):
             "  #1 all_reduce(SUM, float32?1?) at test_props.py:*",
             "minimal example (3 ranks, * examples run): test_sum(world_size=3, n=2)",
             "to replay it first, add above @given: @example(world_size=3, n=2)",
-            "run (3 ranks, gloo): pytest test_props.py::test_sum --dist-backend=gloo",
+            "confirmed on fresh processes; run (3 ranks, gloo): pytest test_props.py::test_sum"
+            " --dist-backend=gloo",
         ]
     )
     assert "DeadlineExceeded" not in out

@@ -87,6 +87,28 @@ def test_dtypes_name_the_backends_they_know() -> None:
         strategies.dtypes("mpi")
 
 
+def test_faults_shrink_to_the_first_rank_and_collective() -> None:
+    from harness import faults
+
+    drawn = strategies.faults("kill", ranks=[1, 0], at=st.integers(1, 5), when="after")
+    assert find(drawn, lambda _: True, settings=QUICK) == faults.kill(1, 1, when="after")
+    later = find(drawn, lambda fault: fault.at >= 3, settings=QUICK)
+    assert later == faults.kill(1, 3, when="after")
+    exits = strategies.faults(faults.exit, ranks=range(2), at=2, code=3)
+    assert find(exits, lambda _: True, settings=QUICK) == faults.exit(0, 2, 3)
+
+
+def test_faults_name_a_bad_kind_argument_or_range() -> None:
+    with pytest.raises(ValueError, match="unknown fault kind 'kil'; valid: kill, exit"):
+        strategies.faults("kil", ranks=1, at=1)
+    with pytest.raises(TypeError, match="code"):
+        strategies.faults("kill", ranks=1, at=1, code=3)
+    with pytest.raises(ValueError, match="at is empty: give at least one int"):
+        strategies.faults("kill", ranks=1, at=range(1, 1))
+    with pytest.raises(TypeError, match="ranks must be an int, a range or list of ints, or a "):
+        strategies.faults("kill", ranks="1", at=1)
+
+
 def test_without_hypothesis_the_import_says_what_to_install() -> None:
     code = "import sys; sys.modules['hypothesis'] = None; import harness.strategies"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
