@@ -8,7 +8,8 @@ So the docs cannot rot: an example that stops working fails this suite.
   ``<!-- expect: failed=1 passed=1 warnings=1 -->`` (the counts of ``assert_outcomes``).
   ``<!-- args: --dist-verify -->`` adds command-line arguments, ``<!-- file: test_sum.py -->``
   names the file (default ``test_example.py``: the reports shown in the docs name it), and
-  ``<!-- run: subprocess -->`` runs pytest in a subprocess.
+  ``<!-- run: subprocess -->`` runs pytest in a subprocess. ``<!-- needs: collective-hooks -->``
+  skips it on torch without process-group hooks (< 2.14), where what it shows is not seen.
   When a ```text block follows it (before the next heading), that block is the report the
   docs show: its key lines (the error's summary line, verdict lines, the repro command, an
   order dependence's message) must appear in the real output, so a shown report cannot
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
-_DIRECTIVE = re.compile(r"<!--\s*(?P<key>expect|args|file|run)\s*:\s*(?P<value>.*?)\s*-->")
+_DIRECTIVE = re.compile(r"<!--\s*(?P<key>expect|args|file|run|needs)\s*:\s*(?P<value>.*?)\s*-->")
 _TEST_BLOCK = re.compile(r"@pytest\.mark\.distributed|^\s*def test_", re.MULTILINE)
 
 
@@ -145,7 +146,20 @@ def test_example(block: Block, pytester: pytest.Pytester) -> None:
         _run_script(block, pytester.path)
 
 
+def _needs(block: Block) -> None:
+    """Skip ``block`` where this torch lacks what its ``needs`` directive names."""
+    needs = block.directives.get("needs")
+    if needs is None:
+        return
+    assert needs == "collective-hooks", f"{block.id}: unknown need {needs!r}"
+    import torch.distributed as dist
+
+    if not hasattr(getattr(dist, "ProcessGroup", None), "register_pre_hook"):
+        pytest.skip("torch < 2.14 has no process-group hooks: DDP's collectives are not seen")
+
+
 def _run_tests(block: Block, pytester: pytest.Pytester) -> None:
+    _needs(block)
     name = block.directives.get("file", "test_example.py").removesuffix(".py")
     pytester.makepyfile(**{name: block.code})
     args = ["-p", "no:randomly", *shlex.split(block.directives.get("args", ""))]
