@@ -101,6 +101,9 @@ and the fault to act out once it was issued."""
 _warned: set[str] = set()
 """The ops whose recording failed, warned about once each."""
 
+_warned_backends: set[str] = set()
+"""The backends whose groups took no hooks, warned about once each."""
+
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _ENGINE = os.path.join(_TORCH_DIR, "autograd", "graph.py")
 _GENERATED = "<eval_with_key>"  # the code of an FX graph (torch.compile's, with aot_eager)
@@ -119,7 +122,12 @@ def install() -> None:
 
 
 def attach(group: Any) -> None:
-    """Put the harness's hooks on ``group`` (once; nothing where its backend takes none)."""
+    """Put the harness's hooks on ``group`` (once).
+
+    Where torch refuses them (for Gloo, ``fake`` and backends written in Python it does
+    not: the hooks are the ``ProcessGroup``'s, not its backend's), the group is recorded
+    through ``torch.distributed``'s functions only, and a warning says so, once per backend.
+    """
     if id(group) in _attached:
         return
     # The hooks hold the group (to find its record), and torch holds the hooks: detach()
@@ -128,6 +136,27 @@ def attach(group: Any) -> None:
         group, HOOK_ID, lambda args: _pre(group, args), lambda args: _post(group, args)
     ):
         _attached[id(group)] = group
+    else:
+        _unhooked(group)
+
+
+def _unhooked(group: Any) -> None:
+    """Warn, once per backend, that ``group``'s collectives issued below
+    ``torch.distributed``'s functions go unrecorded."""
+    try:
+        backend = str(dist.get_backend(group))
+    except Exception:  # not a registered torch ProcessGroup
+        backend = type(group).__name__
+    if backend in _warned_backends:
+        return
+    _warned_backends.add(backend)
+    warnings.warn(
+        f"harness: a process group of backend {backend!r} takes no collective hooks: its "
+        "collectives are recorded only where issued through torch.distributed's functions "
+        "(not DDP's, functional or compiled ones)",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 
 def detach(group: Any) -> None:
