@@ -9,6 +9,8 @@ to the probe that checks it:
 
 * :mod:`~harness.compat.torch_distributed`  process groups, the backend registry, RPC, the
   flight recorder
+* :mod:`~harness.compat.torch_collectives`  hooks around a group's collectives, functional
+  collectives' groups
 * :mod:`~harness.compat.torch_testing`      ``MultiProcessTestCase`` and torch's own tests
 * :mod:`~harness.compat.cpython`            frames, multiprocessing's forkserver, ``os.environ``
 * :mod:`~harness.compat.coverage_api`       coverage's configuration file
@@ -34,6 +36,7 @@ from harness.compat import (
     hypothesis_api,
     nanobind,
     pytest_internals,
+    torch_collectives,
     torch_distributed,
     torch_testing,
 )
@@ -42,10 +45,12 @@ from harness.compat.cpython import *  # noqa: F403
 from harness.compat.hypothesis_api import *  # noqa: F403
 from harness.compat.nanobind import *  # noqa: F403
 from harness.compat.pytest_internals import *  # noqa: F403
+from harness.compat.torch_collectives import *  # noqa: F403
 from harness.compat.torch_distributed import *  # noqa: F403
 from harness.compat.torch_testing import *  # noqa: F403
 
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
+    **torch_collectives.PROBES,
     **torch_distributed.PROBES,
     **torch_testing.PROBES,
     **cpython.PROBES,

@@ -12,17 +12,13 @@ from typing import Any
 
 __all__ = [
     "FLIGHT_RECORDER_VARIABLES",
-    "add_collective_hooks",
     "backend_registry",
-    "collective_hooks_available",
     "flight_recorder_entries",
-    "functional_group",
     "group_created_at",
     "group_timeout",
     "live_process_groups",
     "note_group_creation",
     "process_group_count",
-    "remove_collective_hooks",
     "restore_backend_registry",
     "rpc_agent_running",
     "rpc_init_count",
@@ -253,74 +249,6 @@ def flight_recorder_entries() -> list[dict[str, Any]]:
     return sorted(entries.values(), key=lambda entry: entry.get("time_created_ns", 0))
 
 
-def collective_hooks_available() -> bool:
-    """Whether this torch calls hooks around each collective a process group issues.
-
-    ``ProcessGroup.register_pre_hook`` / ``register_post_hook`` (torch >= 2.14) see every
-    collective the group issues, from Python or C++ (DDP's reducer, functional collectives,
-    compiled graphs); older torch has nothing like it.
-    """
-    import torch.distributed as dist
-
-    group_type = getattr(dist, "ProcessGroup", None)
-    return all(
-        hasattr(group_type, name)
-        for name in (
-            "register_pre_hook",
-            "register_post_hook",
-            "unregister_pre_hook",
-            "unregister_post_hook",
-        )
-    )
-
-
-def add_collective_hooks(
-    group: Any, hook_id: int, pre: Callable[[Any], None], post: Callable[[Any], None]
-) -> bool:
-    """Put ``pre`` and ``post`` on ``group`` under ``hook_id``; whether both are on.
-
-    ``pre`` gets torch's ``PreHookArgs`` (``name``, a ``HookOpName``; ``async_op``,
-    ``input_tensors``, ``output_tensors``, ``root``, ``op_id``) before each collective is
-    issued, ``post`` its ``PostHookArgs`` (``name``, ``async_op``, ``op_id``, ``work``)
-    once it was. A hook put on under an id already in use replaces the one there; a hook
-    that raises raises into the collective, so callers catch their own errors.
-    """
-    try:
-        group.register_pre_hook(hook_id, pre)
-        group.register_post_hook(hook_id, post)
-    except Exception:  # a group whose backend takes no hooks, or a torch without them
-        remove_collective_hooks(group, hook_id)
-        return False
-    return True
-
-
-def remove_collective_hooks(group: Any, hook_id: int) -> None:
-    """Take the hooks ``hook_id`` off ``group`` (nothing where there are none)."""
-    for name in ("unregister_pre_hook", "unregister_post_hook"):
-        try:
-            getattr(group, name)(hook_id)
-        except Exception:
-            pass
-
-
-def functional_group(group: Any, tag: str = "") -> Any:
-    """The process group a functional collective's ``group`` argument names.
-
-    That argument may be a group, a list of ranks, a ``DeviceMesh`` or ``(mesh, dim)``;
-    torch resolves it privately (``_functional_collectives._resolve_group_name``, then
-    ``distributed_c10d._resolve_process_group``). None where it does not resolve.
-    """
-    import importlib
-
-    try:
-        funcol = importlib.import_module("torch.distributed._functional_collectives")
-        c10d: Any = importlib.import_module("torch.distributed.distributed_c10d")
-
-        return c10d._resolve_process_group(funcol._resolve_group_name(group, tag))
-    except Exception:
-        return None
-
-
 # -- probes: each raises once an upgrade has removed what it checks --------------------------
 
 
@@ -404,38 +332,6 @@ def _probe_group_registry() -> None:
         raise TypeError("_world.pg_map no longer reads the module's _pg_map")
 
 
-def _probe_collective_hooks() -> object:
-    if not collective_hooks_available():
-        return None  # torch < 2.14: the recorder wraps the Python functions alone
-    import importlib
-
-    c10d: Any = importlib.import_module("torch._C._distributed_c10d")
-    fields = {
-        "PreHookArgs": ("name", "async_op", "input_tensors", "output_tensors", "root", "op_id"),
-        "PostHookArgs": ("name", "async_op", "op_id", "work"),
-    }
-    for type_name, names in fields.items():
-        missing = [name for name in names if not hasattr(getattr(c10d, type_name), name)]
-        if missing:
-            raise AttributeError(f"{type_name} has no {', '.join(missing)}")
-    return c10d.HookOpName.ALLREDUCE.name
-
-
-def _probe_functional_group() -> object:
-    import importlib
-
-    funcol = importlib.import_module("torch.distributed._functional_collectives")
-    from torch.distributed import distributed_c10d
-
-    for owner, name in (
-        (funcol, "_resolve_group_name"),
-        (distributed_c10d, "_resolve_process_group"),
-    ):
-        if not callable(getattr(owner, name, None)):
-            raise AttributeError(f"{owner.__name__}.{name} is gone")
-    return None
-
-
 PROBES: dict[str, Callable[[], object]] = {
     "torch.distributed.distributed_c10d._world.pg_map": live_process_groups,
     "torch.distributed.distributed_c10d._pg_map (where a group is registered)": (
@@ -448,10 +344,4 @@ PROBES: dict[str, Callable[[], object]] = {
     "torch.distributed.rpc._init_counter, _is_current_rpc_agent_set": _probe_rpc_state,
     "torch._C._distributed_c10d._dump_fr_trace / _dump_nccl_trace": _probe_flight_recorder,
     "ProcessGroup._get_backend(device).options._timeout": _probe_group_timeout,
-    "ProcessGroup.register_pre_hook / register_post_hook, PreHookArgs (torch >= 2.14)": (
-        _probe_collective_hooks
-    ),
-    "_functional_collectives._resolve_group_name, distributed_c10d._resolve_process_group": (
-        _probe_functional_group
-    ),
 }
