@@ -127,6 +127,10 @@ import torch
 import torch.distributed as dist
 from hypothesis import given, settings, strategies as st
 
+# Where CI is set (this project's CI sets it), Hypothesis picks its "ci" profile, which keeps
+# no example database: the default profile is what a developer's run has.
+settings.load_profile("default")
+
 RECORDS = {records!r}
 
 
