@@ -106,6 +106,7 @@ _INI = {
     "strategy that can draw more fails its test before any example runs (default: 8)",
 }
 _BOOL_INI = {
+    "dist_no_collective_check": "as --dist-no-collective-check (false)",
     "dist_require_gpus": "as --dist-require-gpus (false)",
     "dist_mptc": "run MultiProcessTestCase classes on reused ranks, as --dist-mptc (false)",
 }

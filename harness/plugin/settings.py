@@ -45,9 +45,10 @@ _SETTINGS = pytest.StashKey["Settings"]()
 @dataclass(frozen=True)
 class Settings:
     """The session's settings: each field is the option named after it (``--dist-<name>``,
-    ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``),
-    ``confirm`` (ini ``dist_confirm = fresh``), ``output`` (captured, or under ``-s`` to the
-    terminal) and ``randomly_seed`` (pytest-randomly's, when it is active)."""
+    ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``, ini
+    ``dist_no_collective_check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
+    (captured, or under ``-s`` to the terminal) and ``randomly_seed`` (pytest-randomly's,
+    when it is active)."""
 
     backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
@@ -93,7 +94,10 @@ def read(config: pytest.Config) -> Settings:
             backend=config.getoption("dist_backend") or "auto",
             timeout=validate.seconds(timeout, where, text=True),
             isolate=bool(config.getoption("dist_isolate", False)),
-            check_collectives=not config.getoption("dist_no_collective_check", False),
+            check_collectives=not (
+                config.getoption("dist_no_collective_check", False)
+                or config.getini("dist_no_collective_check")
+            ),
             leaks=_ini_choice(config, "dist_leaks", validate.LEAK_CHOICES),
             mptc=bool(config.getoption("dist_mptc", False) or config.getini("dist_mptc")),
             confirm=_ini_choice(config, "dist_confirm", ("fresh", "off")) == "fresh",

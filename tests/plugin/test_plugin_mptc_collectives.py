@@ -59,6 +59,11 @@ def test_an_uneven_reduce_scatter_passes_and_a_desynced_one_fails(
     assert "rank 1 reduce_scatter(MAX, float32[2], [float32[2], float32[2]])" in failure
 
 
-def test_no_collective_check_reaches_mptc_tests(pytester: pytest.Pytester) -> None:
-    result = _run(pytester, "--dist-no-collective-check")
+@pytest.mark.parametrize(
+    "option", [("--dist-no-collective-check",), ("-o", "dist_no_collective_check=true")]
+)
+def test_no_collective_check_reaches_mptc_tests(
+    pytester: pytest.Pytester, option: tuple[str, ...]
+) -> None:
+    result = _run(pytester, *option)
     result.assert_outcomes(passed=2)

@@ -142,6 +142,11 @@ def test_each_flag_is_read() -> None:
     assert not found.check_collectives
 
 
+def test_the_desync_check_is_on_unless_the_flag_or_the_ini_says_off() -> None:
+    assert settings.read(FakeConfig()).check_collectives
+    assert not settings.read(FakeConfig(dist_no_collective_check=True)).check_collectives
+
+
 @pytest.mark.parametrize(
     ("capture", "output"), [("fd", OUTPUT_CAPTURE), ("sys", OUTPUT_CAPTURE), ("no", OUTPUT_PREFIX)]
 )
