@@ -9,7 +9,8 @@ So the docs cannot rot: an example that stops working fails this suite.
   ``<!-- args: --dist-verify -->`` adds command-line arguments, ``<!-- file: test_sum.py -->``
   names the file (default ``test_example.py``: the reports shown in the docs name it), and
   ``<!-- run: subprocess -->`` runs pytest in a subprocess. ``<!-- needs: collective-hooks -->``
-  skips it on torch without process-group hooks (< 2.14), where what it shows is not seen.
+  skips it on torch without process-group hooks (< 2.14), where what it shows is not seen;
+  ``<!-- needs: torch>=2.10 -->`` on an older torch.
   When a ```text block follows it (before the next heading), that block is the report the
   docs show: its key lines (the error's summary line, verdict lines, the repro command, an
   order dependence's message) must appear in the real output, so a shown report cannot
@@ -35,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from harness import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").rglob("*.md")), ROOT / "README.md"]
@@ -151,9 +154,17 @@ def _needs(block: Block) -> None:
     needs = block.directives.get("needs")
     if needs is None:
         return
-    assert needs == "collective-hooks", f"{block.id}: unknown need {needs!r}"
+    import torch
     import torch.distributed as dist
 
+    if needs.startswith("torch>="):
+        wanted = versions.torch_release(needs.removeprefix("torch>="))
+        assert wanted is not None, f"{block.id}: unknown need {needs!r}"
+        here = versions.torch_release(torch.__version__)
+        if here is not None and here < wanted:
+            pytest.skip(f"the example needs {needs}; this is torch {torch.__version__}")
+        return
+    assert needs == "collective-hooks", f"{block.id}: unknown need {needs!r}"
     if not hasattr(getattr(dist, "ProcessGroup", None), "register_pre_hook"):
         pytest.skip("torch < 2.14 has no process-group hooks: DDP's collectives are not seen")
 
