@@ -121,17 +121,16 @@ def setup_output() -> Iterator[None]:
     try:
         with tempfile.TemporaryFile() as kept:
             os.dup2(kept.fileno(), 1)
+            completed = False
             try:
                 yield
-            except BaseException:
-                flush_std_streams()
-                os.dup2(saved, 1)
-                kept.seek(0)
-                with contextlib.suppress(OSError):
-                    write_all(2, kept.read())
-                raise
+                completed = True
             finally:
                 flush_std_streams()
                 os.dup2(saved, 1)
+                if not completed:
+                    kept.seek(0)
+                    with contextlib.suppress(OSError):
+                        write_all(2, kept.read())
     finally:
         os.close(saved)
