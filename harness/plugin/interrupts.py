@@ -36,8 +36,8 @@ from harness.errors import (
     interrupt_sections,
     interrupt_stacks,
 )
+from harness.plugin import item_state
 
-_ARMED = pytest.StashKey[tuple[Any, float]]()
 _RUNNING = pytest.StashKey[pytest.Item]()
 
 
@@ -52,7 +52,7 @@ class Hooks:
     # the teardown of any test. Returning nothing lets pytest-timeout arm its timer.
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> None:
-        item.stash[_ARMED] = (settings, time.monotonic())
+        item_state.of(item).armed = (settings, time.monotonic())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> None:
@@ -129,7 +129,7 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
     """
     if teardown:
         item = item.config.stash.get(_RUNNING, item)
-    armed = item.stash.get(_ARMED, None)
+    armed = item_state.of(item).armed
     # Under func_only a note is a previous run's (pytest-rerunfailures).
     if armed is not None and armed[0].func_only:
         armed = None
@@ -155,4 +155,4 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
             again = settings._replace(timeout=rest if rest > 0 else limit)
             item.config.hook.pytest_timeout_set_timer(item=item, settings=again)
             # That call noted the shortened limit: keep pytest-timeout's own, and its end.
-            item.stash[_ARMED] = (settings, end - limit if rest > 0 else now)
+            item_state.of(item).armed = (settings, end - limit if rest > 0 else now)

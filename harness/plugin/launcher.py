@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from harness import compat
-from harness.plugin.marker import find_mark, parse_mark
 from harness.plugin.settings import TestSettings
 from harness.rank.identity import rank_value
 
@@ -58,7 +57,7 @@ class LauncherRank:
             self._outcome_group = None
             fhelium.distributed.shutdown()
 
-    def run_item(self, item: pytest.Function, test: TestSettings, backend: str) -> None:
+    def run_item(self, item: pytest.Function, test: TestSettings) -> None:
         """Run the test body here; raise what every rank agrees the outcome is (every rank
         skips alike, from the marker, a test that this world cannot run)."""
         import torch.distributed as dist
@@ -82,9 +81,8 @@ class LauncherRank:
             )
         self.ensure_group()
         live = str(dist.get_backend())
-        asked = find_mark(item)
-        explicit = asked is not None and parse_mark(asked).backend not in ("auto", None)
-        if explicit and backend != live:
+        backend = test.world.backend
+        if test.named_backend and backend != live:
             compat.skip_at_test(f"needs backend {backend!r}; the launcher's world uses {live!r}")
         if self._outcome_group is None:
             # Outcomes are exchanged over Gloo whatever the default backend is: object

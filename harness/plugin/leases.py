@@ -15,14 +15,30 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
+from harness import compat
 from harness.controller import gpus
 from harness.controller.gpus import Inventory, Lease
 from harness.plugin import report
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.settings import Settings
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Whose worlds take GPUs: named to whoever waits behind them.
+
+    Attributes:
+        nodeid: The test's node id ('' for none: a world asked for outside a test).
+        deadline: Until when (``time.monotonic()``) its worlds may wait for GPUs; None: no
+            bound.
+    """
+
+    nodeid: str = ""
+    deadline: float | None = None
 
 
 class Leases:
@@ -78,22 +94,20 @@ class Leases:
                 pytrace=False,
             )
         item.user_properties.append((report.GPU_TESTS, "skipped"))
-        raise pytest.skip.Exception(message, _use_item_location=True)
+        compat.skip_at_test(message)
 
-    def take(
-        self, count: int, holder: str, deadline: float | None, give_back: Callable[[], None]
-    ) -> Lease:
-        """``count`` GPUs for a world of test ``holder``, waited for until ``deadline``
-        (``time.monotonic()``; None: no bound); ``give_back()`` ends this session's idle
-        worlds that hold GPUs before it waits.
+    def take(self, count: int, holder: Holder, give_back: Callable[[], None]) -> Lease:
+        """``count`` GPUs for a world of ``holder``'s, waited for until its deadline;
+        ``give_back()`` ends this session's idle worlds that hold GPUs before it waits.
 
         Raises:
             LeaseTimeout: They did not come free in time.
             LeaseDirectoryError: The lease directory cannot be made or locked.
         """
+        deadline = holder.deadline
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         return gpus.acquire(
-            self.stock, count, holder=holder, timeout=timeout, before_waiting=give_back
+            self.stock, count, holder=holder.nodeid, timeout=timeout, before_waiting=give_back
         )
 
     def wanted(self) -> bool:

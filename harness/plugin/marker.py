@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import os
+import pickle
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
 
 from harness.faults import OpenSweep, Sweep
+from harness.plugin import item_state
 
 MARKER = "distributed"  # the marker's default name
 
@@ -56,9 +59,47 @@ class CleanRun:
         return f"clean{self.number}" if self.number else "uncounted"
 
 
+@dataclasses.dataclass(frozen=True)
+class Unresolved:
+    """The fault parameter of the one case of a sweep over ``"all"`` that could not be
+    resolved into faults (:func:`harness.plugin.sweeps.resolve`): it fails, with
+    ``reason``, when it runs.
+
+    Attributes:
+        kind: The sweep's kind of fault (its case's id is ``kill-unresolved``).
+        reason: Why, naming the test and the sweep.
+    """
+
+    kind: str
+    reason: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.kind}-unresolved"
+
+
+def check_verify(value: object) -> Callable[..., Any] | None:
+    """A marker's ``verify=``, checked: None, or a module-level function.
+
+    Raises:
+        TypeError: It is neither, naming it.
+    """
+    if value is None:
+        return None
+    name = getattr(value, "__qualname__", repr(value))
+    if not inspect.isfunction(value) or "<" in name:
+        raise TypeError(
+            f"verify must be a module-level function (it runs in the ranks of a fresh "
+            f"world, by reference), not {value!r}"
+        )
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(f"verify {name} does not pickle by reference ({exc})") from None
+    return value
+
+
 _CLAIMED = pytest.StashKey["str | None"]()
-# The marker a test is run with (see run_mark), in a tuple: None is a valid answer.
-_RUN_MARK = pytest.StashKey["tuple[pytest.Mark | None]"]()
 # The session's launcher world (see launched), in a tuple: None is a valid answer.
 _LAUNCHED = pytest.StashKey["tuple[tuple[int, int] | None]"]()
 
@@ -121,10 +162,10 @@ def find_mark(node: pytest.Item) -> pytest.Mark | None:
 def run_mark(item: pytest.Item) -> pytest.Mark | None:
     """:func:`find_mark` of a test being run, looked up once: from its setup on, its markers
     are final (its setup decides where it runs), and the hooks of its run ask again."""
-    found = item.stash.get(_RUN_MARK, None)
-    if found is None:
-        found = item.stash[_RUN_MARK] = (find_mark(item),)
-    return found[0]
+    state = item_state.of(item)
+    if state.mark is None:
+        state.mark = (find_mark(item),)
+    return state.mark[0]
 
 
 def parse_mark(mark: pytest.Mark) -> MarkSpec:

@@ -20,15 +20,17 @@ import time
 import unittest
 import warnings
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import gpu_needs, refs, replay, report, settings
+from harness.plugin import after_run, gpu_needs, refs, replay, report, settings
+from harness.plugin.leases import Holder
 from harness.plugin.marker import launched
+from harness.plugin.settings import WorldShape
 from harness.protocol.messages import CallOptions
 from harness.protocol.pytest_calls import CaseCall, CaseExit
 
@@ -91,13 +93,7 @@ class CasePlugin:
 
 def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) -> None:
     """Run one test (``fn``, as ``_join_processes`` receives it) on a world of its size and
-    judge it with the class's own check; a warning names a failing exit it accepts.
-
-    Raises:
-        unittest.SkipTest: The class's check says the test skipped.
-        DistributedError: The class's check failed the test and the ranks failed too.
-        Exception: The class's own failure where every rank ended normally.
-    """
+    judge it with the class's own check (see :func:`_settle`)."""
     # Here, not at the top: the plugin loads in sessions that never import torch.
     from harness.rank.mptc_body import run_mptc_case as rank_body
 
@@ -107,53 +103,54 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # decides on the ranks, as natively: it skips with torch's own reason, or runs the test
     # on the CPU (skip_if_lt_x_gpu(n, allow_cpu=True) on a machine without GPUs), which
     # the recorded minimum does not tell. Only --dist-require-gpus fails it here.
-    need = gpu_needs.mptc_need(compat.mptc_min_gpus(case))
-    short = need.shortfall(world_size, len(session.leases.stock.ids)) if need else None
-    if short is not None and not session.settings.require_gpus:
-        need = gpu_needs.GpuNeed()
-    session.leases.check(item, world_size, need)
+    need = _gpu_need(session, item, case, world_size)
     call = CaseCall(
         test=refs.reference(item, compat.mptc_test_name(case)),
         file_name=str(case.file_name),
         kwargs=compat.mptc_run_kwargs(case),
-        # A native process inherits its parent's environment, as the test's setUp left
-        # it, and nothing else: the rank runs the test with exactly this one.
-        environ=dict(os.environ),
+        environ=dict(os.environ),  # a native process's: as the test's setUp left it
     )
-    keep = settings.keep_traces(session.settings, ())
     # The run's desync check (--dist-no-collective-check) as for a marked test: a class has
     # no marker to turn it off for one test.
+    run = session.settings
+    keep = settings.keep_traces(run, ())
     options = CallOptions(
         compat.mptc_timeout(case),
-        session.settings.output,
-        check_collectives=session.settings.check_collectives,
+        run.output,
+        check_collectives=run.check_collectives,
         keep_traces=keep,
     )
     prepare = functools.partial(_empty_store, call.file_name)
     step = replay.Step(item.nodeid, rank_body, (call,), options, prepare=prepare)
     # The ranks make their own groups with whatever backend the test asks for; the world's
     # backend only names it (Gloo: a world of any size starts on any machine).
-    shape = (world_size, "gloo", False, need)
-    if need:  # a wait for its GPUs names the test, and ends with its time limit
-        session.taking(item.nodeid, time.monotonic() + compat.mptc_timeout(case))
+    shape = WorldShape(world_size, "gloo", False, need)
+    # A wait for its GPUs ends with the test's time limit.
+    holder = Holder(item.nodeid, time.monotonic() + compat.mptc_timeout(case) if need else None)
     # A test that turns torch's flight recorder on (a process-wide buffer of every group's
     # collectives, sized at its first use, that no call empties) expects it new, as its
     # native processes have it: it runs on fresh ranks.
-    recorder = any(name in call.environ for name in compat.FLIGHT_RECORDER_VARIABLES)
-    isolate = session.settings.isolate or recorder
+    isolate = run.isolate or any(v in call.environ for v in compat.FLIGHT_RECORDER_VARIABLES)
     test = _CaseTest(step, case, fn, world_size)
-    checked = session.runner.run(item, test, shape, isolate, "--dist-mptc")
+    checked = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
     if checked.failure is not None:
         raise checked.failure
     ended = checked.result
-    error = ended.outcome.error
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
-    backend = backend if isinstance(backend, str) else "gloo"
-    session.trace_folders.write(item, ended.outcome, world_size, backend)
-    report.add_output_sections(item, ended.outcome.outputs)
-    if error is not None:
-        report.set_repro(item, checked.note, f"{world_size} ranks", "--dist-mptc")
+    named = replace(shape, backend=backend if isinstance(backend, str) else "gloo")
+    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", checked.note)
+    _settle(item, ended, after_run.after_run(session, ran).outcome.error)
+
+
+def _settle(item: pytest.Function, ended: _Ended, error: DistributedError | None) -> None:
+    """Raise the class's verdict on a test; a warning names a failing exit it accepts.
+
+    Raises:
+        unittest.SkipTest: The class's check says the test skipped.
+        DistributedError: The class's check failed the test and the ranks failed too.
+        Exception: The class's own failure where every rank ended normally.
+    """
     if error is not None and ended.verdict == replay.FAILED:
         raise error from None  # the harness's account of the ranks' failure
     if ended.raised is not None:
@@ -163,8 +160,31 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             f"test {item.nodeid} passed by its class's own check although {error.summary}; "
             "its ranks were replaced by fresh processes for the next test",
             RuntimeWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
+
+
+def _gpu_need(
+    session: DistSession, item: pytest.Function, case: Any, world_size: int
+) -> gpu_needs.GpuNeed:
+    """The GPUs a test's world leases, checked against the run's.
+
+    torch 2.15's GPU decorators record their minimum on the test: that many GPUs are
+    leased (the ranks see exactly them). Where the run has fewer, the decorator itself
+    decides on the ranks, as natively: it skips with torch's own reason, or runs the test
+    on the CPU (``skip_if_lt_x_gpu(n, allow_cpu=True)`` on a machine without GPUs), which
+    the recorded minimum does not tell. Only ``--dist-require-gpus`` fails it here.
+
+    Raises:
+        pytest.fail.Exception: It needs more GPUs than the run has, under
+            ``--dist-require-gpus``.
+    """
+    need = gpu_needs.mptc_need(compat.mptc_min_gpus(case))
+    short = need.shortfall(world_size, len(session.leases.stock.ids)) if need else None
+    if short is not None and not session.settings.require_gpus:
+        need = gpu_needs.GpuNeed()
+    session.leases.check(item, world_size, need)
+    return need
 
 
 def _empty_store(path: str) -> None:

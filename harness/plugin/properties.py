@@ -39,8 +39,7 @@ from harness.rank.property_body import run_example
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
-    from harness.plugin.runner import Shape
-    from harness.protocol.messages import CallOptions
+    from harness.plugin.settings import WorldShape
 
 _DRAWN = "\x1fdrawn "  # a drawn argument's key among the plan's values: never a fixture's
 
@@ -64,21 +63,19 @@ def is_property(item: pytest.Function) -> bool:
 def prepare(
     item: pytest.Function,
     test: settings.TestSettings,
-    shape: Shape,
     ref: TestRef,
     plan: FixturePlan,
     session: settings.Settings,
-    worlds: Mapping[Shape, World],
-    world: Callable[[Shape], World],
-    new_world: Callable[[Shape], World],
+    worlds: Mapping[WorldShape, World],
+    world: Callable[[WorldShape], World],
+    new_world: Callable[[WorldShape], World],
     call: Callable[[World, Step, bool], Outcome],
 ) -> PropertyTest:
     """A ``@given`` test as its call phase runs it, checked before any example runs.
 
     Args:
         item: The test.
-        test: Its settings (its marker's, else the session's).
-        shape: The marker's world: size, resolved backend, ``init``, GPUs.
+        test: Its settings (its marker's, else the session's), its world among them.
         ref: Where the ranks find the test.
         plan: Its fixture plan.
         session: The session's settings (``dist_confirm``, ``dist_order_dependent``).
@@ -98,18 +95,16 @@ def prepare(
     bound = property_checks.max_world_size(item.config)
     property_checks.check_bounds(item, bound)
 
-    def warm(wanted: Shape) -> World | None:
+    def warm(wanted: WorldShape) -> World | None:
         found = worlds.get(wanted)
         return found if found is not None and not found.closed else None
 
     return PropertyTest(
         item=item,
-        shape=shape,
+        test=test,
         ref=ref,
         plan=plan,
-        options=test.call,
-        isolate=test.isolate,
-        option=f"--dist-backend={shape[1]}",
+        option=f"--dist-backend={test.world.backend}",
         bound=bound,
         session_world=world,
         warm=warm,
@@ -135,12 +130,12 @@ class PropertyTest:
 
     Attributes:
         item: The test.
-        shape: The marker's world (its size is used where ``world_size`` is not drawn).
+        test: Its settings: the marker's world (its size is used where ``world_size`` is
+            not drawn), how its ranks run each example (its timeout: each example's; the
+            marker's faults, to which each example adds its drawn ``fault``), whether each
+            example runs on fresh ranks.
         ref: Where the ranks find the test.
         plan: Its fixture plan, to which each example adds its drawn arguments.
-        options: How its ranks run each example (its timeout: each example's; the
-            marker's faults, to which each example adds its drawn ``fault``).
-        isolate: Whether each example runs on fresh ranks.
         option: What the repro command needs besides the test's id (``--dist-backend=gloo``).
         bound: The largest drawn world size (ini ``dist_max_world_size``).
         session_world: The session's world of the marker's shape, started on first use.
@@ -155,21 +150,19 @@ class PropertyTest:
     """
 
     item: pytest.Function
-    shape: Shape
+    test: settings.TestSettings
     ref: TestRef
     plan: FixturePlan
-    options: CallOptions
-    isolate: bool
     option: str
     bound: int
-    session_world: Callable[[Shape], World]
-    warm: Callable[[Shape], World | None]
-    new_world: Callable[[Shape], World]
+    session_world: Callable[[WorldShape], World]
+    warm: Callable[[WorldShape], World | None]
+    new_world: Callable[[WorldShape], World]
     call: Callable[[World, Step, bool], Outcome]
     confirm: bool = True
     order_dependent: str = "warn"
     examples: int = 0
-    _own: dict[Shape, World] = field(default_factory=dict)
+    _own: dict[WorldShape, World] = field(default_factory=dict)
     _failed: _Failed | None = None
 
     def run(self) -> None:
@@ -216,8 +209,8 @@ class PropertyTest:
             ValueError: A drawn world size outside 1 to the bound, or a drawn fault's
                 argument is not valid.
         """
-        size = property_checks.drawn_size(drawn, self.shape[0], self.bound)
-        placed = property_checks.drawn_faults(drawn, self.options.faults, size)
+        size = property_checks.drawn_size(drawn, self.test.world_size, self.bound)
+        placed = property_checks.drawn_faults(drawn, self.test.call.faults, size)
         for name, value in drawn.items():
             problem = pickle_problem(value)
             if problem is not None:
@@ -225,7 +218,7 @@ class PropertyTest:
                     f"drawn argument {name!r} cannot be sent to the ranks: its value "
                     f"{validate.short_repr(value)} does not pickle ({problem})"
                 )
-        outcome = self._outcome(drawn, size, placed, self.isolate)
+        outcome = self._outcome(drawn, size, placed, self.test.isolate)
         self.examples += 1
         if outcome.skip is not None:  # Hypothesis lets pytest's skip through: the test's
             compat.skip_at_test(outcome.skip.reason)
@@ -242,10 +235,10 @@ class PropertyTest:
             args=(*self.plan.args, *((name, Arg(ARG_VALUE, _DRAWN + name)) for name in drawn)),
             values={**self.plan.values, **{_DRAWN + n: v for n, v in drawn.items()}},
         )
-        shape: Shape = (size, *self.shape[1:])
-        timeout = self.options.timeout or validate.DEFAULT_TIMEOUT_S
+        shape = self.test.world.sized(size)
+        timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
         with interrupts.taken_over(self.item, timeout) as deadline:
-            options = replace(self.options, timeout=deadline.seconds, faults=placed)
+            options = replace(self.test.call, timeout=deadline.seconds, faults=placed)
             step = Step(self.item.nodeid, run_example, (self.ref, plan), options)
             if fresh:
                 with self.new_world(shape) as world:
@@ -255,8 +248,9 @@ class PropertyTest:
             fault = drawn.get(property_checks.FAULT_ARG)
             outcome = sweeps.after_case(
                 self.item,
+                self.test,
                 outcome,
-                lambda n: self.new_world((n, *self.shape[1:])),
+                lambda n: self.new_world(self.test.world.sized(n)),
                 options,
                 fault=fault if isinstance(fault, Fault) else None,
                 values=drawn,
@@ -270,10 +264,10 @@ class PropertyTest:
         for world in worlds:
             world.close()
 
-    def _world(self, shape: Shape) -> World:
+    def _world(self, shape: WorldShape) -> World:
         """The marker's size: the session's world; another: the session's where it has
         one started, else this test's own, kept until the test ends."""
-        if shape == self.shape:
+        if shape == self.test.world:
             return self.session_world(shape)
         world = self.warm(shape) or self._own.get(shape)
         if world is None or world.closed:
@@ -292,10 +286,10 @@ class PropertyTest:
         if failed is None or failed.outcome.error is not error:
             return error
         note = ""
-        if self.confirm and not self.isolate:
+        if self.confirm and not self.test.isolate:
             drawn, size = failed.drawn, failed.size
             try:
-                placed = property_checks.drawn_faults(drawn, self.options.faults, size)
+                placed = property_checks.drawn_faults(drawn, self.test.call.faults, size)
                 fresh = self._outcome(drawn, size, placed, True)
             except Exception as exc:  # the fresh world did not start
                 note = f"not confirmed on fresh processes ({exc}); "
@@ -345,5 +339,7 @@ class PropertyTest:
             f"{self._call_text(failed)}\n"
             f"to replay it first, add above @given: @example({args})\n"
         )
-        report.set_repro(self.item, lines + note, f"{ranks}, {self.shape[1]}", self.option)
+        report.set_repro(
+            self.item, lines + note, f"{ranks}, {self.test.world.backend}", self.option
+        )
         report.add_output_sections(self.item, failed.outcome.outputs)

@@ -25,7 +25,7 @@ import pytest
 
 from harness import compat
 from harness.controller.pickling import picklable
-from harness.plugin import refs
+from harness.plugin import item_state, refs
 from harness.protocol.pytest_calls import (
     ARG_FIXTURE,
     ARG_REQUEST,
@@ -46,7 +46,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 _SCOPES = ("function", "class", "module", "package", "session")
 _PLUGIN_MODULE = "harness.plugin.fixtures"  # where the plugin's own fixtures are defined
 _SHARED_FACTORY = "tmp_path_factory"
-_SIDE = pytest.StashKey["RankSide"]()
 _CONFIG_VIEW = pytest.StashKey[bytes]()
 
 
@@ -204,7 +203,7 @@ def split(item: pytest.Function) -> None:
         pytest.fail.Exception: A fixture that must run in the ranks cannot (defined inside a
             function, where a rank cannot import it).
     """
-    if _SIDE in item.stash:
+    if item_state.of(item).side is not None:
         return
     defs = compat.fixture_defs(item)
     side = RankSide(defs)
@@ -224,7 +223,7 @@ def split(item: pytest.Function) -> None:
     side.wants_request = "request" in argnames or any(
         "request" in fixturedef.argnames for fixturedef in side.fixtures
     )
-    item.stash[_SIDE] = side
+    item_state.of(item).side = side
 
 
 def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
@@ -234,7 +233,8 @@ def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
     Raises:
         pytest.fail.Exception: A controller fixture's value does not pickle (naming it).
     """
-    side = item.stash[_SIDE]
+    side = item_state.of(item).side
+    assert side is not None
     values: dict[str, Any] = {}
 
     def source(name: str, requester: Any | None) -> Arg:

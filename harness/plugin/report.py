@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from harness.errors import DistributedError
+from harness.plugin import item_state
 from harness.plugin.settings import randomly_seed
 from harness.protocol.failures import PHASES
 from harness.protocol.pytest_calls import LOG_MARK
@@ -37,16 +38,6 @@ GPU_TESTS = "dist_gpus"
 """The ``user_properties`` name under which a distributed test that needs GPUs notes
 ``"ran"`` (it got them) or ``"skipped"`` (the run has fewer than it needs)."""
 
-# The seconds of the ranks' call and teardown that the setup phase's duration holds.
-_MOVED = pytest.StashKey[tuple[float, float]]()
-# The ranks' log records of the test's call and teardown, for those phases' reports.
-_LOGS = pytest.StashKey[dict[str, str]]()
-# The line a failure report ends with (set_repro).
-_REPRO = pytest.StashKey[str]()
-# The line naming the test's trace folder (--dist-trace-dir), after the repro line.
-_TRACE_LINE = pytest.StashKey[str]()
-# Where the ranks raised the test's skip.
-_SKIP_SITE = pytest.StashKey[tuple[str, int]]()
 # The harness's own files: a warning located there is about the test.
 _HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
@@ -71,7 +62,7 @@ class DistributedFailureRepr:
     def __init__(self, error: DistributedError, item: pytest.Item) -> None:
         self.error = error
         self._repro = repro(item)
-        self._trace_line = item.stash.get(_TRACE_LINE, "")
+        self._trace_line = item_state.of(item).trace_line
         self._headline = f"{type(error).__name__}: {error.summary}"
         path, lineno, _ = item.location
         self.reprcrash = CrashLine(
@@ -143,29 +134,18 @@ def add_output_sections(item: pytest.Item, outputs: dict[int, tuple[str, str]]) 
     # The others once their phase is reported: a section added now would be in the reports
     # of every phase, and pytest shows the teardown's again after the call's failure.
     if logs:
-        item.stash[_LOGS] = {phase: "\n".join(lines) for phase, lines in logs.items()}
+        item_state.of(item).logs = {phase: "\n".join(lines) for phase, lines in logs.items()}
 
 
 def keep_times(item: pytest.Item, times: tuple[float, float, float] | None) -> None:
     """Note how long the ranks took in the test's setup, call and teardown (one rank's
     times; None: unknown), for the reports of pytest's phases."""
-    if times is None:
-        _forget(item, _MOVED)
-    else:
-        item.stash[_MOVED] = (times[1], times[2])
+    item_state.of(item).moved = None if times is None else (times[1], times[2])
 
 
 def keep_skip_site(item: pytest.Item, site: tuple[str, int] | None) -> None:
     """Note where the ranks raised the test's skip (None: unknown; it is shown at the test)."""
-    if site is None:
-        _forget(item, _SKIP_SITE)
-    else:
-        item.stash[_SKIP_SITE] = site
-
-
-def _forget(item: pytest.Item, key: pytest.StashKey[Any]) -> None:
-    if key in item.stash:
-        del item.stash[key]
+    item_state.of(item).skip_site = site
 
 
 @contextmanager
@@ -189,21 +169,21 @@ def warnings_at(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> pytest.TestReport | None:
-    # A plain implementation, not a wrapper: for every other test (and phase) this costs two
-    # stash lookups and an attribute check, and pytest builds the report itself (from the
+    # A plain implementation, not a wrapper: for every other test (and phase) this costs a
+    # stash lookup and an attribute check, and pytest builds the report itself (from the
     # CallInfo, whose times are adjusted in place, so that every plugin sees them).
-    moved = item.stash.get(_MOVED, None)
-    if moved is not None:
-        _move_times(item, call, moved)
-    logs = item.stash.get(_LOGS, None)
-    if logs is not None:
-        _add_logs(item, call.when, logs)
+    state = item_state.peek(item)
+    if state is not None and state.moved is not None:
+        _move_times(state, call, state.moved)
+    if state is not None and state.logs is not None:
+        _add_logs(item, state, call.when, state.logs)
     excinfo = call.excinfo
     if excinfo is None:
         return None
-    if isinstance(excinfo.value, pytest.skip.Exception) and _SKIP_SITE in item.stash:
-        path, line = item.stash[_SKIP_SITE]
-        del item.stash[_SKIP_SITE]
+    skipped = isinstance(excinfo.value, pytest.skip.Exception)
+    if skipped and state is not None and state.skip_site is not None:
+        path, line = state.skip_site
+        state.skip_site = None
         report = pytest.TestReport.from_item_and_call(item, call)
         if report.skipped and isinstance(report.longrepr, tuple):
             report.longrepr = (path, line, report.longrepr[2])
@@ -217,17 +197,21 @@ def pytest_runtest_makereport(
     return report
 
 
-def _add_logs(item: pytest.Item, when: str, logs: dict[str, str]) -> None:
+def _add_logs(
+    item: pytest.Item, state: item_state.ItemState, when: str, logs: dict[str, str]
+) -> None:
     """The ranks' log sections of phase ``when``; at teardown, all that are left (there was
     no call phase after a failed setup)."""
     for phase in PHASES:
         if phase in logs and (phase == when or when == "teardown"):
             item.add_report_section(phase, "log", logs.pop(phase))
     if not logs:
-        del item.stash[_LOGS]
+        state.logs = None
 
 
-def _move_times(item: pytest.Item, call: pytest.CallInfo[None], moved: tuple[float, float]) -> None:
+def _move_times(
+    state: item_state.ItemState, call: pytest.CallInfo[None], moved: tuple[float, float]
+) -> None:
     """Give the ranks' call and teardown time, held by the setup phase (in which the ranks
     ran the whole test), to the call and teardown phases; their sum stays as pytest measured."""
     into_call, into_teardown = moved
@@ -237,13 +221,13 @@ def _move_times(item: pytest.Item, call: pytest.CallInfo[None], moved: tuple[flo
         call.stop -= taken
         # Never more than the setup phase held (clocks of two processes, rounding).
         into_call = min(into_call, taken)
-        item.stash[_MOVED] = (into_call, taken - into_call)
+        state.moved = (into_call, taken - into_call)
     elif call.when == "call":
         call.start -= into_call + into_teardown
         call.stop -= into_teardown
         call.duration += into_call
     elif call.when == "teardown":
-        del item.stash[_MOVED]
+        state.moved = None
         call.start -= into_teardown
         call.duration += into_teardown
 
@@ -273,16 +257,19 @@ def set_repro(item: pytest.Item, note: str, world: str, option: str) -> None:
     """Note the line a failure report of ``item`` ends with (see :func:`repro`): ``note``
     (what the runner's check on fresh processes found), then ``run (2 ranks, gloo): pytest
     ... --dist-backend=gloo`` for ``world`` and ``option``."""
-    item.stash[_REPRO] = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
+    item_state.of(
+        item
+    ).repro = f"{note}run ({world}): {command(item.config, [item.nodeid], option)}"
 
 
 def set_trace_line(item: pytest.Item, line: str) -> None:
     """Note the line a failure report of ``item`` ends with, after the repro line: where
     its trace folder is (``--dist-trace-dir``; '': no line)."""
-    item.stash[_TRACE_LINE] = line
+    item_state.of(item).trace_line = line
 
 
 def repro(item: pytest.Item) -> str:
     """The line a failure report of ``item`` ends with: the command that reproduces it,
     and whether fresh processes confirmed it ('' when none was noted)."""
-    return item.stash.get(_REPRO, "")
+    state = item_state.peek(item)
+    return state.repro if state is not None else ""

@@ -24,20 +24,17 @@ import pytest
 from harness.controller import restarts
 from harness.errors import OrderDependenceWarning
 from harness.plugin import order, report
-from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.replay import FAILED, History, Step, on_fresh
-from harness.plugin.settings import Settings
+from harness.plugin.settings import Settings, WorldShape
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
+    from harness.plugin.leases import Holder
     from harness.protocol.messages import CallOptions
 
 _T = TypeVar("_T")
 _T_co = TypeVar("_T_co", covariant=True)
-
-Shape = tuple[int, str, bool, GpuNeed]
-"""A world's size, resolved backend, ``init`` and the GPUs it leases."""
 
 
 class Runnable(Protocol[_T_co]):
@@ -68,11 +65,12 @@ class Checked(Generic[_T]):
 @dataclass
 class Runner:
     """Runs each distributed test on the session's ``world`` of its shape (started on first
-    use) and holds its verdict against fresh processes (``new_world``) as ``settings`` say."""
+    use) and holds its verdict against fresh processes (``new_world``) as ``settings`` say;
+    the GPUs of either are leased for the test's ``Holder``."""
 
     settings: Settings
-    world: Callable[[Shape], World]
-    new_world: Callable[[Shape], World]
+    world: Callable[[WorldShape, Holder], World]
+    new_world: Callable[[WorldShape, Holder], World]
     _history: History = field(default_factory=History, init=False)
 
     def run_attempts(
@@ -80,14 +78,15 @@ class Runner:
         item: pytest.Item,
         test: Callable[[CallOptions], Runnable[Outcome]],
         options: CallOptions,
-        shape: Shape,
+        shape: WorldShape,
+        holder: Holder,
         sizes: tuple[int, ...],
     ) -> Checked[Outcome]:
         """Run a test with restarts, each attempt on a fresh world of its size in ``sizes``
         (:mod:`harness.controller.restarts`), listing them in the report's ``attempts``."""
 
         def attempt(size: int, attempt_options: CallOptions) -> Outcome:
-            with self.new_world((size, *shape[1:])) as world:
+            with self.new_world(shape.sized(size), holder) as world:
                 return test(attempt_options).attempt(world, True)[1]
 
         outcome, attempts = restarts.run(attempt, options, sizes)
@@ -96,15 +95,21 @@ class Runner:
         return Checked(outcome)
 
     def run(
-        self, item: pytest.Item, test: Runnable[_T], shape: Shape, isolate: bool, option: str
+        self,
+        item: pytest.Item,
+        test: Runnable[_T],
+        shape: WorldShape,
+        holder: Holder,
+        isolate: bool,
+        option: str,
     ) -> Checked[_T]:
         """Run ``test`` as the module's docstring says; ``option`` is what the commands in
         messages need besides the test ids (``--dist-backend=gloo``, ``--dist-mptc``)."""
-        fresh_world = functools.partial(self.new_world, shape)
+        fresh_world = functools.partial(self.new_world, shape, holder)
         if isolate:
             with fresh_world() as world:
                 return Checked(test.attempt(world, True)[1])
-        world = self.world(shape)
+        world = self.world(shape, holder)
         earlier = self._history.before(world)
         verdict, result = test.attempt(world, False)
         self._history.record(world, test.step)

@@ -28,8 +28,9 @@ from harness.controller.gpus import LeaseError
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import (
-    gpu_needs,
+    after_run,
     interrupts,
+    item_state,
     properties,
     property_checks,
     rank_fixtures,
@@ -40,20 +41,17 @@ from harness.plugin import (
     sweeps,
     trace_folders,
 )
-from harness.plugin.gpu_needs import GpuNeed
-from harness.plugin.leases import Leases
+from harness.plugin.leases import Holder, Leases
 from harness.plugin.marker import launched
-from harness.plugin.runner import Runner, Shape
+from harness.plugin.runner import Runner
+from harness.plugin.settings import TestSettings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
-from harness.protocol.pytest_calls import FixturePlan, LogSettings
+from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
 from harness.rank.entry import end_scopes, run_test
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.plugin.launcher import LauncherRank
-
-_CALL = pytest.StashKey["BaseException | str"]()  # the call phase's failure, or skip reason
-_PROPERTY = pytest.StashKey[properties.PropertyTest]()  # a @given test, run in its call phase
 
 
 class DistSession:
@@ -71,12 +69,9 @@ class DistSession:
             from harness.plugin.launcher import LauncherRank
 
             self.launcher = LauncherRank(launcher[1], self.settings.timeout)
-        self._worlds: dict[Shape, World] = {}
-        self.runner = Runner(self.settings, self._world, self._new_world)
+        self._worlds: dict[WorldShape, World] = {}
+        self.runner = Runner(self.settings, self._world, self.fresh_world)
         self.leases = Leases(self.settings)
-        # The test whose worlds are being taken, and its deadline: a lease is waited for
-        # under it, and names it to whoever waits behind.
-        self._taking: tuple[str, float | None] = ("", None)
         # The project's warm-up (ini dist_preload) is the forkserver's to run: given here
         # too, in case the server starts with the first world rather than earlier.
         forkserver.preload_also(self.settings.preload)
@@ -90,21 +85,26 @@ class DistSession:
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
         size, init = validate.positive_int(world_size, "world_size"), validate.flag(init, "init")
-        return self._world((size, self.resolve_backend(backend), init, GpuNeed()))
+        return self._world(WorldShape(size, self.resolve_backend(backend), init), Holder())
 
-    def _world(self, shape: Shape) -> World:
+    def _world(self, shape: WorldShape, holder: Holder) -> World:
         world = self._worlds.get(shape)
         if world is None or world.closed:
-            world = self._worlds[shape] = self._new_world(shape)
+            world = self._worlds[shape] = self.fresh_world(shape, holder)
         return world
 
-    def _new_world(self, shape: Shape) -> World:
-        size, backend, init, need = shape
+    def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
+        """A new world of ``shape``, its GPUs leased for ``holder``."""
         lease = None
-        if need:
-            holder, deadline = self._taking
-            lease = self.leases.take(need.count(size), holder, deadline, self.give_back_gpus)
-        world = World(size, backend=backend, init=init, leaks=self.settings.leaks, gpus=lease)
+        if shape.gpus:
+            lease = self.leases.take(shape.gpus.count(shape.size), holder, self.give_back_gpus)
+        world = World(
+            shape.size,
+            backend=shape.backend,
+            init=shape.init,
+            leaks=self.settings.leaks,
+            gpus=lease,
+        )
         if self._preload_failed is None:
             # The server has run the warm-up by now: it did before it forked these ranks.
             problems = forkserver.preload_problems()
@@ -112,15 +112,10 @@ class DistSession:
             self._preload_failed = failed + "; ".join(problems) if problems else ""
         return world
 
-    def taking(self, nodeid: str, deadline: float | None) -> None:
-        """Name the test whose worlds are made next, and the deadline of its wait for GPUs
-        (``time.monotonic()``; None: no bound)."""
-        self._taking = (nodeid, deadline)
-
     def give_back_gpus(self) -> None:
         """End the idle worlds that hold GPUs, their wider-scoped rank fixtures first."""
         for shape, world in list(self._worlds.items()):
-            if not shape[3] or world.closed:
+            if not shape.gpus or world.closed:
                 continue
             del self._worlds[shape]
             scoped = [key for key, worlds in self._scopes.items() if world in worlds]
@@ -136,7 +131,7 @@ class DistSession:
         return self._preload_failed or ""
 
     def holds_gpus(self) -> bool:
-        return any(shape[3] and not world.closed for shape, world in self._worlds.items())
+        return any(shape.gpus and not world.closed for shape, world in self._worlds.items())
 
     def resolve_backend(self, backend: object) -> str:
         """``"auto"`` means ``--dist-backend`` when that was given; then as ``World`` does."""
@@ -156,124 +151,128 @@ class DistSession:
             self.launcher.close()
 
     def run_item(self, item: pytest.Function) -> None:
-        """Run a marked test on its ranks, its controller fixtures set up."""
+        """Run a marked test on its ranks, its controller fixtures set up: prepare, run,
+        the steps after a run (:mod:`harness.plugin.after_run`), settle."""
         if self.config.option.setuponly or self.config.option.setupplan:
             return
-        prop = properties.is_property(item)
-        if prop:
+        state = item_state.of(item)
+        if properties.is_property(item):
             # Before anything can fail: Hypothesis's health checks run before the call phase.
             compat.relax_settings(item.obj)
         try:
-            if self._preload_failure():
-                raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
-            property_checks.check_marker(item)
-            sweeps.check_resolved(item)  # a sweep that made no faults fails its case
-            test = settings.for_test(self.settings, item)
-            backend = self.resolve_backend(test.backend)
-            need = gpu_needs.need(backend, test.gpus_per_rank, test.ranks_per_gpu)
-            self.leases.check(item, test.world_size, need)
-            devices = need.count(test.world_size) or None
-            if unavailable := self._unavailable(backend, test.world_size, devices):
-                compat.skip_at_test(unavailable)
-            ref = refs.reference(item, item.originalname, state=True)
-            plan = rank_fixtures.plan(item, self._logs)
-            if prop:
-                self._taking = (item.nodeid, None)
-
-                def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
-                    marked = _MarkedTest(step, self, item, plan, test.timeout)
-                    return marked.attempt(world, fresh)[1]
-
-                shape = (test.world_size, backend, test.init, need)
-                item.stash[_PROPERTY] = properties.prepare(
-                    item, test, shape, ref, plan, self.settings, self._worlds, self._world,
-                    self._new_world, call,
-                )  # fmt: skip
+            test, ref, plan = self._prepare(item)
+            if properties.is_property(item):  # its examples run in its call phase
+                state.property = self._property(item, test, ref, plan)
                 return
+            ran, deadline = self._run(item, test, ref, plan)
+            ran = after_run.after_run(self, ran)
         except pytest.fail.Exception as exc:
-            # The test's own mistake (its marker, a value that does not pickle) fails the
-            # test, rather than erroring its setup: nothing ran on the ranks.
-            item.stash[_CALL] = exc
+            # The test's own mistake (its marker, a value that does not pickle), or GPUs
+            # waited for in vain, fails the test rather than erroring its setup.
+            state.call = exc
             return
-        option = f"--dist-backend={backend}"
+        _settle(ran, deadline)
+
+    def _prepare(self, item: pytest.Function) -> tuple[TestSettings, TestRef, FixturePlan]:
+        """A test's settings and what its ranks need to run it, its world's GPUs checked.
+
+        Raises:
+            pytest.fail.Exception: The test cannot run as it is (see ``run_item``).
+            pytest.skip.Exception: It needs what this run lacks (GPUs, a backend).
+        """
+        if self._preload_failure():
+            raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+        property_checks.check_marker(item)
+        test = settings.for_test(self.settings, item, self.resolve_backend)
+        item_state.of(item).settings = test
+        world = test.world
+        self.leases.check(item, world.size, world.gpus)
+        devices = world.gpus.count(world.size) or None
+        if unavailable := self._unavailable(world.backend, world.size, devices):
+            compat.skip_at_test(unavailable)
+        ref = refs.reference(item, item.originalname, state=True)
+        return test, ref, rank_fixtures.plan(item, self._logs)
+
+    def _property(
+        self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
+    ) -> properties.PropertyTest:
+        """A ``@given`` test, checked, for its call phase to run."""
+        holder = Holder(item.nodeid)
+
+        def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
+            return _MarkedTest(step, self, item, plan, test.timeout).attempt(world, fresh)[1]
+
+        return properties.prepare(
+            item,
+            test,
+            ref,
+            plan,
+            self.settings,
+            self._worlds,
+            functools.partial(self._world, holder=holder),
+            functools.partial(self.fresh_world, holder=holder),
+            call,
+        )
+
+    def _run(
+        self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
+    ) -> tuple[after_run.Ran, interrupts.Deadline]:
+        """Run a test on its world (with its restarts, on fresh worlds), under its deadline.
+
+        Raises:
+            pytest.fail.Exception: Its GPUs were waited for in vain, or the project's
+                warm-up failed as its first world started.
+        """
+        option = f"--dist-backend={test.world.backend}"
         with interrupts.taken_over(item, test.timeout) as deadline:
             seconds = deadline.seconds
-            shape = (test.world_size, backend, test.init, need)
+            holder = Holder(item.nodeid)
 
             def marked(options: CallOptions) -> _MarkedTest:
-                body, args = sweeps.body(item, run_test, (ref, plan))  # a sweep's count
+                body, args = sweeps.body(item, test, run_test, (ref, plan))
                 step = replay.Step(item.nodeid, body, args, options)
                 return _MarkedTest(step, self, item, plan, test.timeout)
 
             try:
-                if need:
+                if test.world.gpus:
                     # Its GPUs first: waiting for them counts against the test's deadline.
                     end = time.monotonic() + seconds
-                    self._taking = (item.nodeid, end)
+                    holder = Holder(item.nodeid, end)
                     if not test.isolate:
-                        self._world(shape)
+                        self._world(test.world, holder)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
                 if len(test.attempts) > 1:
-                    checked = self.runner.run_attempts(item, marked, options, shape, test.attempts)
+                    checked = self.runner.run_attempts(
+                        item, marked, options, test.world, holder, test.attempts
+                    )
                 else:
-                    checked = self.runner.run(item, marked(options), shape, test.isolate, option)
+                    checked = self.runner.run(
+                        item, marked(options), test.world, holder, test.isolate, option
+                    )
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
-                item.stash[_CALL] = pytest.fail.Exception(str(exc), pytrace=False)
-                return
+                raise pytest.fail.Exception(str(exc), pytrace=False) from None
             if self._preload_failure():  # found as its first world started
-                item.stash[_CALL] = pytest.fail.Exception(self._preload_failure(), pytrace=False)
-                return
-        outcome = checked.result
-        try:  # a sweep's verify= runs after the case, on a world of its own
-            outcome = sweeps.after_case(
-                item, outcome, lambda size: self._new_world((size, *shape[1:])), options
-            )
-        except pytest.fail.Exception as exc:
-            item.stash[_CALL] = exc
-            return
-        sweeps.note(item, outcome, option)
-        self.trace_folders.write(item, outcome, test.world_size, backend)
-        report.add_output_sections(item, outcome.outputs)
-        report.keep_times(item, _rank_times(outcome))
-        if checked.failure is not None:
-            item.stash[_CALL] = checked.failure
-        skip, error = outcome.skip, outcome.error
-        if skip is not None:
-            # Any skip (pytest.skip or unittest.SkipTest) is pytest's, located where the
-            # ranks raised it (else at the test): pytest would place a unittest.SkipTest
-            # at its own _pytest/unittest.py.
-            report.keep_skip_site(item, skip.site)
-            if skip.phase == "setup":
-                compat.skip_at_test(skip.reason)
-            item.stash[_CALL] = skip.reason
-        elif error is not None:
-            report.set_repro(item, checked.note, f"{test.world_size} ranks, {backend}", option)
-            deadline.explain(error)
-            # The phase of the root cause (see RankFailure.phase).
-            root = next(iter(error.failures.values()), None)
-            phase = root.phase if root is not None else "call"
-            if phase == "setup":
-                raise error
-            if phase == "teardown":
-                item.addfinalizer(functools.partial(_fail, None, error))
-            else:
-                item.stash[_CALL] = error
+                raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+        ran = after_run.Ran(
+            item, checked.result, test.world, options, holder, option, checked.note,
+            checked.failure, test,
+        )  # fmt: skip
+        return ran, deadline
 
     def finish_call(self, item: pytest.Function) -> None:
         """Raise what :meth:`run_item` kept for a test (under a launcher: run it here); run
         a ``@given`` test's examples."""
-        if _PROPERTY in item.stash:
-            prop = item.stash[_PROPERTY]
-            del item.stash[_PROPERTY]
+        state = item_state.of(item)
+        if state.property is not None:
+            prop, state.property = state.property, None
             prop.run()
             return
         if self.launcher is not None:
-            test = settings.for_test(self.settings, item)
-            self.launcher.run_item(item, test, self.resolve_backend(test.backend))
-        elif _CALL in item.stash:
-            kept = item.stash[_CALL]
-            del item.stash[_CALL]
+            test = settings.for_test(self.settings, item, self.resolve_backend)
+            self.launcher.run_item(item, test)
+        elif state.call is not None:
+            kept, state.call = state.call, None
             if isinstance(kept, str):
                 compat.skip_at_test(kept)
             _fail(item, kept)
@@ -350,13 +349,38 @@ def _log_settings(config: pytest.Config) -> LogSettings | None:
     return LogSettings(number, fmt, datefmt or None)
 
 
-def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
-    """The setup, call and teardown times of the slowest rank that said: one rank's, since
-    each phase's longest of several ranks could add up to more than the test took."""
-    said = [value for value in outcome.values or () if isinstance(value, tuple)]
-    if outcome.error is not None:
-        said += [f.times for f in outcome.error.failures.values() if f.times is not None]
-    return max(said, key=sum, default=None)
+def _settle(ran: after_run.Ran, deadline: interrupts.Deadline) -> None:
+    """Keep a test's verdict for the pytest phase it belongs to: a skip or failure of its
+    setup raises now, one of its call is kept for that phase, one of its teardown is
+    raised by a finalizer.
+
+    Raises:
+        pytest.skip.Exception: The ranks skipped the test in its setup.
+        DistributedError: The ranks failed the test in its setup.
+    """
+    item, state = ran.item, item_state.of(ran.item)
+    if ran.failure is not None:
+        state.call = ran.failure
+    skip, error = ran.outcome.skip, ran.outcome.error
+    if skip is not None:
+        # Any skip (pytest.skip or unittest.SkipTest) is pytest's, located where the ranks
+        # raised it (else at the test): pytest would place a unittest.SkipTest at its own
+        # _pytest/unittest.py.
+        report.keep_skip_site(item, skip.site)
+        if skip.phase == "setup":
+            compat.skip_at_test(skip.reason)
+        state.call = skip.reason
+    elif error is not None:
+        deadline.explain(error)
+        # The phase of the root cause (see RankFailure.phase).
+        root = next(iter(error.failures.values()), None)
+        phase = root.phase if root is not None else "call"
+        if phase == "setup":
+            raise error
+        if phase == "teardown":
+            item.addfinalizer(functools.partial(_fail, None, error))
+        else:
+            state.call = error
 
 
 def _fail(item: pytest.Function | None, error: BaseException) -> NoReturn:

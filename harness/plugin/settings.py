@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from harness import validate
 from harness.fault_checks import check_attempts, checked
+from harness.faults import Fault
 from harness.plugin import gpu_needs
+from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.marker import (
     BACKEND_PARAM,
     FAULT_PARAM,
     WORLD_SIZE_PARAM,
     CleanRun,
+    MarkSpec,
+    Unresolved,
+    check_verify,
     parse_mark,
     run_mark,
 )
@@ -191,28 +196,66 @@ def randomly_seed(config: pytest.Config) -> int | None:
 
 
 @dataclass(frozen=True)
-class TestSettings:
-    """One distributed test's settings: its marker's, else the session's.
+class WorldShape:
+    """What a world is kept for: tests of one shape share it.
 
     Attributes:
-        backend: ``"auto"`` as ``--dist-backend`` says (the session resolves what remains).
+        size: Its ranks.
+        backend: Its resolved backend (``"gloo"``, ``"nccl"``, ...).
+        init: Whether its ranks have a default process group.
+        gpus: The GPUs it leases (none by default).
+    """
+
+    size: int
+    backend: str
+    init: bool = True
+    gpus: GpuNeed = field(default_factory=GpuNeed)
+
+    def sized(self, size: int) -> WorldShape:
+        """The same shape with ``size`` ranks."""
+        return replace(self, size=size)
+
+
+@dataclass(frozen=True)
+class TestSettings:
+    """One distributed test's settings: its marker's, else the session's; the marker is
+    read once, here.
+
+    Attributes:
+        world: The world it runs on: its size, resolved backend, ``init`` and GPUs.
+        backend: The backend asked for, ``"auto"`` as ``--dist-backend`` says.
+        named_backend: Whether the marker names a backend (not ``"auto"``).
+        isolate: Whether it runs on fresh processes of its own.
         gpus_per_rank: None: the backend's default, applied once the backend is resolved.
         ranks_per_gpu: Ranks that share a GPU: the marker's, else ini
             ``dist_ranks_per_gpu`` where it can apply (:func:`gpu_needs.ranks_per_gpu`).
         call: How its ranks run it (one of a sweep's faults per case).
         attempts: With ``restarts``, the world size of each attempt, the first included.
+        case: The sweep case it is: its fault, or the clean run that counts the sweep;
+            None where it is no sweep's case.
+        verify: The marker's ``verify=``, checked (None: none).
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
 
-    world_size: int
+    world: WorldShape
     backend: str
     isolate: bool
-    init: bool
     gpus_per_rank: int | None
     call: CallOptions
     ranks_per_gpu: int = 1
     attempts: tuple[int, ...] = ()
+    named_backend: bool = False
+    case: Fault | CleanRun | None = None
+    verify: Callable[..., Any] | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.world.size
+
+    @property
+    def init(self) -> bool:
+        return self.world.init
 
     @property
     def timeout(self) -> float:
@@ -220,66 +263,122 @@ class TestSettings:
         return self.call.timeout
 
 
-def for_test(session: Settings, item: pytest.Item) -> TestSettings:
+def for_test(
+    session: Settings, item: pytest.Item, resolve: Callable[[str], str] = str
+) -> TestSettings:
     """Resolve a distributed test's settings from its marker and the session's.
 
+    Args:
+        session: The session's settings.
+        item: The test.
+        resolve: The backend a world of the test's backend uses (``"auto"`` resolved as
+            ``World`` does); by default the name as given.
+
     Raises:
-        pytest.fail.Exception: The marker is invalid (the test fails, naming the value).
+        pytest.fail.Exception: The marker is invalid (the test fails, naming the value), or
+            the test is a sweep's case that could not be resolved (saying why).
     """
     mark = run_mark(item)
     assert mark is not None
+    callspec = getattr(item, "callspec", None)
+    params: dict[str, Any] = getattr(callspec, "params", {})
+    case = params.get(FAULT_PARAM)
+    if isinstance(case, Unresolved):
+        raise pytest.fail.Exception(case.reason, pytrace=False)
     try:
-        spec = parse_mark(mark)
-        callspec = getattr(item, "callspec", None)
-        params: dict[str, Any] = callspec.params if callspec is not None else {}
-        backend = named = params.get(BACKEND_PARAM, spec.backend)
-        if isinstance(backend, str) and backend.lower() == "auto":
-            backend = session.backend
-        size = params.get(WORLD_SIZE_PARAM, spec.world_size)
-        if isinstance(size, (list, tuple)) and not size:
-            raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
-        world_size = validate.positive_int(size, "world_size")
-        faults = [params[FAULT_PARAM]] if FAULT_PARAM in params else spec.faults
-        if isinstance(params.get(FAULT_PARAM), CleanRun):  # a sweep's counting run: none
-            faults = []
-        sizes = validate.attempt_sizes(spec.restarts, world_size)
-        placed = checked(faults, max(sizes))
-        check_attempts(placed, sizes)
-        # pytest-randomly's seed where it is active (it reseeds every test alike), else one
-        # from the node id: a test draws the same numbers alone, first, or after any others.
-        seed, per_rank = session.randomly_seed, spec.gpus_per_rank
-        if per_rank is not None:
-            per_rank = validate.whole(per_rank, "gpus_per_rank")
-        shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-        call = CallOptions(
-            timeout=(
-                session.timeout
-                if spec.timeout is None
-                else validate.seconds(spec.timeout, "timeout", optional=True)
-            ),
-            output=session.output,
-            seed=zlib.crc32(item.nodeid.encode()) if seed is None else seed,
-            name=f"test {item.nodeid}",
-            check_collectives=(
-                validate.flag(spec.check_collectives, "check_collectives")
-                and session.check_collectives
-            ),
-            faults=placed,
-            keep_traces=keep_traces(session, placed),
-        )
-        return TestSettings(
-            world_size=world_size,
-            backend=validate.backend(backend),
-            isolate=bool(spec.isolate) or session.isolate,
-            init=validate.flag(spec.init, "init"),
-            gpus_per_rank=per_rank,
-            call=call,
-            ranks_per_gpu=shared,
-            attempts=sizes,
-        )
+        return _settings(session, item, parse_mark(mark), params, resolve)
     except (TypeError, ValueError) as exc:
         problem = f"invalid @pytest.mark.{mark.name}: {exc}"
         raise pytest.fail.Exception(problem, pytrace=False) from None
+
+
+def _settings(
+    session: Settings,
+    item: pytest.Item,
+    spec: MarkSpec,
+    params: dict[str, Any],
+    resolve: Callable[[str], str],
+) -> TestSettings:
+    """:func:`for_test`'s settings from the marker's arguments and the test's parameters.
+
+    Raises:
+        TypeError, ValueError: An argument is not valid, naming it.
+    """
+    case = params.get(FAULT_PARAM)
+    named = params.get(BACKEND_PARAM, spec.backend)
+    auto = isinstance(named, str) and named.lower() == "auto"
+    backend: Any = session.backend if auto else named
+    world_size = _world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
+    # A sweep's case has its one fault; a clean run that counts a sweep none.
+    faults = [case] if FAULT_PARAM in params else spec.faults
+    faults = [] if isinstance(case, CleanRun) else faults
+    sizes = validate.attempt_sizes(spec.restarts, world_size)
+    placed = checked(faults, max(sizes))
+    check_attempts(placed, sizes)
+    per_rank = spec.gpus_per_rank
+    if per_rank is not None:
+        per_rank = validate.whole(per_rank, "gpus_per_rank")
+    shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
+    call = _call_options(session, item, spec, placed)
+    backend = validate.backend(backend)
+    resolved = resolve(backend)
+    return TestSettings(
+        world=WorldShape(
+            world_size,
+            resolved,
+            validate.flag(spec.init, "init"),
+            gpu_needs.need(resolved, per_rank, shared),
+        ),
+        backend=backend,
+        isolate=bool(spec.isolate) or session.isolate,
+        gpus_per_rank=per_rank,
+        call=call,
+        ranks_per_gpu=shared,
+        attempts=sizes,
+        named_backend=spec.backend not in ("auto", None),
+        case=case if isinstance(case, (Fault, CleanRun)) else None,
+        verify=check_verify(spec.verify),
+    )
+
+
+def _world_size(size: object) -> int:
+    """A test's world size (a list's is a parameter by now).
+
+    Raises:
+        TypeError, ValueError: It is not an int >= 1, naming it.
+    """
+    if isinstance(size, (list, tuple)) and not size:
+        raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
+    return validate.positive_int(size, "world_size")
+
+
+def _call_options(
+    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...]
+) -> CallOptions:
+    """How a test's ranks run it, from its marker's arguments and the session's settings.
+
+    Raises:
+        TypeError, ValueError: The marker's ``timeout`` or ``check_collectives`` is not
+            valid.
+    """
+    # pytest-randomly's seed where it is active (it reseeds every test alike), else one
+    # from the node id: a test draws the same numbers alone, first, or after any others.
+    seed = session.randomly_seed
+    return CallOptions(
+        timeout=(
+            session.timeout
+            if spec.timeout is None
+            else validate.seconds(spec.timeout, "timeout", optional=True)
+        ),
+        output=session.output,
+        seed=zlib.crc32(item.nodeid.encode()) if seed is None else seed,
+        name=f"test {item.nodeid}",
+        check_collectives=(
+            validate.flag(spec.check_collectives, "check_collectives") and session.check_collectives
+        ),
+        faults=faults,
+        keep_traces=keep_traces(session, faults),
+    )
 
 
 def keep_traces(session: Settings, faults: Sequence[object]) -> bool:

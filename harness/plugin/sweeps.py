@@ -4,8 +4,9 @@
 (:func:`resolve`): ``"all"`` ranks are those of the test's world; ``"all"`` collectives are
 those a clean run of the test makes on each rank, on the fault's group, counted by a pytest
 subprocess (:mod:`harness.plugin.sweep_count`). A sweep that cannot be resolved (its clean
-run failed, say) makes one case, :class:`Unresolved`, which fails saying why when it runs:
-the test's own failure, never a collection error that would stop every other test.
+run failed, say) makes one case, :class:`~harness.plugin.marker.Unresolved`, which fails
+saying why when it runs: the test's own failure, never a collection error that would stop
+every other test.
 
 After each case that passed (its survivors coped, or its restarts resumed), the marker's
 ``verify=`` runs on every rank of a fresh world (:func:`after_case`); its failure is the
@@ -17,17 +18,16 @@ from __future__ import annotations
 
 import inspect
 import os
-import pickle
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from harness import validate
 from harness.faults import ALL, Fault, OpenSweep, Sweep
-from harness.plugin import report
-from harness.plugin.marker import FAULT_PARAM, CleanRun, MarkSpec, find_mark, parse_mark
+from harness.plugin import item_state, report
+from harness.plugin.marker import CleanRun, MarkSpec, Unresolved, check_verify
 from harness.plugin.sweep_count import COUNT_DIR, COUNT_TEST, count, counted_before
 from harness.plugin.sweep_report import CASE, MAX_CASES, Case, fault_label, too_many, verdict
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
@@ -36,27 +36,7 @@ from harness.rank.sweep import RANK_ARGS, counted, verified
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
-
-# The name of the verify= function that failed after a case.
-_VERIFY_FAILED = pytest.StashKey[str]()
-
-
-@dataclass(frozen=True)
-class Unresolved:
-    """The one case of a sweep over ``"all"`` that could not be resolved into faults: it
-    fails, with ``reason``, when it runs.
-
-    Attributes:
-        kind: The sweep's kind of fault (its case's id is ``kill-unresolved``).
-        reason: Why, naming the test and the sweep.
-    """
-
-    kind: str
-    reason: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.kind}-unresolved"
+    from harness.plugin.settings import TestSettings
 
 
 def resolve(metafunc: pytest.Metafunc, spec: MarkSpec, sweep: OpenSweep) -> list[Any]:
@@ -118,53 +98,21 @@ def _faults(config: pytest.Config, nodeid: str, spec: MarkSpec, sweep: OpenSweep
     return sweep.faults(sizes[attempt], lambda rank: len(issued.get(rank, {}).get(key, [])))
 
 
-def check_resolved(item: pytest.Item) -> None:
-    """Fail a sweep's case that is :class:`Unresolved`, saying why.
-
-    Raises:
-        pytest.fail.Exception: It is.
-    """
-    param = _param(item)
-    if isinstance(param, Unresolved):
-        raise pytest.fail.Exception(param.reason, pytrace=False)
-
-
 def body(
-    item: pytest.Item, fn: Callable[..., Any], args: tuple[Any, ...]
+    item: pytest.Item, test: TestSettings, fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """The rank-side call of a test: ``fn(*args)``, or, for a clean run that counts a
     sweep, that call wrapped to write what the ranks issued."""
-    param = _param(item)
     directory = os.environ.get(COUNT_DIR)
-    if not isinstance(param, CleanRun) or not directory:
+    if not isinstance(test.case, CleanRun) or not directory:
         return fn, args
     case = item.name.replace(os.sep, "_")  # test_x[clean1]: how a difference names it
     return counted, (os.path.join(directory, case), fn, *args)
 
 
-def check_verify(value: object) -> Callable[..., Any] | None:
-    """The marker's ``verify=``, checked: None, or a module-level function.
-
-    Raises:
-        TypeError: It is neither, naming it.
-    """
-    if value is None:
-        return None
-    name = getattr(value, "__qualname__", repr(value))
-    if not inspect.isfunction(value) or "<" in name:
-        raise TypeError(
-            f"verify must be a module-level function (it runs in the ranks of a fresh "
-            f"world, by reference), not {value!r}"
-        )
-    try:
-        pickle.dumps(value)
-    except Exception as exc:
-        raise TypeError(f"verify {name} does not pickle by reference ({exc})") from None
-    return value
-
-
 def after_case(
     item: pytest.Item,
+    test: TestSettings,
     outcome: Outcome,
     new_world: Callable[[int], World],
     options: CallOptions,
@@ -177,6 +125,7 @@ def after_case(
 
     Args:
         item: The test.
+        test: Its settings (its ``verify=`` and sweep case).
         outcome: The case's outcome.
         new_world: A fresh world of a size.
         options: The case's call options (its timeout and seed).
@@ -189,26 +138,45 @@ def after_case(
         The case's outcome, or, where ``verify`` failed, its failure.
 
     Raises:
-        pytest.fail.Exception: ``verify`` is not a module-level function, or names an
-            argument the test has no value for.
+        pytest.fail.Exception: ``verify`` names an argument the test has no value for.
     """
-    mark = find_mark(item)
-    if mark is None:
-        return outcome
-    try:
-        verify = check_verify(parse_mark(mark).verify)
-    except TypeError as exc:
-        problem = f"invalid @pytest.mark.{mark.name}: {exc}"
-        raise pytest.fail.Exception(problem, pytrace=False) from None
+    verify = test.verify
     if verify is None or outcome.error is not None or outcome.skip is not None:
         return outcome
-    if isinstance(_param(item), CleanRun):
+    if isinstance(test.case, CleanRun):
         return outcome
-    param = _param(item)
-    fault = param if isinstance(param, Fault) else fault
+    fault = test.case if isinstance(test.case, Fault) else fault
+    kwargs = _verify_arguments(item, verify, fault, values or {})
+    size = len(outcome.values or ()) or 1
+    call = CallOptions(
+        options.timeout,
+        OUTPUT_CAPTURE,
+        seed=options.seed,
+        name=f"verify {verify.__qualname__} of test {item.nodeid}",
+    )
+    with new_world(size) as world:
+        checked = world.call(verified, (verify, kwargs), options=call)
+    error = checked.error
+    if error is None:
+        return outcome
+    after = "a clean run" if fault is None else f"{fault} ({_point(item, fault)})"
+    error.summary = f"verify {verify.__qualname__} failed after {after}: {error.summary}"
+    item_state.of(item).verify_failed = verify.__qualname__
+    return replace(outcome, values=None, error=error)
+
+
+def _verify_arguments(
+    item: pytest.Item, verify: Callable[..., Any], fault: Fault | None, values: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What ``verify`` is called with, by the names of its parameters: the ranks' own
+    (``rank``, ...), the case's ``fault``, the test's controller fixtures and ``values``.
+
+    Raises:
+        pytest.fail.Exception: ``verify`` names an argument the test has no value for.
+    """
     kwargs: dict[str, Any] = {"_harness_rank_args": []}
     funcargs = {k: v for k, v in getattr(item, "funcargs", {}).items() if k != "request"}
-    funcargs.update(values or {})
+    funcargs.update(values)
     for name in inspect.signature(verify).parameters:
         if name in RANK_ARGS:
             kwargs["_harness_rank_args"].append(name)
@@ -224,27 +192,7 @@ def after_case(
                 "the pytest process)",
                 pytrace=False,
             )
-    size = len(outcome.values or ()) or 1
-    call = CallOptions(
-        options.timeout,
-        OUTPUT_CAPTURE,
-        seed=options.seed,
-        name=f"verify {verify.__qualname__} of test {item.nodeid}",
-    )
-    with new_world(size) as world:
-        checked = world.call(verified, (verify, kwargs), options=call)
-    error = checked.error
-    if error is None:
-        return outcome
-    after = "a clean run" if fault is None else f"{fault} ({_point(item, fault)})"
-    error.summary = f"verify {verify.__qualname__} failed after {after}: {error.summary}"
-    item.stash[_VERIFY_FAILED] = verify.__qualname__
-    return replace(outcome, values=None, error=error)
-
-
-def _param(item: pytest.Item) -> object:
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get(FAULT_PARAM) if callspec is not None else None
+    return kwargs
 
 
 def _point(item: pytest.Item, fault: Fault) -> str:
@@ -265,25 +213,19 @@ def _site(item: pytest.Item, fault: Fault) -> str:
     return f"{op} at {site}"
 
 
-def note(item: pytest.Item, outcome: Outcome, option: str) -> None:
+def note(item: pytest.Item, test: TestSettings, outcome: Outcome, option: str) -> None:
     """Note a sweep's case in its reports' ``user_properties``, for the terminal summary."""
-    fault = _param(item)
-    mark = find_mark(item)
-    if not isinstance(fault, Fault) or mark is None:
-        return
-    try:
-        swept = isinstance(parse_mark(mark).faults, (Sweep, OpenSweep))
-    except ValueError:
-        return
-    if not swept:
+    fault = test.case
+    if not isinstance(fault, Fault):
         return
     error = outcome.error
     message = ""
     if error is not None:  # the root cause alone: the headline names the case's fault
         root = next(iter(error.failures.values()), None)
         message = f"{root.exc_type}: {root.message}" if root else f"{type(error).__name__}"
-        if item.stash.get(_VERIFY_FAILED, ""):
-            message = f"verify {item.stash[_VERIFY_FAILED]}: {message}"
+        failed = item_state.of(item).verify_failed
+        if failed:
+            message = f"verify {failed}: {message}"
     case = Case(
         test=item.nodeid.partition("[")[0],
         fault=fault_label(fault.kind, fault.when),

@@ -9,7 +9,7 @@ import pytest
 
 from harness.controller.outcome import Outcome
 from harness.errors import RankError
-from harness.plugin import session
+from harness.plugin import after_run
 from harness.protocol import failures
 from harness.protocol.failures import (
     EXIT_CODE_ATTR,
@@ -230,12 +230,12 @@ def _timed(rank: int, times: tuple[float, float, float] | None) -> RankFailure:
 def test_the_slowest_ranks_phase_times_are_the_tests(
     outcome: Outcome, expected: tuple[float, float, float] | None
 ) -> None:
-    assert session._rank_times(outcome) == expected
+    assert after_run._rank_times(outcome) == expected
 
 
 def test_the_phase_times_of_failing_ranks_count_too() -> None:
     error = RankError("boom", {1: _timed(1, (0.0, 5.0, 0.0)), 0: _timed(0, None)})
-    assert session._rank_times(Outcome(error=error)) == (0.0, 5.0, 0.0)
+    assert after_run._rank_times(Outcome(error=error)) == (0.0, 5.0, 0.0)
     returned = Outcome(values=[(0.0, 6.0, 0.0)], error=error)
-    assert session._rank_times(returned) == (0.0, 6.0, 0.0)
-    assert session._rank_times(Outcome(error=RankError("x", {0: _timed(0, None)}))) is None
+    assert after_run._rank_times(returned) == (0.0, 6.0, 0.0)
+    assert after_run._rank_times(Outcome(error=RankError("x", {0: _timed(0, None)}))) is None

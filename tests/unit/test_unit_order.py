@@ -20,12 +20,14 @@ from harness.controller.outcome import Outcome
 from harness.errors import OrderDependenceWarning, RankError
 from harness.faults import kill
 from harness.plugin import order, replay, report, runner
+from harness.plugin.leases import Holder
 from harness.plugin.replay import FAILED, PASSED, SKIPPED
-from harness.plugin.settings import Settings
+from harness.plugin.settings import Settings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions, Skipped
 
 ROOT = Path("/proj")
-SHAPE = (2, "gloo", True)
+SHAPE = WorldShape(2, "gloo", True)
+HOLDER = Holder("test")
 
 
 def _id(name: str) -> str:
@@ -75,7 +77,7 @@ class Worlds:
         self.breaks = [_id(name) for name in breaks]
         self.fail_at = fail_at
 
-    def __call__(self, shape: Any = None) -> FakeWorld:
+    def __call__(self, shape: Any = None, holder: Any = None) -> FakeWorld:
         self.shapes.append(shape)
         if self.fail_at is not None and len(self.shapes) == self.fail_at:
             raise RuntimeError("no free port")
@@ -402,12 +404,12 @@ class Session:
         self.shapes: list[tuple[Any, ...]] = []
         self.runner = runner.Runner(Settings(**settings), self._world, self.worlds)
 
-    def _world(self, shape: tuple[Any, ...]) -> FakeWorld:
+    def _world(self, shape: tuple[Any, ...], holder: Any) -> FakeWorld:
         self.shapes.append(shape)
         return self.reused
 
     def run(self, test: FakeTest, isolate: bool = False) -> runner.Checked[str]:
-        return self.runner.run(_item(test.name), test, SHAPE, isolate, "--o")
+        return self.runner.run(_item(test.name), test, SHAPE, HOLDER, isolate, "--o")
 
     def earlier(self, names: str) -> None:
         """Run passing tests on the reused world first."""
@@ -476,7 +478,7 @@ def test_verify_checks_passing_tests_too_and_notes_whether_they_agree() -> None:
     session = Session(verify=True)
     session.earlier("ab")
     item = _item()
-    same = session.runner.run(item, FakeTest("target"), SHAPE, False, "--o")
+    same = session.runner.run(item, FakeTest("target"), SHAPE, HOLDER, False, "--o")
     assert same.note == "confirmed on fresh processes; "
     assert item.user_properties == [(report.VERIFIED, "same")]
     assert len(session.worlds.made) == 2  # b checked after a, the target after both

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from harness.errors import RankError, WorldTimeout
-from harness.plugin import report
+from harness.plugin import item_state, report
 from harness.protocol.failures import RankFailure
 from harness.protocol.pytest_calls import LOG_MARK
 
@@ -125,7 +125,7 @@ def test_the_ranks_call_and_teardown_times_move_to_those_phases() -> None:
     assert (teardown.start, teardown.duration) == pytest.approx((108.01, 2.01))
     # Their sum is what pytest measured.
     assert setup.duration + call.duration + teardown.duration == pytest.approx(10.02)
-    assert item.stash.get(report._MOVED, None) is None  # forgotten after the teardown
+    assert item_state.of(item).moved is None  # forgotten after the teardown
 
 
 @pytest.mark.parametrize(
@@ -270,7 +270,7 @@ def test_the_harnesss_warnings_are_located_at_the_test_and_others_kept() -> None
 def test_a_skip_site_is_noted_and_forgotten() -> None:
     item = FakeItem()
     report.keep_skip_site(item, ("/proj/tests/test_x.py", 30))
-    assert item.stash[report._SKIP_SITE] == ("/proj/tests/test_x.py", 30)
+    assert item_state.of(item).skip_site == ("/proj/tests/test_x.py", 30)
     report.keep_skip_site(item, None)
-    assert report._SKIP_SITE not in item.stash
+    assert item_state.of(item).skip_site is None
     report.keep_skip_site(item, None)  # forgetting twice is fine

@@ -1,0 +1,148 @@
+"""What follows a distributed test's run on its ranks, before its verdict: a list of steps.
+
+Each step takes what the run left (:class:`Ran`) and passes it on, changed where the step
+changes the outcome (``verify=`` after a sweep's case fails it). A marked test
+(:mod:`harness.plugin.session`) and a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) go
+through the same steps, in the order of :data:`STEPS`; a step that does not apply to a test
+passes it on as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Protocol
+
+import pytest
+
+from harness.plugin import report, sweeps
+
+if TYPE_CHECKING:
+    from harness.controller.outcome import Outcome
+    from harness.controller.world import World
+    from harness.plugin.leases import Holder
+    from harness.plugin.settings import TestSettings, WorldShape
+    from harness.plugin.trace_folders import TraceFolders
+    from harness.protocol.messages import CallOptions
+
+
+class Session(Protocol):
+    """What the steps need of the plugin's session."""
+
+    trace_folders: TraceFolders
+
+    def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
+        """A new world of ``shape``, its GPUs leased for ``holder``."""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A test's run, as the steps after it see it.
+
+    Attributes:
+        item: The test.
+        outcome: What its ranks did (the run whose verdict stands).
+        world: The world it ran on (a ``--dist-mptc`` case's backend only names it).
+        options: The options it was called with (its timeout and seed).
+        holder: Whose worlds take GPUs, and until when they may wait for them.
+        option: What a command that runs it again needs besides its id
+            (``--dist-backend=gloo``, ``--dist-mptc``).
+        note: What the runner's check on fresh processes found, for the repro line.
+        failure: The test's failure where the runner made one (an order dependence).
+        test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
+    """
+
+    item: pytest.Function
+    outcome: Outcome
+    world: WorldShape
+    options: CallOptions
+    holder: Holder
+    option: str
+    note: str = ""
+    failure: BaseException | None = None
+    test: TestSettings | None = None
+
+    @property
+    def described(self) -> str:
+        """How the repro line names the world (``2 ranks, gloo``; ``2 ranks`` for a
+        ``--dist-mptc`` case, whose tests make their own groups)."""
+        if self.test is None:
+            return f"{self.world.size} ranks"
+        return f"{self.world.size} ranks, {self.world.backend}"
+
+
+def verify(session: Session, ran: Ran) -> Ran:
+    """A sweep case's ``verify=``, on a fresh world (see :func:`sweeps.after_case`).
+
+    Raises:
+        pytest.fail.Exception: ``verify`` names an argument the test has no value for.
+    """
+    if ran.test is None:
+        return ran
+    outcome = sweeps.after_case(
+        ran.item,
+        ran.test,
+        ran.outcome,
+        lambda size: session.fresh_world(ran.world.sized(size), ran.holder),
+        ran.options,
+    )
+    return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
+
+
+def sweep_note(session: Session, ran: Ran) -> Ran:
+    """A sweep's case noted for the terminal summary (:func:`sweeps.note`)."""
+    if ran.test is not None:
+        sweeps.note(ran.item, ran.test, ran.outcome, ran.option)
+    return ran
+
+
+def trace_folder(session: Session, ran: Ran) -> Ran:
+    """The test's trace folder, where ``--dist-trace-dir`` gives it one."""
+    session.trace_folders.write(ran.item, ran.outcome, ran.world.size, ran.world.backend)
+    return ran
+
+
+def report_sections(session: Session, ran: Ran) -> Ran:
+    """The ranks' output and log records as report sections; for a marked test, whose
+    ranks ran it whole in pytest's setup phase, the times of its phases there."""
+    report.add_output_sections(ran.item, ran.outcome.outputs)
+    if ran.test is not None:
+        report.keep_times(ran.item, _rank_times(ran.outcome))
+    return ran
+
+
+def repro(session: Session, ran: Ran) -> Ran:
+    """A failure's last line: the command that runs the test alone."""
+    if ran.outcome.error is not None:
+        report.set_repro(ran.item, ran.note, ran.described, ran.option)
+    return ran
+
+
+STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
+    verify,
+    sweep_note,
+    trace_folder,
+    report_sections,
+    repro,
+)
+"""The steps, in order: ``verify=`` first, since what the others show is its outcome."""
+
+
+def after_run(session: Session, ran: Ran) -> Ran:
+    """Take a test's run through :data:`STEPS`.
+
+    Raises:
+        pytest.fail.Exception: A step found the test's own mistake (see :func:`verify`).
+    """
+    for step in STEPS:
+        ran = step(session, ran)
+    return ran
+
+
+def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:
+    """The setup, call and teardown times of the slowest rank that said: one rank's, since
+    each phase's longest of several ranks could add up to more than the test took."""
+    said = [value for value in outcome.values or () if isinstance(value, tuple)]
+    if outcome.error is not None:
+        said += [f.times for f in outcome.error.failures.values() if f.times is not None]
+    return max(said, key=sum, default=None)

@@ -1,0 +1,70 @@
+"""One test's state between pytest's hooks: one record on the item, in place of stash keys.
+
+A distributed test runs on its ranks in pytest's setup phase; what that run leaves for the
+later phases and their reports (the call phase's failure, the ranks' times and logs, the
+repro line...) is kept here, as are the answers each hook would otherwise ask again (the
+test's marker, its settings). :func:`of` gives an item's record, made on first use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from harness.plugin.properties import PropertyTest
+    from harness.plugin.rank_fixtures import RankSide
+    from harness.plugin.settings import TestSettings
+
+_STATE = pytest.StashKey["ItemState"]()
+
+
+@dataclass
+class ItemState:
+    """What the plugin keeps of one test.
+
+    Attributes:
+        mark: The plugin's marker the test runs with, in a tuple once looked up (None is
+            an answer: a test without one).
+        settings: Its settings, once read (:func:`harness.plugin.settings.for_test`).
+        side: Which of its fixtures run in the ranks (:mod:`harness.plugin.rank_fixtures`).
+        armed: pytest-timeout's settings for it and when its timer started
+            (:mod:`harness.plugin.interrupts`).
+        call: What its call phase raises: a failure, or a skip's reason.
+        property: A ``@given`` test, run in its call phase.
+        moved: The seconds of the ranks' call and teardown that the setup phase's duration
+            holds, for those phases' reports.
+        logs: The ranks' log records of the test's call and teardown, by phase.
+        repro: The line a failure report ends with.
+        trace_line: The line naming the test's trace folder, after the repro line.
+        skip_site: Where the ranks raised the test's skip.
+        verify_failed: The name of the ``verify=`` function that failed after the test.
+    """
+
+    mark: tuple[pytest.Mark | None] | None = None
+    settings: TestSettings | None = None
+    side: RankSide | None = None
+    armed: tuple[Any, float] | None = None
+    call: BaseException | str | None = None
+    property: PropertyTest | None = None
+    moved: tuple[float, float] | None = None
+    logs: dict[str, str] | None = None
+    repro: str = ""
+    trace_line: str = ""
+    skip_site: tuple[str, int] | None = None
+    verify_failed: str = ""
+
+
+def peek(item: pytest.Item) -> ItemState | None:
+    """The plugin's record of ``item``; None where nothing was kept of it."""
+    return item.stash.get(_STATE, None)
+
+
+def of(item: pytest.Item) -> ItemState:
+    """The plugin's record of ``item``, made on first use."""
+    state = item.stash.get(_STATE, None)
+    if state is None:
+        state = item.stash[_STATE] = ItemState()
+    return state
