@@ -7,12 +7,12 @@ import pickle
 import time
 
 from harness import compat
-from harness.controller import spawn, supervise
+from harness.controller import spawn, waiting
 from harness.controller.certain import HangWatch
 from harness.controller.classify import classify, desync, leak_error
 from harness.controller.outcome import Classified, Faulted, Reply
 from harness.controller.spawn import RankProcess
-from harness.controller.supervision import CERTAIN
+from harness.controller.wait_rules import CERTAIN
 from harness.errors import note_interrupt
 from harness.protocol.messages import Call, CallOptions, Done, Fired, Regroup
 from harness.protocol.traces import RankTrace, render
@@ -83,7 +83,7 @@ def exchange(
         if options is not None:
             checks = options.check_collectives
             watch = HangWatch(ranks, desync_check=checks, deadline=timeout, faults=options.faults)
-        replies, stopped_by = supervise.gather(ranks, deadline, fired, watch)
+        replies, stopped_by = waiting.gather(ranks, deadline, fired, watch)
         if watch is not None:
             watch.settle()
         stopped = time.monotonic()
@@ -93,12 +93,12 @@ def exchange(
         done = [proc for proc in ranks if isinstance(replies.get(proc.rank), Done)]
         asked = [proc for proc in ranks if proc.rank not in replies] + done
         failed = options is not None and len(done) < len(ranks) and asked
-        traces = supervise.traces_now(asked) if failed else {}
+        traces = waiting.traces_now(asked) if failed else {}
         outcome = classify(
             replies,
             world_size,
             timeout=timeout,
-            stacks=supervise.stacks_now(ranks) if stopped_by else {},
+            stacks=waiting.stacks_now(ranks) if stopped_by else {},
             starting=None if options else what,
             init=init,
             traces=traces,
@@ -110,7 +110,7 @@ def exchange(
         )
         if outcome.suspect:
             # The ranks' fingerprints differ: their traces say how (kept since the call).
-            outcome = desync(outcome, supervise.traces_now(ranks), world_size)
+            outcome = desync(outcome, waiting.traces_now(ranks), world_size)
         if outcome.leaks and leaks == "error" and outcome.error is None:
             outcome = leak_error(outcome, what)
         if options is not None and options.keep_traces and outcome.values is not None:
@@ -120,7 +120,7 @@ def exchange(
         if options is not None:
             # Where each rank was, as a timeout says (a second Ctrl-C meanwhile leaves the
             # caller to stop them all the same).
-            traces, stacks = supervise.traces_now(ranks), supervise.stacks_now(ranks)
+            traces, stacks = waiting.traces_now(ranks), waiting.stacks_now(ranks)
             note_interrupt(
                 interrupt,
                 f"{what} was interrupted (KeyboardInterrupt); each rank's collectives and "
