@@ -10,6 +10,7 @@
 * :mod:`~harness.controller.wait_rules`  the rules of that wait, one state per rank (pure logic)
 * :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
+* :mod:`~harness.controller.leak_reports` what a call left in its reused ranks, told
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
 * :mod:`~harness.controller.timeline_build` a call's collectives across ranks on one time axis
 * :mod:`~harness.controller.trace_dir`   a test's trace folder (``--dist-trace-dir``): name, files

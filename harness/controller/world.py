@@ -20,9 +20,9 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import calls, forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
+from harness.controller.leak_reports import leak_report
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run_attempts
