@@ -1,4 +1,4 @@
-"""One round with a world's ranks: send every rank a message, gather and classify replies."""
+"""One round with a world's ranks: send every rank a message, wait, gather evidence, judge."""
 
 from __future__ import annotations
 
