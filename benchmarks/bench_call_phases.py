@@ -109,16 +109,16 @@ class ControllerStamps:
         self.runs: list[tuple[int, int]] = []
         self.exchanges: list[int] = []
         self.answers: list[int] = []
-        from harness.controller import supervise
+        from harness.controller import waiting
 
-        receive = supervise._receive
+        receive = waiting._receive
 
         def stamped_receive(proc: Any, ready: bool = False) -> Any:
             message = receive(proc, ready)
             self.answers.append(_ns())
             return message
 
-        supervise._receive = stamped_receive  # type: ignore[assignment]
+        waiting._receive = stamped_receive  # type: ignore[assignment]
         # World.call reaches exchange through whichever module imported it by name.
         from harness.controller import exchange as module
 

@@ -6,10 +6,11 @@
 * :mod:`~harness.controller.calls`       a call's two ends: options checked, output and result out
 * :mod:`~harness.controller.restarts`    runs with restarts, as torchrun's agent restarts them
 * :mod:`~harness.controller.exchange`    one round: a message to every rank, their replies
-* :mod:`~harness.controller.supervise`   waiting for each rank's answer or death during a call
-* :mod:`~harness.controller.supervision` the rules of that wait, one state per rank (pure logic)
+* :mod:`~harness.controller.waiting`     the wait's I/O: pipes and sentinels polled, stacks taken
+* :mod:`~harness.controller.wait_rules`  the rules of that wait, one state per rank (pure logic)
 * :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
+* :mod:`~harness.controller.leak_reports` what a call left in its reused ranks, told
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
 * :mod:`~harness.controller.timeline_build` a call's collectives across ranks on one time axis
 * :mod:`~harness.controller.trace_dir`   a test's trace folder (``--dist-trace-dir``): name, files

@@ -11,7 +11,7 @@ from typing import Any
 from harness import validate
 from harness.controller.calls import result
 from harness.controller.outcome import Outcome
-from harness.controller.restarts import run as run_attempts
+from harness.controller.restarts import run_attempts
 from harness.controller.world import World
 from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault

@@ -1,16 +1,19 @@
 """What one call produced, from what each rank showed.
 
-A call's product is an :class:`Outcome`; what was seen of a rank is a :data:`Reply`.
+A call's product is an :class:`Outcome`; what was seen of a rank is a :data:`Reply`, and
+everything its end is judged from, an :class:`Evidence`.
 """
 
 from __future__ import annotations
 
 import unittest
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from harness import compat
 from harness.errors import DistributedError
+from harness.faults import Fault
 from harness.protocol.messages import Fired, RankMessage, Skipped
 from harness.protocol.traces import RankTrace
 
@@ -40,6 +43,46 @@ class Faulted:
 
 Reply = RankMessage | Died | Faulted
 """What the supervisor saw of one rank."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the end of a call (or of a world's start) is judged from.
+
+    Attributes:
+        replies: What was seen of each rank; a missing rank had not answered when the
+            supervisor stopped waiting.
+        world_size: How many ranks were waited for.
+        timeout: The bound the supervisor waited under (None: none).
+        stacks: The readable stacks of the ranks, when the wait stopped before every rank
+            answered.
+        starting: For a world's start, how to name it (``"a world of 2 ranks (gloo)"``);
+            None for a call.
+        init: Whether the world has a harness default group (without one, every group a
+            call leaves is destroyed before the next call: none makes it unfit).
+        traces: The traces of the ranks that had not answered or that returned while others
+            failed (a failure's reply carries its own).
+        check_collectives: Whether the desync check's first half runs
+            (:func:`~harness.controller.classify.desync` is its second).
+        faults: The call's faults.
+        fired: What each rank said as its fault acted, by rank.
+        stopped: ``time.monotonic()`` when the wait ended.
+        certain: The ranks' traces proved the call can never finish.
+    """
+
+    replies: Mapping[int, Reply]
+    world_size: int
+    _: KW_ONLY
+    timeout: float | None
+    stacks: Mapping[int, str] = field(default_factory=dict)
+    starting: str | None = None
+    init: bool = True
+    traces: Mapping[int, RankTrace | None] = field(default_factory=dict)
+    check_collectives: bool = True
+    faults: Sequence[Fault] = ()
+    fired: Mapping[int, Fired] = field(default_factory=dict)
+    stopped: float = 0.0
+    certain: bool = False
 
 
 @dataclass

@@ -58,7 +58,7 @@ def why_restart(outcome: Outcome) -> str:
     return "; ".join(f"{value} (injected)" for value in fired)
 
 
-def run(
+def run_attempts(
     attempt: Callable[[int, CallOptions], Outcome],
     options: CallOptions,
     sizes: Sequence[int],

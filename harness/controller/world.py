@@ -3,7 +3,7 @@
 ``World`` owns N ranks across calls, ``run`` is one call.
 
 A World starts a generation of ranks (:mod:`~harness.controller.spawn`), then serves calls:
-each is sent to every rank, answered (:mod:`~harness.controller.supervise`) and classified
+each is sent to every rank, answered (:mod:`~harness.controller.waiting`) and classified
 (:mod:`~harness.controller.classify`). A failure stops the generation; the next call starts
 a fresh one.
 """
@@ -20,12 +20,12 @@ from typing import Any
 from harness import compat, validate
 from harness.controller import calls, forkserver, spawn
 from harness.controller.backends import resolve_backend, unavailable_reason
-from harness.controller.classify import leak_report
 from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
+from harness.controller.leak_reports import leak_report
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
-from harness.controller.restarts import run as run_attempts
+from harness.controller.restarts import run_attempts
 from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED

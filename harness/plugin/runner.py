@@ -89,7 +89,7 @@ class Runner:
             with self.new_world(shape.sized(size), holder) as world:
                 return test(attempt_options).attempt(world, True)[1]
 
-        outcome, attempts = restarts.run(attempt, options, sizes)
+        outcome, attempts = restarts.run_attempts(attempt, options, sizes)
         if len(attempts) > 1 and outcome.error is None:  # a failure lists them itself
             item.add_report_section("call", "attempts", "".join(f"{a}\n" for a in attempts))
         return Checked(outcome)

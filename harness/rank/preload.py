@@ -20,7 +20,7 @@ import traceback
 from harness.protocol.messages import PRELOAD_REPORT, PRELOAD_VARIABLE
 
 
-def run(entries: str) -> list[str]:
+def run_entries(entries: str) -> list[str]:
     """Import or call each entry of ``entries``.
 
     ``entries`` is comma-separated. Returns one line per entry that failed:
@@ -43,7 +43,7 @@ def run(entries: str) -> list[str]:
 def _main() -> None:
     entries = os.environ.pop(PRELOAD_VARIABLE, "")
     report = os.environ.pop(PRELOAD_REPORT, "")
-    problems = run(entries) if entries else []
+    problems = run_entries(entries) if entries else []
     if report:
         with open(report, "w") as out:
             out.write("".join(f"{line}\n" for line in problems))

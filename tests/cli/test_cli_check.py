@@ -21,7 +21,7 @@ from cli_testutil import table, working
 import harness
 from harness import cli
 from harness.cli import exit_code, merge_rows, summary
-from harness.controller import supervise
+from harness.controller import waiting
 from harness.rank import check_rows
 from harness.rank.check_rows import Row
 
@@ -177,7 +177,7 @@ def test_cli_ctrl_c_exits_130_without_traceback(
     # repetitions): main must turn the KeyboardInterrupt into 130 after the World stopped
     # its ranks. The signal is sent once the first row's call is under way, never after a
     # fixed delay: on a loaded machine that could land while the world is still starting.
-    real_gather = supervise.gather
+    real_gather = waiting.gather
     waits: list[None] = []
 
     def gather(*args: Any, **kwargs: Any) -> Any:
@@ -186,7 +186,7 @@ def test_cli_ctrl_c_exits_130_without_traceback(
             threading.Timer(0.2, os.kill, args=(os.getpid(), signal.SIGINT)).start()
         return real_gather(*args, **kwargs)
 
-    monkeypatch.setattr(supervise, "gather", gather)
+    monkeypatch.setattr(waiting, "gather", gather)
     # Python's own handler, also where pytest was started with SIGINT ignored (a background
     # job of a non-interactive shell), where Python leaves it ignored.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)

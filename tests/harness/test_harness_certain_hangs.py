@@ -21,6 +21,7 @@ import harness
 from harness.controller import verdicts
 from harness.controller.certain import HangWatch
 from harness.controller.classify import classify
+from harness.controller.outcome import Evidence
 from harness.protocol.messages import Done
 from harness.protocol.traces import (
     COMPLETED,
@@ -274,7 +275,7 @@ def test_a_returned_rank_and_a_group_timeout_the_test_handles_pass(
 
 def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summary() -> None:
     stacks = {0: "stack zero\n", 1: "stack one\n"}
-    outcome = classify({}, 2, timeout=600.0, stacks=stacks, certain=True)
+    outcome = classify(Evidence({}, 2, timeout=600.0, stacks=stacks, certain=True))
     error = outcome.error
     assert type(error) is harness.WorldHang
     assert error.summary == (
@@ -287,7 +288,7 @@ def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summ
         "blocked in a collective that can never complete"
     ] * 2
     # At the deadline, the bound that passed is kept for its hint.
-    late = classify({}, 2, timeout=600.0, stacks=stacks).error
+    late = classify(Evidence({}, 2, timeout=600.0, stacks=stacks)).error
     assert type(late) is harness.WorldTimeout
     assert late.timeout == 600.0
 

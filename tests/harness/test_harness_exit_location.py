@@ -7,7 +7,7 @@ import pytest
 
 import harness
 from harness.controller.classify import classify
-from harness.controller.outcome import Died
+from harness.controller.outcome import Died, Evidence
 
 
 def test_os_exit_names_the_line(world2: harness.World) -> None:
@@ -47,7 +47,7 @@ def test_an_exit_in_a_forked_child_is_not_the_ranks(world2: harness.World) -> No
 def test_classify_uses_the_exit_call_of_a_death_with_an_exit_code() -> None:
     stack = 'Traceback (most recent call last):\n  File "/x/t.py", line 9, in f\n    os._exit(3)\n'
     died = Died(3, 1.0, "", ("t.py:9", stack))
-    error = classify({0: died}, 2, timeout=5.0).error
+    error = classify(Evidence({0: died}, 2, timeout=5.0)).error
     assert isinstance(error, harness.RankCrash)
     assert error.summary.startswith("rank 0 exited with code 3 through os._exit at t.py:9")
     failure = error.failures[0]
@@ -56,6 +56,6 @@ def test_classify_uses_the_exit_call_of_a_death_with_an_exit_code() -> None:
         stack + "RankCrash: the process exited with code 3 through os._exit at t.py:9\n"
     )
     # Without one, as before: only how the process ended.
-    plain = classify({0: Died(3, 1.0)}, 2, timeout=5.0).error
+    plain = classify(Evidence({0: Died(3, 1.0)}, 2, timeout=5.0)).error
     assert plain is not None
     assert plain.failures[0].message == "the process exited with code 3"

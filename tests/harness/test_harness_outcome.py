@@ -13,8 +13,9 @@ import unittest
 
 import pytest
 
-from harness.controller.classify import classify, leak_error, leak_report
-from harness.controller.outcome import Died, Outcome, Reply
+from harness.controller.classify import classify
+from harness.controller.leak_reports import leak_error, leak_report
+from harness.controller.outcome import Died, Evidence, Outcome, Reply
 from harness.errors import DistributedError, RankCrash, RankError, RankLeak, WorldTimeout
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED, MAIN_GUARD_HINT, RankFailure
 from harness.protocol.messages import Done, Failed, Ready, Skipped
@@ -56,7 +57,7 @@ def error_of(outcome: Outcome) -> DistributedError:
 
 def test_all_done_gives_values_in_rank_order() -> None:
     replies: dict[int, Reply] = {2: done("two"), 0: done({"zero": 0}), 1: done([1])}
-    outcome = classify(replies, 3, timeout=5.0)
+    outcome = classify(Evidence(replies, 3, timeout=5.0))
     assert outcome.error is None
     assert outcome.skip is None
     assert outcome.values == [{"zero": 0}, [1], "two"]
@@ -66,7 +67,7 @@ def test_all_done_gives_values_in_rank_order() -> None:
 
 def test_one_unreusable_done_makes_the_outcome_unreusable() -> None:
     replies: dict[int, Reply] = {0: done(0), 1: done(1, reusable=False), 2: done(2)}
-    outcome = classify(replies, 3, timeout=5.0)
+    outcome = classify(Evidence(replies, 3, timeout=5.0))
     assert outcome.error is None
     assert outcome.values == [0, 1, 2]
     assert outcome.reusable is False
@@ -74,7 +75,7 @@ def test_one_unreusable_done_makes_the_outcome_unreusable() -> None:
 
 def test_a_value_that_does_not_unpickle_is_a_rank_error_naming_the_rank() -> None:
     replies: dict[int, Reply] = {0: done(0), 1: Done(b"not a pickle"), 2: done(2)}
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary.startswith(
         "could not unpickle the return value of rank 1: UnpicklingError: "
@@ -86,7 +87,7 @@ def test_a_value_that_does_not_unpickle_is_a_rank_error_naming_the_rank() -> Non
     assert failure.message == error.summary
     assert failure.traceback == error.summary + "\n"
     with pytest.raises(RankError) as excinfo:
-        classify(replies, 3, timeout=5.0).result()
+        classify(Evidence(replies, 3, timeout=5.0)).result()
     assert excinfo.value.summary == error.summary
 
 
@@ -103,7 +104,7 @@ def test_all_skipped_gives_the_earliest_skip(kind: str, exception: type[BaseExce
         1: Skipped("first", kind, at=1.0),
         2: Skipped("middle", kind, at=2.0),
     }
-    outcome = classify(replies, 3, timeout=5.0)
+    outcome = classify(Evidence(replies, 3, timeout=5.0))
     assert outcome.error is None
     assert outcome.values is None
     assert outcome.skip == Skipped("first", kind, at=1.0)
@@ -119,7 +120,7 @@ def test_skip_on_some_ranks_only_is_a_rank_error() -> None:
         1: Skipped("no GPU", "pytest", at=1.0),
         2: done(2),
     }
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary == (
         "rank 1 skipped but ranks 0, 2 did not; a distributed run must skip on every rank "
@@ -135,7 +136,7 @@ def test_skips_on_several_ranks_list_reasons_by_rank_and_failures_by_time() -> N
         1: done(1),
         2: Skipped("two", "unittest", at=1.0),
     }
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary == (
         "ranks 0, 2 skipped but rank 1 did not; a distributed run must skip on every rank "
@@ -149,7 +150,7 @@ def test_skips_on_several_ranks_list_reasons_by_rank_and_failures_by_time() -> N
 
 
 def test_one_failure_is_a_rank_error_naming_the_ranks_torn_down() -> None:
-    error = error_of(classify({1: failed(1, at=1.0)}, 3, timeout=5.0))
+    error = error_of(classify(Evidence({1: failed(1, at=1.0)}, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary == "rank 1 raised ValueError: boom; ranks 0, 2 torn down"
     assert list(error.failures) == [1]
@@ -167,7 +168,7 @@ def test_failures_are_ordered_by_time_not_by_rank() -> None:
         0: failed(0, at=2.0, message="later"),
         1: failed(1, at=1.0, message="first"),
     }
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary == "rank 1 raised ValueError: first; then rank 0 failed; rank 2 torn down"
     assert list(error.failures) == [1, 0]
@@ -178,7 +179,7 @@ def test_failures_are_ordered_by_time_not_by_rank() -> None:
 
 def test_failures_at_the_same_time_are_ordered_by_rank() -> None:
     replies: dict[int, Reply] = {2: failed(2, at=1.0), 0: failed(0, at=1.0)}
-    error = error_of(classify(replies, 3, timeout=None))
+    error = error_of(classify(Evidence(replies, 3, timeout=None)))
     assert list(error.failures) == [0, 2]
     assert error.summary == "rank 0 raised ValueError: boom; then rank 2 failed; rank 1 torn down"
 
@@ -188,7 +189,7 @@ def test_failures_at_the_same_time_are_ordered_by_rank() -> None:
 
 def test_a_death_first_in_time_is_a_rank_crash() -> None:
     replies: dict[int, Reply] = {0: Died(-9, at=1.0, dump="Fatal Python error: ...\n")}
-    error = error_of(classify(replies, 2, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 2, timeout=5.0)))
     assert type(error) is RankCrash
     assert error.summary == "rank 0 was killed by SIGKILL (exit code -9); rank 1 torn down"
     assert error.exitcodes == {0: -9}
@@ -204,7 +205,7 @@ def test_a_death_first_in_time_is_a_rank_crash() -> None:
 
 def test_a_death_without_others_missing_names_no_ranks_torn_down() -> None:
     replies: dict[int, Reply] = {0: Died(-9, at=1.0), 1: done(1)}
-    error = error_of(classify(replies, 2, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 2, timeout=5.0)))
     assert type(error) is RankCrash
     assert error.summary == "rank 0 was killed by SIGKILL (exit code -9)"
     assert error.exitcodes == {0: -9}
@@ -222,7 +223,7 @@ def test_a_death_without_others_missing_names_no_ranks_torn_down() -> None:
 )
 def test_how_a_rank_died(exitcode: int | None, recorded: int, how: str) -> None:
     replies: dict[int, Reply] = {1: Died(exitcode, at=1.0), 0: done(0)}
-    error = error_of(classify(replies, 2, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 2, timeout=5.0)))
     assert type(error) is RankCrash
     assert error.summary == f"rank 1 {how}"
     assert error.exitcodes == {1: recorded}
@@ -236,7 +237,7 @@ def test_a_crash_then_a_failure_keeps_every_exitcode() -> None:
         0: failed(0, at=2.0),
         1: Died(None, at=3.0),
     }
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankCrash
     assert error.summary == ("rank 2 was killed by SIGKILL (exit code -9); then ranks 0, 1 failed")
     assert list(error.failures) == [2, 0, 1]
@@ -251,7 +252,7 @@ def test_a_crash_then_a_failure_keeps_every_exitcode() -> None:
 
 def test_a_failure_before_a_death_is_a_rank_error_listing_both() -> None:
     replies: dict[int, Reply] = {0: Died(-9, at=2.0, dump="dump\n"), 1: failed(1, at=1.0)}
-    error = error_of(classify(replies, 3, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0)))
     assert type(error) is RankError
     assert error.summary == "rank 1 raised ValueError: boom; then rank 0 failed; rank 2 torn down"
     assert list(error.failures) == [1, 0]
@@ -268,7 +269,7 @@ def test_skips_beside_a_failure_are_listed_after_the_failures() -> None:
         1: failed(1, at=2.0),
         2: failed(2, at=1.0),
     }
-    error = error_of(classify(replies, 4, timeout=5.0))
+    error = error_of(classify(Evidence(replies, 4, timeout=5.0)))
     assert type(error) is RankError
     assert list(error.failures) == [2, 1, 0], "failures in time, then skips (even earlier ones)"
     assert error.failures[0] == RankFailure(0, "Skipped", "not here", "Skipped: not here\n")
@@ -284,7 +285,7 @@ def test_skips_beside_a_failure_are_listed_after_the_failures() -> None:
 def test_ranks_that_did_not_answer_without_a_failure_are_a_world_timeout() -> None:
     stacks = {0: "stack zero\n", 1: "stack one\n", 2: "stack two\n"}
     replies: dict[int, Reply] = {0: done(0), 2: done(2)}
-    error = error_of(classify(replies, 3, timeout=5.0, stacks=stacks))
+    error = error_of(classify(Evidence(replies, 3, timeout=5.0, stacks=stacks)))
     assert type(error) is WorldTimeout
     assert error.summary == (
         "the run did not finish within 5 s: rank 1 still running "
@@ -300,7 +301,7 @@ def test_ranks_that_did_not_answer_without_a_failure_are_a_world_timeout() -> No
 
 def test_a_world_timeout_lists_the_silent_ranks_by_rank() -> None:
     stacks = {0: "stack zero\n", 2: "stack two\n"}
-    error = error_of(classify({1: done(1)}, 3, timeout=0.5, stacks=stacks))
+    error = error_of(classify(Evidence({1: done(1)}, 3, timeout=0.5, stacks=stacks)))
     assert type(error) is WorldTimeout
     assert error.summary.startswith("the run did not finish within 0.5 s: ranks 0, 2 still running")
     assert list(error.failures) == [0, 2]
@@ -310,7 +311,7 @@ def test_a_world_timeout_lists_the_silent_ranks_by_rank() -> None:
 
 
 def test_a_world_timeout_without_a_bound() -> None:
-    error = error_of(classify({}, 2, timeout=None))
+    error = error_of(classify(Evidence({}, 2, timeout=None)))
     assert type(error) is WorldTimeout
     assert error.summary == (
         "the run did not finish: ranks 0, 1 still running "
@@ -327,7 +328,7 @@ def test_a_world_timeout_without_a_bound() -> None:
 
 def test_a_world_whose_ranks_are_all_ready_started() -> None:
     replies: dict[int, Reply] = {rank: ready() for rank in range(3)}
-    outcome = classify(replies, 3, timeout=60.0, starting=START)
+    outcome = classify(Evidence(replies, 3, timeout=60.0, starting=START))
     assert outcome.error is None
     assert outcome.skip is None
     assert outcome.result() == []
@@ -336,7 +337,7 @@ def test_a_world_whose_ranks_are_all_ready_started() -> None:
 def test_a_world_that_did_not_start_lists_its_ranks_by_rank() -> None:
     replies: dict[int, Reply] = {0: ready(), 1: failed(1, at=1.0)}
     stacks = {2: "stack two\n"}
-    error = error_of(classify(replies, 3, timeout=60.0, stacks=stacks, starting=START))
+    error = error_of(classify(Evidence(replies, 3, timeout=60.0, stacks=stacks, starting=START)))
     assert type(error) is DistributedError
     assert error.summary == f"{START} did not start: rank 1, rank 2 did not come up"
     assert list(error.failures) == [1, 2]
@@ -352,7 +353,7 @@ def test_a_world_that_did_not_start_lists_its_ranks_by_rank() -> None:
 
 def test_a_world_that_did_not_start_is_listed_by_rank_not_by_time() -> None:
     replies: dict[int, Reply] = {0: failed(0, at=2.0), 1: ready(), 2: failed(2, at=1.0)}
-    error = error_of(classify(replies, 3, timeout=None, starting=START))
+    error = error_of(classify(Evidence(replies, 3, timeout=None, starting=START)))
     assert type(error) is DistributedError
     assert list(error.failures) == [0, 2]
     assert error.summary == f"{START} did not start: rank 0, rank 2 did not come up"
@@ -360,7 +361,7 @@ def test_a_world_that_did_not_start_is_listed_by_rank_not_by_time() -> None:
 
 def test_a_rank_that_died_during_start_is_a_crash_failure() -> None:
     replies: dict[int, Reply] = {0: ready(), 1: Died(-9, at=1.0, dump="dump\n")}
-    error = error_of(classify(replies, 3, timeout=None, starting=START))
+    error = error_of(classify(Evidence(replies, 3, timeout=None, starting=START)))
     assert type(error) is DistributedError
     assert error.summary == f"{START} did not start: rank 1, rank 2 did not come up"
     assert list(error.failures) == [1, 2]
@@ -375,7 +376,7 @@ def test_a_rank_that_died_during_start_is_a_crash_failure() -> None:
 
 def test_ranks_that_reimported_a_main_module_without_a_guard_get_the_hint_last() -> None:
     replies: dict[int, Reply] = {r: Died(EXIT_MAIN_REIMPORTED, at=1.0) for r in range(3)}
-    error = error_of(classify(replies, 3, timeout=60.0, starting=START))
+    error = error_of(classify(Evidence(replies, 3, timeout=60.0, starting=START)))
     assert error.hint == MAIN_GUARD_HINT
     assert str(error).endswith('under `if __name__ == "__main__":`.')
     assert error.failures[0].message == (
@@ -389,26 +390,26 @@ def test_group_counters_out_of_step_make_a_successful_call_unfit_for_the_next() 
         0: Done(pickle.dumps(0), True, group_count=3),
         1: Done(pickle.dumps(1), True, group_count=2),
     }
-    outcome = classify(replies, 2, timeout=None)
+    outcome = classify(Evidence(replies, 2, timeout=None))
     assert outcome.error is None
     assert outcome.values == [0, 1]
     assert outcome.reusable is False
     assert "process-group counters out of step (rank 0: 3, rank 1: 2)" in outcome.notice
     in_step = {rank: Done(pickle.dumps(rank), True, group_count=3) for rank in (0, 1)}
-    assert classify(in_step, 2, timeout=None).notice == ""
+    assert classify(Evidence(in_step, 2, timeout=None)).notice == ""
 
 
 def test_default_group_gone_on_every_rank_asks_for_a_fresh_one_on_the_same_ranks() -> None:
     replies: dict[int, Reply] = {
         rank: Done(pickle.dumps(rank), True, group_count=0, grouped=False) for rank in (0, 1)
     }
-    outcome = classify(replies, 2, timeout=None)
+    outcome = classify(Evidence(replies, 2, timeout=None))
     assert outcome.values == [0, 1]
     assert outcome.reusable is True
     assert outcome.regroup is True
     assert outcome.notice == ""
     kept = {rank: Done(pickle.dumps(rank), True, group_count=1) for rank in (0, 1)}
-    assert classify(kept, 2, timeout=None).regroup is False
+    assert classify(Evidence(kept, 2, timeout=None)).regroup is False
 
 
 def test_default_group_gone_on_some_ranks_only_makes_the_call_unfit_and_says_so() -> None:
@@ -417,7 +418,7 @@ def test_default_group_gone_on_some_ranks_only_makes_the_call_unfit_and_says_so(
         1: Done(pickle.dumps(1), True, group_count=0, grouped=False),
         2: Done(pickle.dumps(2), True, group_count=0, grouped=False),
     }
-    outcome = classify(replies, 3, timeout=None)
+    outcome = classify(Evidence(replies, 3, timeout=None))
     assert outcome.error is None
     assert outcome.values == [0, 1, 2]
     assert outcome.reusable is False
@@ -435,11 +436,11 @@ def test_without_a_harness_group_the_groups_a_call_leaves_never_make_it_unfit() 
         0: Done(pickle.dumps(0), True, group_count=3, grouped=False),
         1: Done(pickle.dumps(1), True, group_count=2, grouped=False),
     }
-    outcome = classify(replies, 2, timeout=None, init=False)
+    outcome = classify(Evidence(replies, 2, timeout=None, init=False))
     assert outcome.values == [0, 1]
     assert (outcome.reusable, outcome.regroup, outcome.notice) == (True, False, "")
     unfit = {0: Done(pickle.dumps(0), False, grouped=False), 1: Done(pickle.dumps(1))}
-    assert classify(unfit, 2, timeout=None, init=False).reusable is False
+    assert classify(Evidence(unfit, 2, timeout=None, init=False)).reusable is False
 
 
 THREAD = "thread 'worker-1' started at test_x.py:12 is still alive"
@@ -451,7 +452,7 @@ def test_what_ranks_left_behind_is_kept_by_rank_and_reported_once_per_finding() 
         1: Done(pickle.dumps(1), leaks=(THREAD,)),
         2: Done(pickle.dumps(2)),
     }
-    outcome = classify(replies, 3, timeout=None)
+    outcome = classify(Evidence(replies, 3, timeout=None))
     assert outcome.error is None
     assert outcome.values == [0, 1, 2]
     assert outcome.reusable is True  # a leak alone does not rebuild the world ("warn")
@@ -464,7 +465,7 @@ def test_what_ranks_left_behind_is_kept_by_rank_and_reported_once_per_finding() 
         f"ranks 0, 1: {THREAD}; rank 0: child process 41 (sleep 1000) is still running"
     )
     clean = {rank: Done(pickle.dumps(rank)) for rank in (0, 1)}
-    assert classify(clean, 2, timeout=None).leaks == {}
+    assert classify(Evidence(clean, 2, timeout=None)).leaks == {}
 
 
 def test_leaks_as_an_error_name_the_call_the_ranks_and_each_finding() -> None:
@@ -472,7 +473,7 @@ def test_leaks_as_an_error_name_the_call_the_ranks_and_each_finding() -> None:
         0: Done(pickle.dumps(0), leaks=(THREAD, "file descriptor 17 (/tmp/f) is still open")),
         1: Done(pickle.dumps(1), leaks=(THREAD,)),
     }
-    outcome = classify(replies, 2, timeout=None)
+    outcome = classify(Evidence(replies, 2, timeout=None))
     outcome.outputs = {0: ("out", ""), 1: ("", "")}
     failed = leak_error(outcome, "test test_x.py::test_a")
     assert failed.values is None

@@ -10,7 +10,7 @@ from verdict_testutil import verdict_lines
 
 from harness import faults
 from harness.controller import classify, verdicts
-from harness.controller.outcome import Died, Faulted, Reply
+from harness.controller.outcome import Died, Evidence, Faulted, Reply
 from harness.controller.verdicts import DIED, DONE, FAILED, RUNNING
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failed, Fired
@@ -401,6 +401,6 @@ def test_a_killed_rank_is_said_dead_whether_or_not_its_death_was_seen(seen: bool
         0: Failed(_raised_here(), 2.0, survivor),
         1: Faulted(fired, Died(-9, 3.0) if seen else None),
     }
-    outcome = classify.classify(replies, 2, timeout=None, faults=[faults.kill(1, 2)])
+    outcome = classify.classify(Evidence(replies, 2, timeout=None, faults=[faults.kill(1, 2)]))
     assert outcome.error is not None
     assert outcome.error.verdicts == ["rank 1 died after #1; rank 0 was in #2 (barrier)"]

@@ -1,6 +1,6 @@
 """The rules of waiting for a call's ranks: one state per rank, one case per message.
 
-:class:`Supervision` is what :func:`harness.controller.supervise.gather` feeds with what each
+:class:`Supervision` is what :func:`harness.controller.waiting.gather` feeds with what each
 rank says (or how it died), and asks when to wake next and whether the wait is over. It does
 no I/O and reads the time from the clock it is given, so the rules can be driven by a script.
 

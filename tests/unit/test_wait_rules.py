@@ -1,4 +1,4 @@
-"""The wait's rules (:class:`harness.controller.supervision.Supervision`), driven by scripted
+"""The wait's rules (:class:`harness.controller.wait_rules.Supervision`), driven by scripted
 messages on a fake clock: no process, no pipe, no sleep."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.controller.outcome import Died, Faulted, Reply
-from harness.controller.supervision import (
+from harness.controller.wait_rules import (
     CERTAIN,
     DEADLINE,
     FAILURE_GRACE_S,

@@ -1,9 +1,9 @@
-"""Supervision of a call's ranks: waiting for each one's answer or death, reading what it left.
+"""The wait for a call's ranks, its I/O: each one's answer or death, and what it left.
 
 :func:`gather` waits on every rank's pipe *and* its process sentinel, so an answer, an
 exception and a death are all seen the moment they happen; what they mean for the wait (the
 grace periods after a failure, faults that end a rank, hangs proven by the ranks' traces) is
-:class:`~harness.controller.supervision.Supervision`'s to decide. The caller tears down the
+:class:`~harness.controller.wait_rules.Supervision`'s to decide. The caller tears down the
 ranks still silent when the wait ends, never waiting for a process-group timeout.
 """
 
@@ -19,7 +19,7 @@ from harness.controller import stacks
 from harness.controller.certain import HangWatch
 from harness.controller.outcome import Died, Reply
 from harness.controller.spawn import RankProcess
-from harness.controller.supervision import FAILURE_GRACE_S, Supervision
+from harness.controller.wait_rules import FAILURE_GRACE_S, Supervision
 from harness.protocol.messages import STACKS_SIGNAL, Done, Fired, RankMessage, Ready
 from harness.protocol.traces import RankTrace
 
