@@ -1,6 +1,6 @@
 """The picture of a call's collectives (``timeline.html``): :func:`render` writes one
 self-contained HTML page (inline style, SVG and script; nothing fetched) from a
-:class:`~harness.protocol.timeline.Timeline`.
+:class:`~harness.timeline.model.Timeline`.
 
 The page shows the failure line, the test, world size and backend; then each rank as a lane on
 one time axis, each process group it used as a track, each collective as a box coloured by its
@@ -8,7 +8,7 @@ state (see the legend), a collective its rank never reached as a dashed placehol
 marked collective (the first mismatch, or where a rank hangs) outlined, flagged with what is
 wrong there and scrolled into view. Hovering over a box lights the same collective on every rank
 and lists it in the details panel. Long idle stretches are drawn shortened and a huge trace is
-windowed (see :mod:`harness.controller.timeline_layout`; the page says so where it happened).
+windowed (see :mod:`harness.timeline.layout`; the page says so where it happened).
 
 The page's elements a test can find: ``.lane[data-rank]``, ``.track[data-rank][data-group]``,
 ``.box[data-rank][data-group][data-seq][data-state]`` (``.marked`` on the marked collective's
@@ -21,8 +21,8 @@ import json
 from collections import Counter
 from html import escape
 
-from harness.controller.timeline_axis import X0
-from harness.controller.timeline_layout import (
+from harness.timeline.axis import X0
+from harness.timeline.layout import (
     AXIS_H,
     AXIS_TOP,
     BOX_H,
@@ -32,8 +32,8 @@ from harness.controller.timeline_layout import (
     Layout,
     layout,
 )
-from harness.controller.timeline_page import COLOURS, DEFS, SCRIPT, style
-from harness.protocol.timeline import NEVER_REACHED, STATES, Timeline
+from harness.timeline.look import COLOURS, DEFS, SCRIPT, style
+from harness.timeline.model import NEVER_REACHED, STATES, Timeline
 
 TOOLS = (
     '<div class="tools" id="tools">time axis: <button type="button" data-zoom="fit">fit'

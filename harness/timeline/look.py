@@ -1,5 +1,5 @@
 """The style and the script of the timeline picture (``timeline.html``): inline text that
-:mod:`harness.controller.timeline_html` writes into the page, so the file needs nothing else.
+:mod:`harness.timeline.page` writes into the page, so the file needs nothing else.
 
 The script reads the drawn collectives' details from the page's JSON block; on hover it
 lights every box of the same collective (its group and number) across the ranks, joins them
