@@ -19,9 +19,8 @@ import pytest
 from harness.controller.verdicts import HANG
 from harness.protocol.traces import COMPLETED
 from harness.timeline.folder import folder_name
-from harness.timeline.look import COLOURS, MARK_COLOUR
 from harness.timeline.model import Group, Span, Timeline
-from harness.timeline.page import render
+from harness.timeline.page import COLOURS, MARK_COLOUR, render
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1400, 900)
