@@ -97,8 +97,15 @@ def labels(lay: Layout, names: dict[str, str]) -> str:
 
 
 def what_is_marked(timeline: Timeline, names: dict[str, str]) -> str:
-    """Which collective is marked and what is wrong there (its text names it, or is
-    preceded by its name)."""
+    """Which collective is marked and what is wrong there: the flag's text and the page's.
+
+    Args:
+        timeline: A call's collectives, with a mark.
+        names: Each group's name, by its id.
+
+    Returns:
+        The mark's text, preceded by the collective's name where it does not name it.
+    """
     assert timeline.mark is not None
     group, seq = timeline.mark
     where = f"#{seq} on {names.get(group, f'group {group!r}')}"
