@@ -67,6 +67,18 @@ def test_import_contracts_hold() -> None:
             id="controller-imports-pytest",
         ),
         pytest.param(
+            "harness/controller/verdicts.py",
+            "from harness.timeline import model",
+            "harness.controller.verdicts -> harness.timeline.model",
+            id="controller-imports-timeline",
+        ),
+        pytest.param(
+            "harness/timeline/folder.py",
+            "from harness.controller import outcome",
+            "harness.timeline.folder -> harness.controller.outcome",
+            id="timeline-imports-call-machinery",
+        ),
+        pytest.param(
             "harness/plugin/report.py",
             "from _pytest._io import TerminalWriter",
             "harness.plugin.report -> _pytest",

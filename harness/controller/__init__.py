@@ -12,9 +12,6 @@
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
 * :mod:`~harness.controller.leak_reports` what a call left in its reused ranks, told
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
-* :mod:`~harness.controller.timeline_build` a call's collectives across ranks on one time axis
-* :mod:`~harness.controller.trace_dir`   a test's trace folder (``--dist-trace-dir``): name, files
-* :mod:`~harness.controller.trace_writer` passing tests' folders, written at the session's end
 * :mod:`~harness.controller.outcome`     the outcome of a call, and what was seen of a rank
 * :mod:`~harness.controller.spawn`       the process manager: where a rank is spawned and stopped
 * :mod:`~harness.controller.forkserver`  the warm server ranks are forked from
@@ -27,5 +24,6 @@
 
 It may import the protocol (:mod:`harness.protocol`), the shared modules (``errors``,
 ``validate``, ``compat``) and the rank side's entry points (a rank's process target), never
-the pytest plugin: the core works without pytest.
+the pytest plugin (the core works without pytest) nor the timeline (:mod:`harness.timeline`,
+drawn from what a call returned: no call needs it).
 """

@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from harness.protocol.failures import ranks_phrase
-from harness.protocol.timeline import HANG, MISMATCH
 from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
@@ -40,6 +39,10 @@ FAILED = "failed"
 """The rank raised (or skipped)."""
 DIED = "died"
 """The rank's process ended without answering."""
+
+MISMATCH, HANG = "mismatch", "hang"
+"""The kinds of :attr:`Finding.kind`: kept on the error as ``DistributedError.marks``, where
+the timeline (:mod:`harness.timeline`) finds the collective to mark."""
 
 _ENDED = {DONE: "finished the call", FAILED: "failed", DIED: "died"}
 

@@ -156,8 +156,8 @@ def _trace_dir(config: pytest.Config) -> str:
                 "(or ini dist_trace_dir): give one too"
             )
         return ""
-    # Only here: a session that traces nothing loads nothing of the controller at start.
-    from harness.controller.trace_dir import check_writable
+    # Only here: a session that traces nothing loads nothing of the timeline at start.
+    from harness.timeline.folder import check_writable
 
     if where == "--dist-trace-dir":
         base = config.invocation_params.dir

@@ -4,7 +4,7 @@ A distributed test that fails (a rank raised, crashed, hung, or the ranks' colle
 not match) gets its folder from its error's traces; one whose injected faults fired gets it
 too, and under ``--dist-trace-all`` every one does: a passing call's traces are then asked
 of its ranks after it (``CallOptions.keep_traces``), which a run without that option never
-pays for. The folder's contents are :mod:`harness.controller.trace_dir`'s; a failure report
+pays for. The folder's contents are :mod:`harness.timeline.folder`'s; a failure report
 ends with one line naming the folder (:func:`harness.plugin.report.set_trace_line`).
 """
 
@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.controller import timeline_build, trace_dir, trace_writer
 from harness.controller.outcome import Outcome
 from harness.faults import FaultFired
 from harness.plugin import report
 from harness.plugin.settings import Settings
+from harness.timeline import folder, spool
+from harness.timeline.build import from_error
 
 
 class TraceFolders:
@@ -28,8 +29,8 @@ class TraceFolders:
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        # Passing tests' folders, written when the session ends (see trace_writer).
-        self._background = trace_writer.Writer()
+        # Passing tests' folders, written when the session ends (see harness.timeline.spool).
+        self._background = spool.Writer()
 
     def write(self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str) -> None:
         """Write ``item``'s trace folder where its outcome (the run whose verdict stands) calls
@@ -43,9 +44,7 @@ class TraceFolders:
         try:
             if error is not None:
                 size = len(error.collectives) or world_size
-                timeline = timeline_build.from_error(
-                    error, size, test=item.nodeid, backend=backend, taken=taken
-                )
+                timeline = from_error(error, size, test=item.nodeid, backend=backend, taken=taken)
             else:
                 fired = [v for v in outcome.values or () if isinstance(v, FaultFired)]
                 if not outcome.traces or not (settings.trace_all or fired):
@@ -62,14 +61,14 @@ class TraceFolders:
                     taken=taken,
                 )
                 return
-            folder, problems = trace_dir.write(Path(settings.trace_dir), timeline)
+            written, problems = folder.write(Path(settings.trace_dir), timeline)
         except Exception as exc:  # never turn the test's own outcome into ours
             line = f"trace folder: not written ({type(exc).__name__}: {exc})"
             report.set_trace_line(item, line)
             return
-        written = [name for name in trace_dir.FILES if name not in problems]
-        shown = ", ".join(name + ("/" if name == "fr" else "") for name in written)
-        line = f"trace folder: {folder}{os.sep}" + (f" ({shown})" if shown else "")
+        files = [name for name in folder.FILES if name not in problems]
+        shown = ", ".join(name + ("/" if name == "fr" else "") for name in files)
+        line = f"trace folder: {written}{os.sep}" + (f" ({shown})" if shown else "")
         if problems:
             line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
         report.set_trace_line(item, line)

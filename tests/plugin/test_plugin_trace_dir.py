@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from plugin_testutil import TWO_RANKS, reports
 
-from harness.controller.trace_dir import folder_name
+from harness.timeline.folder import folder_name
 
 BODY = """
 import os

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.controller.timeline_html import render
-from harness.controller.timeline_page import COLOURS, MARK_COLOUR
-from harness.controller.trace_dir import folder_name
-from harness.protocol.timeline import HANG, Group, Span, Timeline
+from harness.controller.verdicts import HANG
 from harness.protocol.traces import COMPLETED
+from harness.timeline.folder import folder_name
+from harness.timeline.model import Group, Span, Timeline
+from harness.timeline.page import COLOURS, MARK_COLOUR, render
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WINDOW = (1400, 900)

@@ -22,9 +22,9 @@ import pytest
 import torch
 from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span, without
 
-from harness.controller.flight_dumps import FILE_PREFIX, VERSION, dumps, write
-from harness.protocol.timeline import NEVER_REACHED, Group, Span, Timeline
 from harness.protocol.traces import ISSUED, RAISED
+from harness.timeline.flight_dumps import FILE_PREFIX, VERSION, dumps, write
+from harness.timeline.model import NEVER_REACHED, Group, Span, Timeline
 
 ENTRY_KEYS = {
     "record_id",

@@ -6,9 +6,8 @@ from __future__ import annotations
 from array import array
 
 from harness.controller import verdicts
-from harness.controller.timeline_build import build, from_error
+from harness.controller.verdicts import HANG, MISMATCH
 from harness.errors import RankError
-from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED
 from harness.protocol.traces import (
     COMPLETED,
     IN_FLIGHT,
@@ -17,6 +16,8 @@ from harness.protocol.traces import (
     Op,
     RankTrace,
 )
+from harness.timeline.build import build, from_error
+from harness.timeline.model import NEVER_REACHED
 
 NAN = float("nan")
 EVENS = "0,2/1"

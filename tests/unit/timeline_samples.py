@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED, Group, Span, Timeline
+from harness.controller.verdicts import HANG, MISMATCH
 from harness.protocol.traces import COMPLETED, IN_FLIGHT
+from harness.timeline.model import NEVER_REACHED, Group, Span, Timeline
 
 DEFAULT = Group("", "the default group", (0, 1, 2, 3))
 EVENS = Group("0,2/1", "the group of ranks 0, 2", (0, 2))

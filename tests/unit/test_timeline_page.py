@@ -13,10 +13,11 @@ from html.parser import HTMLParser
 import pytest
 from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span
 
-from harness.controller.timeline_html import render
-from harness.controller.timeline_layout import MAX_BOXES, PLACEHOLDERS
-from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED, STATES, Group, Timeline
+from harness.controller.verdicts import HANG, MISMATCH
 from harness.protocol.traces import COMPLETED, IN_FLIGHT, RAISED
+from harness.timeline.layout import MAX_BOXES, PLACEHOLDERS
+from harness.timeline.model import NEVER_REACHED, STATES, Group, Timeline
+from harness.timeline.page import render
 
 VOID = {"meta", "br", "img", "input", "link", "hr"}
 

@@ -6,7 +6,7 @@ has no report that waits for its folder. Written during the session, even by a p
 the lowest priority, that work took the CPU the ranks of the tests still running needed,
 and their durations grew. So :class:`Writer` only spools each test's traces (pickled,
 appended to a file in the trace directory) and, at :meth:`Writer.close`, has child
-processes (``python -m harness.controller.trace_writer``, one per core, at most
+processes (``python -m harness.timeline.spool``, one per core, at most
 ``MAX_WORKERS``) build and write every folder. A folder a child cannot write is said on its
 standard error.
 """
@@ -45,10 +45,10 @@ class Writer:
         directory: Path,
         traces: Mapping[int, RankTrace | None],
         world_size: int,
-        **build: Any,
+        **options: Any,
     ) -> Path:
         """Spool the folder of a call: its timeline, to be built from ``traces`` (see
-        :func:`harness.controller.timeline_build.build`, whose keyword arguments ``build``
+        :func:`harness.timeline.build.build`, whose keyword arguments ``options``
         holds; ``test`` among them) and written into ``directory``.
 
         Returns:
@@ -57,16 +57,16 @@ class Writer:
         Raises:
             OSError: The spool file cannot be made or written in ``directory``.
         """
-        from harness.controller.trace_dir import folder_name
+        from harness.timeline.folder import folder_name
 
-        job = pickle.dumps((str(directory), dict(traces), world_size, build), protocol=5)
+        job = pickle.dumps((str(directory), dict(traces), world_size, options), protocol=5)
         if self._spool is None:
             self._spool = tempfile.NamedTemporaryFile(  # noqa: SIM115 (open until close)
                 dir=directory, prefix=".harness-spool-", delete=False
             )
         self._spool.write(_LENGTH.pack(len(job)) + job)
         self._count += 1
-        return directory / folder_name(str(build["test"]))
+        return directory / folder_name(str(options["test"]))
 
     def close(self) -> None:
         """Write every folder spooled, in child processes, and wait for them."""
@@ -92,7 +92,8 @@ class Writer:
 
 def _serve(spool: str, index: int, workers: int) -> None:
     """A child: build and write every ``workers``-th folder of the spool, from ``index``."""
-    from harness.controller import timeline_build, trace_dir
+    from harness.timeline import folder
+    from harness.timeline.build import build
 
     with open(spool, "rb") as handle:
         number = 0
@@ -102,14 +103,14 @@ def _serve(spool: str, index: int, workers: int) -> None:
             if (number - 1) % workers != index:
                 handle.seek(size, os.SEEK_CUR)
                 continue
-            directory, traces, world_size, build = pickle.loads(handle.read(size))
+            directory, traces, world_size, options = pickle.loads(handle.read(size))
             try:
-                timeline = timeline_build.build(traces, world_size, **build)
-                folder, problems = trace_dir.write(Path(directory), timeline)
+                timeline = build(traces, world_size, **options)
+                written, problems = folder.write(Path(directory), timeline)
             except Exception as exc:  # one folder's failure must not lose the others
-                folder, problems = Path(directory), {"all": f"{type(exc).__name__}: {exc}"}
+                written, problems = Path(directory), {"all": f"{type(exc).__name__}: {exc}"}
             for name, problem in problems.items():
-                print(f"harness: {folder}: {name} not written: {problem}", file=sys.stderr)
+                print(f"harness: {written}: {name} not written: {problem}", file=sys.stderr)
 
 
 if __name__ == "__main__":

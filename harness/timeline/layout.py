@@ -2,9 +2,9 @@
 shortened time axis and the summarised stretches of a huge trace, in pixels.
 
 Time runs left to right in seconds since :attr:`Timeline.origin`, on one axis for every rank
-(:class:`~harness.controller.timeline_axis.Axis`, which shortens long idle stretches); the
+(:class:`~harness.timeline.axis.Axis`, which shortens long idle stretches); the
 scale gives the typical interval between a rank's starts
-:data:`~harness.controller.timeline_axis.PITCH_PX` pixels.
+:data:`~harness.timeline.axis.PITCH_PX` pixels.
 
 A call with more than :data:`MAX_BOXES` collectives is windowed: each rank keeps a box for its
 first and last collectives and for those around the marked one (:attr:`Timeline.mark`), a
@@ -23,9 +23,9 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.controller.timeline_axis import MIN_PLOT, PITCH_PX, X0, Axis, Gap
-from harness.protocol.timeline import Span, Timeline
 from harness.protocol.traces import IN_FLIGHT, ISSUED
+from harness.timeline.axis import MIN_PLOT, PITCH_PX, X0, Axis, Gap
+from harness.timeline.model import Span, Timeline
 
 MAX_BOXES = 3000
 """Above this many collectives in a call, each rank's are windowed (see the module)."""

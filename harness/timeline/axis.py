@@ -1,7 +1,7 @@
 """The time axis of the timeline picture (:class:`Axis`): seconds to pixels, one axis for
 every rank, with long idle stretches shortened.
 
-The scale (pixels per second) is chosen by :mod:`harness.controller.timeline_layout`. A stretch
+The scale (pixels per second) is chosen by :mod:`harness.timeline.layout`. A stretch
 with no collective starting or ending in it that would be wider than :data:`GAP_PX` (the wait
 before a hang, the start-up before the first collective) is drawn as a gap of fixed width,
 labelled with its length, so the collectives stay readable however long a call waited; gaps

@@ -29,8 +29,8 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from harness.protocol.timeline import NEVER_REACHED, Span, Timeline
 from harness.protocol.traces import COMPLETED, IN_FLIGHT, ISSUED, RAISED
+from harness.timeline.model import NEVER_REACHED, Span, Timeline
 
 CATEGORY = "collective"
 """The ``cat`` of a collective's slices and of its flow events (equal, see the module)."""

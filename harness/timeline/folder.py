@@ -1,10 +1,10 @@
 """A test's trace folder (``--dist-trace-dir``): its name, and the files written into it.
 
 Each test gets ``DIR/<name>/`` holding ``timeline.html`` (the picture,
-:mod:`harness.controller.timeline_html`), ``trace.json`` (Chrome trace events,
-:mod:`harness.controller.trace_events`) and ``fr/`` (one Flight Recorder dump per rank,
-:mod:`harness.controller.flight_dumps`), all from one
-:class:`~harness.protocol.timeline.Timeline`. The name is the test id made safe on Linux,
+:mod:`harness.timeline.page`), ``trace.json`` (Chrome trace events,
+:mod:`harness.timeline.chrome_trace`) and ``fr/`` (one Flight Recorder dump per rank,
+:mod:`harness.timeline.flight_dumps`), all from one
+:class:`~harness.timeline.model.Timeline`. The name is the test id made safe on Linux,
 macOS and Windows (ASCII letters, digits, ``.``, ``_`` and ``-``; no reserved device name;
 short enough for any path), followed by a hash of the whole id, so that two ids never share
 a folder, not even on a file system that ignores case.
@@ -21,7 +21,7 @@ import tempfile
 import unicodedata
 from pathlib import Path
 
-from harness.protocol.timeline import Timeline
+from harness.timeline.model import Timeline
 
 __all__ = ["FILES", "check_writable", "folder_name", "write"]
 
@@ -111,7 +111,7 @@ def _write_one(target: Path, timeline: Timeline) -> None:
     """Write one of :data:`FILES` (writers imported here: a run without the option never
     loads them)."""
     if target.name == "fr":
-        from harness.controller import flight_dumps
+        from harness.timeline import flight_dumps
 
         if target.is_dir():
             shutil.rmtree(target)  # an earlier run's dumps, maybe of more ranks
@@ -119,13 +119,13 @@ def _write_one(target: Path, timeline: Timeline) -> None:
         flight_dumps.write(target, timeline)
         return
     if target.name == "timeline.html":
-        from harness.controller import timeline_html
+        from harness.timeline import page
 
-        text = timeline_html.render(timeline)
+        text = page.render(timeline)
     else:
-        from harness.controller import trace_events
+        from harness.timeline import chrome_trace
 
-        text = json.dumps(trace_events.document(timeline), separators=(",", ":"))
+        text = json.dumps(chrome_trace.document(timeline), separators=(",", ":"))
     # Whole or not at all: a reader never sees half a file.
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     temporary.write_text(text, encoding="utf-8")

@@ -1,11 +1,10 @@
-"""A distributed call's collectives on one time axis, across its ranks: what the trace files of
-a test (``--dist-trace-dir``) are written from.
+"""A distributed call's collectives on one time axis, across its ranks: the record every file
+of a test's trace folder (``--dist-trace-dir``) is written from.
 
-The controller builds a :class:`Timeline` from the ranks' traces
-(:mod:`harness.controller.timeline_build`); each writer turns it into one file: the picture
-(:mod:`harness.controller.timeline_html`), Chrome trace events
-(:mod:`harness.controller.trace_events`) and Flight Recorder dumps
-(:mod:`harness.controller.flight_dumps`). A collective is identified across ranks by its group
+:mod:`harness.timeline.build` makes a :class:`Timeline` from the ranks' traces; each writer
+turns it into one file: the picture (:mod:`harness.timeline.page`), Chrome trace events
+(:mod:`harness.timeline.chrome_trace`) and Flight Recorder dumps
+(:mod:`harness.timeline.flight_dumps`). A collective is identified across ranks by its group
 and its number there (``(group, seq)``): the ranks that took part in one collective hold a
 span each with the same pair.
 """
@@ -22,9 +21,6 @@ stopped (returned, raised, hung, died) before it got there."""
 
 STATES = (COMPLETED, IN_FLIGHT, ISSUED, RAISED, NEVER_REACHED)
 """Every state a span can have."""
-
-MISMATCH, HANG = "mismatch", "hang"
-"""The kinds of :attr:`Timeline.mark`."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +94,9 @@ class Timeline:
         ranks_unknown: Ranks whose trace is missing (the rank died, or did not answer).
         mark: ``(group, seq)`` of the collective to point at (the first mismatch, or where a
             rank hangs); None when there is none.
-        mark_kind: :data:`MISMATCH` or :data:`HANG` ('' when ``mark`` is None).
+        mark_kind: Its kind, as the verdict that points at it says:
+            :data:`~harness.controller.verdicts.MISMATCH` or
+            :data:`~harness.controller.verdicts.HANG` ('' when ``mark`` is None).
         mark_text: What is wrong there, one line (``"rank 1 called all_gather, rank 0
             all_reduce"``).
         origin: The time zero of ``Span.start``/``end``, as ``time.monotonic()`` read it on

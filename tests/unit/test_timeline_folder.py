@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from timeline_samples import mismatch
 
-from harness.controller import trace_dir
-from harness.controller.trace_dir import SLUG_MAX, check_writable, folder_name
-from harness.protocol.timeline import Timeline
+from harness.timeline.folder import SLUG_MAX, check_writable, folder_name, write
+from harness.timeline.model import Timeline
 
 SAFE = re.compile(r"^[A-Za-z0-9._-]+$")
 
@@ -92,21 +91,21 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch, broken: str = "") -> None:
             (directory / str(rank)).write_bytes(b"dump")
 
     modules = {
-        "timeline_html": ("render", lambda timeline: f"<html>{timeline.test}</html>"),
-        "trace_events": ("document", lambda timeline: {"traceEvents": []}),
+        "page": ("render", lambda timeline: f"<html>{timeline.test}</html>"),
+        "chrome_trace": ("document", lambda timeline: {"traceEvents": []}),
         "flight_dumps": ("write", dumps),
     }
     for name, (function, fn) in modules.items():
-        module = types.ModuleType(f"harness.controller.{name}")
+        module = types.ModuleType(f"harness.timeline.{name}")
         setattr(module, function, fail if name == broken else fn)
-        monkeypatch.setitem(sys.modules, f"harness.controller.{name}", module)
-        monkeypatch.setattr(f"harness.controller.{name}", module, raising=False)
+        monkeypatch.setitem(sys.modules, f"harness.timeline.{name}", module)
+        monkeypatch.setattr(f"harness.timeline.{name}", module, raising=False)
 
 
 def test_the_folder_holds_the_three_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _stand_ins(monkeypatch)
     timeline = mismatch()
-    folder, problems = trace_dir.write(tmp_path, timeline)
+    folder, problems = write(tmp_path, timeline)
     assert problems == {}
     assert folder == tmp_path / folder_name(timeline.test)
     assert sorted(os.listdir(folder)) == ["fr", "timeline.html", "trace.json"]
@@ -114,14 +113,14 @@ def test_the_folder_holds_the_three_files(tmp_path: Path, monkeypatch: pytest.Mo
     assert json.loads((folder / "trace.json").read_text()) == {"traceEvents": []}
     assert sorted(os.listdir(folder / "fr")) == ["0", "1", "2", "3"]
     # Written again (a smaller world): the earlier dumps are gone.
-    trace_dir.write(tmp_path, Timeline(timeline.test, "", 2, "gloo", (), ()))
+    write(tmp_path, Timeline(timeline.test, "", 2, "gloo", (), ()))
     assert sorted(os.listdir(folder / "fr")) == ["0", "1"]
 
 
 def test_a_writer_that_fails_leaves_the_others(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _stand_ins(monkeypatch, broken="trace_events")
-    folder, problems = trace_dir.write(tmp_path, mismatch())
+    _stand_ins(monkeypatch, broken="chrome_trace")
+    folder, problems = write(tmp_path, mismatch())
     assert problems == {"trace.json": "RuntimeError: broken writer"}
     assert sorted(os.listdir(folder)) == ["fr", "timeline.html"]

@@ -1,4 +1,4 @@
-"""The :class:`~harness.protocol.timeline.Timeline` of a call, built from its ranks' traces.
+"""The :class:`~harness.timeline.model.Timeline` of a call, built from its ranks' traces.
 
 Each rank's trace holds, per process group, every collective it issued (up to
 ``SEQUENCE_CAP``) with when it started and returned, on ``time.monotonic()``'s clock, which
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from harness.controller.verdicts import HANG, MISMATCH
 from harness.errors import DistributedError
-from harness.protocol.timeline import HANG, MISMATCH, NEVER_REACHED, Group, Span, Timeline
 from harness.protocol.traces import (
     COMPLETED,
     DEFAULT_GROUP,
@@ -25,6 +25,7 @@ from harness.protocol.traces import (
     group_names,
     issued,
 )
+from harness.timeline.model import NEVER_REACHED, Group, Span, Timeline
 
 __all__ = ["build", "from_error"]
 

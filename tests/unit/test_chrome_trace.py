@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from timeline_samples import DEFAULT, EVENS, big, hang, mismatch, span, without
 
-from harness.controller.trace_events import CATEGORY, document
-from harness.protocol.timeline import Timeline
+from harness.timeline.chrome_trace import CATEGORY, document
+from harness.timeline.model import Timeline
 
 SAMPLES = {"mismatch": mismatch, "hang": hang, "big": big}
 

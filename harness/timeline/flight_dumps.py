@@ -40,8 +40,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from harness.protocol.timeline import NEVER_REACHED, Group, Span, Timeline
 from harness.protocol.traces import COMPLETED, IN_FLIGHT, ISSUED, RAISED
+from harness.timeline.model import NEVER_REACHED, Group, Span, Timeline
 
 VERSION = "2.10"
 """The dump layout's version, as torch 2.13's recorder writes it (its analyzer reads 2.x)."""
