@@ -65,6 +65,7 @@ deadline is worked out once, for both runs)."""
 # the marker, PYTEST_TIMEOUT and ini reach the harness the same way, through pytest-timeout's
 # own settings lookup, which tests/unit/test_unit_timeout_sources.py checks for each), and
 # func_only, where the harness reads the settings itself.
+@pytest.mark.needs_plugin("timeout")
 @pytest.mark.parametrize("how", ["option", "func_only"])
 def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     pytester: pytest.Pytester, how: str
@@ -97,6 +98,7 @@ def test_pytest_timeout_is_the_deadline_and_the_report_is_the_harnesss(
     assert "from pytest-timeout" not in output
 
 
+@pytest.mark.needs_plugin("timeout")
 def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
     pytester: pytest.Pytester,
 ) -> None:
@@ -142,6 +144,7 @@ def test_a_rank_fixture_ending_with_its_module_is_bounded_alike(
     assert "+ Timeout +" not in result.stdout.str()
 
 
+@pytest.mark.needs_plugin("timeout")
 def test_pytest_timeouts_thread_method_is_taken_over_too(pytester: pytest.Pytester) -> None:
     # Its timer thread would end the whole pytest process (os._exit) when it fires: a run of
     # its own, and the session must go on to test_after.
@@ -171,6 +174,7 @@ def test_plain():
 """
 
 
+@pytest.mark.needs_plugin("timeout")
 def test_pytest_timeout_leaves_a_smaller_harness_timeout_and_plain_tests_alone(
     pytester: pytest.Pytester,
 ) -> None:
