@@ -34,7 +34,7 @@ from harness.plugin import (  # noqa: E402
     report,
     settings,
     sweep_count,
-    sweep_report,
+    sweep_summary,
     warmup,
 )
 
@@ -218,7 +218,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     # Counted from the reports' user_properties, which pytest-xdist's workers send back:
     # the controller sees every worker's tests.
-    noted: dict[str, list[str]] = {report.VERIFIED: [], report.GPU_TESTS: [], sweep_report.CASE: []}
+    noted: dict[str, list[str]] = {
+        report.VERIFIED: [],
+        report.GPU_TESTS: [],
+        sweep_summary.CASE: [],
+    }
     for reports in terminalreporter.stats.values():
         for made in reports:
             if getattr(made, "when", None) == "setup":
@@ -233,10 +237,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"processes, {differ} differ"
             + (" (each reported as an order dependence)" if differ else "")
         )
-    if noted[sweep_report.CASE]:  # each sweep's cases, in ranges of the same verdict
+    if noted[sweep_summary.CASE]:  # each sweep's cases, in ranges of the same verdict
         terminalreporter.write_sep("=", "harness: fault sweeps")
-        cases = (sweep_report.Case.loads(text) for text in noted[sweep_report.CASE])
-        for line in sweep_report.summary(cases):
+        cases = (sweep_summary.Case.loads(text) for text in noted[sweep_summary.CASE])
+        for line in sweep_summary.summary(cases):
             terminalreporter.write_line(line)
     gpu_tests = noted[report.GPU_TESTS]
     if gpu_tests:
@@ -293,9 +297,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 def _resolve_sweep(metafunc: pytest.Metafunc, spec: marker.MarkSpec, sweep: Any) -> list[Any]:
     # Only for a sweep over "all": it counts a clean run, with torch.
-    from harness.plugin import sweeps
+    from harness.plugin import sweep_cases
 
-    return sweeps.resolve(metafunc, spec, sweep)
+    return sweep_cases.resolve(metafunc, spec, sweep)
 
 
 @pytest.hookimpl(wrapper=True)

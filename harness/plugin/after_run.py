@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from harness.plugin import report, sweeps
+from harness.plugin import report, sweep_cases
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -72,14 +72,14 @@ class Ran:
 
 
 def verify(session: Session, ran: Ran) -> Ran:
-    """A sweep case's ``verify=``, on a fresh world (see :func:`sweeps.after_case`).
+    """A sweep case's ``verify=``, on a fresh world (see :func:`sweep_cases.after_case`).
 
     Raises:
         pytest.fail.Exception: ``verify`` names an argument the test has no value for.
     """
     if ran.test is None:
         return ran
-    outcome = sweeps.after_case(
+    outcome = sweep_cases.after_case(
         ran.item,
         ran.test,
         ran.outcome,
@@ -90,9 +90,9 @@ def verify(session: Session, ran: Ran) -> Ran:
 
 
 def sweep_note(session: Session, ran: Ran) -> Ran:
-    """A sweep's case noted for the terminal summary (:func:`sweeps.note`)."""
+    """A sweep's case noted for the terminal summary (:func:`sweep_cases.note`)."""
     if ran.test is not None:
-        sweeps.note(ran.item, ran.test, ran.outcome, ran.option)
+        sweep_cases.note(ran.item, ran.test, ran.outcome, ran.option)
     return ran
 
 

@@ -49,7 +49,7 @@ class MarkSpec:
 @dataclasses.dataclass(frozen=True)
 class CleanRun:
     """The fault parameter of a clean run that counts a sweep's collectives
-    (:mod:`harness.plugin.sweeps`): no fault; ``number`` 1 and 2 are the two runs compared,
+    (:mod:`harness.plugin.sweep_cases`): no fault; ``number`` 1 and 2 are the two runs compared,
     0 a test that is not being counted (never run)."""
 
     number: int
@@ -62,7 +62,7 @@ class CleanRun:
 @dataclasses.dataclass(frozen=True)
 class Unresolved:
     """The fault parameter of the one case of a sweep over ``"all"`` that could not be
-    resolved into faults (:func:`harness.plugin.sweeps.resolve`): it fails, with
+    resolved into faults (:func:`harness.plugin.sweep_cases.resolve`): it fails, with
     ``reason``, when it runs.
 
     Attributes:
@@ -201,7 +201,7 @@ def parametrize(
 ) -> None:
     """Turn list-valued ``world_size`` / ``backend`` and a sweep of ``faults`` into parameters
     (ids ``ws2``, ``gloo``, ``kill-r1-at3``); a sweep over ``"all"`` is resolved first, by
-    ``resolve`` (:func:`harness.plugin.sweeps.resolve`).
+    ``resolve`` (:func:`harness.plugin.sweep_cases.resolve`).
 
     Raises:
         pytest.fail.Exception: A sweep over ``"all"`` that cannot be resolved (a collection

@@ -31,7 +31,7 @@ from harness import compat, validate
 from harness.controller.pickling import pickle_problem
 from harness.errors import DistributedError, OrderDependenceWarning
 from harness.faults import Fault
-from harness.plugin import interrupts, property_checks, report, settings, sweeps
+from harness.plugin import interrupts, property_checks, report, settings, sweep_cases
 from harness.plugin.replay import Step
 from harness.protocol.pytest_calls import ARG_VALUE, Arg, FixturePlan, TestRef
 from harness.rank.property_body import run_example
@@ -246,7 +246,7 @@ class PropertyTest:
             else:
                 outcome = self.call(self._world(shape), step, False)
             fault = drawn.get(property_checks.FAULT_ARG)
-            outcome = sweeps.after_case(
+            outcome = sweep_cases.after_case(
                 self.item,
                 self.test,
                 outcome,

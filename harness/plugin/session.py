@@ -38,7 +38,7 @@ from harness.plugin import (
     replay,
     report,
     settings,
-    sweeps,
+    sweep_cases,
     trace_folders,
 )
 from harness.plugin.leases import Holder, Leases
@@ -229,7 +229,7 @@ class DistSession:
             holder = Holder(item.nodeid)
 
             def marked(options: CallOptions) -> _MarkedTest:
-                body, args = sweeps.body(item, test, run_test, (ref, plan))
+                body, args = sweep_cases.body(item, test, run_test, (ref, plan))
                 step = replay.Step(item.nodeid, body, args, options)
                 return _MarkedTest(step, self, item, plan, test.timeout)
 

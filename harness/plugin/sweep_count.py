@@ -1,6 +1,6 @@
 """The clean run that counts a sweep's collectives: a pytest subprocess, its cache, its failure.
 
-A sweep over ``at="all"`` (:mod:`harness.plugin.sweeps`) needs each rank's collectives of a
+A sweep over ``at="all"`` (:mod:`harness.plugin.sweep_cases`) needs each rank's collectives of a
 clean run of the test. :func:`count` runs the test alone in a pytest subprocess (its own
 fixtures, conftests and ini, on fresh ranks), twice, whose ranks write what they issued
 (:func:`harness.rank.sweep.counted`); the two must agree. Its result is cached under

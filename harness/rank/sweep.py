@@ -3,7 +3,7 @@
 A sweep over ``at="all"`` (:func:`harness.faults.sweep`) needs each rank's collectives of
 a clean run of the test, per process group, with their call sites: :func:`counted` runs
 the test's body and writes them to a file for the controller
-(:mod:`harness.plugin.sweeps`). :func:`verified` runs a marker's ``verify=`` on a fresh
+(:mod:`harness.plugin.sweep_cases`). :func:`verified` runs a marker's ``verify=`` on a fresh
 world after a case, with the arguments it names.
 """
 

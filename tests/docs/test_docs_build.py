@@ -126,3 +126,17 @@ def test_module_map_names_every_module() -> None:
         package = path.parent.relative_to(ROOT).as_posix() + "/"
         on_disk.setdefault(package, set()).add(path.name)
     assert named == on_disk
+
+
+def test_package_docstrings_list_the_modules_of_the_map() -> None:
+    # A package's docstring that lists its modules (``:mod:`~harness.rank.loop```) lists
+    # exactly those on disk, which the module map above names too.
+    named = _map_sections((ROOT / "docs" / "contributing.md").read_text(encoding="utf-8"))
+    for init in sorted((ROOT / "harness").glob("*/__init__.py")):
+        package = init.parent.relative_to(ROOT).as_posix()
+        dotted = package.replace("/", ".")
+        listed = set(re.findall(rf":mod:`~{re.escape(dotted)}\.(\w+)`", init.read_text()))
+        if not listed:
+            continue
+        in_map = {name.removesuffix(".py") for name in named[package + "/"]} - {"__init__"}
+        assert listed == in_map, f"{init}: {sorted(listed ^ in_map)} differ from the map"

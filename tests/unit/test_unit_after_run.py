@@ -20,7 +20,7 @@ from harness.plugin.interrupts import Deadline
 from harness.plugin.leases import Holder
 from harness.plugin.marker import CleanRun, check_verify
 from harness.plugin.settings import TestSettings, WorldShape
-from harness.plugin.sweep_report import CASE
+from harness.plugin.sweep_summary import CASE
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions, Skipped
 

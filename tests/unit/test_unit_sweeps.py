@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness import fault_checks, faults
-from harness.plugin import sweep_count, sweeps
-from harness.plugin.sweep_report import (
+from harness.plugin import sweep_cases, sweep_count
+from harness.plugin.sweep_summary import (
     MAX_CASES,
     Case,
     fault_label,
@@ -117,19 +117,19 @@ def test_bad_open_sweeps_are_named(make: object, error: type[Exception], message
 )
 def test_verify_must_be_a_module_level_function(value: object, message: str) -> None:
     with pytest.raises(TypeError, match=message):
-        sweeps.check_verify(value)
+        sweep_cases.check_verify(value)
 
 
 def test_a_nested_verify_function_is_named() -> None:
     def nested(tmp_path: object) -> None: ...
 
     with pytest.raises(TypeError, match="not <function test_a_nested_verify_function"):
-        sweeps.check_verify(nested)
+        sweep_cases.check_verify(nested)
 
 
 def test_verify_may_be_none_or_a_module_level_function() -> None:
-    assert sweeps.check_verify(None) is None
-    assert sweeps.check_verify(module_level_check) is module_level_check
+    assert sweep_cases.check_verify(None) is None
+    assert sweep_cases.check_verify(module_level_check) is module_level_check
 
 
 # ------------------------------------------------------------------- the counting run

@@ -11,7 +11,7 @@ every other test.
 After each case that passed (its survivors coped, or its restarts resumed), the marker's
 ``verify=`` runs on every rank of a fresh world (:func:`after_case`); its failure is the
 case's, naming the kill point. Each case of a sweep notes itself for the terminal summary
-(:func:`note`, :mod:`harness.plugin.sweep_report`).
+(:func:`note`, :mod:`harness.plugin.sweep_summary`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from harness.faults import ALL, Fault, OpenSweep, Sweep
 from harness.plugin import item_state, report
 from harness.plugin.marker import CleanRun, MarkSpec, Unresolved, check_verify
 from harness.plugin.sweep_count import COUNT_DIR, COUNT_TEST, count, counted_before
-from harness.plugin.sweep_report import CASE, MAX_CASES, Case, fault_label, too_many, verdict
+from harness.plugin.sweep_summary import CASE, MAX_CASES, Case, fault_label, too_many, verdict
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.rank.sweep import RANK_ARGS, counted, verified
 
