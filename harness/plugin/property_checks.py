@@ -1,10 +1,11 @@
-"""What a ``@given`` distributed test is checked for: its marker and its ``world_size``
-strategy before any example runs, and each example's drawn world size and faults.
+"""What a ``@given`` distributed test is checked for: its ``world_size`` strategy before any
+example runs, and each example's drawn world size and faults (a marker whose ``world_size``
+is a strategy fails with the test's settings, :mod:`harness.plugin.settings`).
 
 The checks before any example fail the test with one line naming the bad value and what
-would be valid (:func:`check_marker`, :func:`check_bounds`); those of an example
-(:func:`drawn_size`, :func:`drawn_faults`) raise into Hypothesis, so that the example fails
-and shrinks, or, for a fault on a rank the drawn world does not have, reject it.
+would be valid (:func:`check_bounds`); those of an example (:func:`drawn_size`,
+:func:`drawn_faults`) raise into Hypothesis, so that the example fails and shrinks, or, for
+a fault on a rank the drawn world does not have, reject it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import pytest
 from harness import compat, validate
 from harness.fault_checks import checked
 from harness.faults import Fault
-from harness.plugin.marker import parse_mark, run_mark
 
 MAX_WORLD_SIZE_INI = "dist_max_world_size"
 DEFAULT_MAX_WORLD_SIZE = 8
@@ -27,29 +27,6 @@ likely a strategy's mistake than a test's intent."""
 
 FAULT_ARG = "fault"
 """The drawn argument whose value (a fault, a list of them, or None) each example injects."""
-
-
-def check_marker(item: pytest.Function) -> None:
-    """Fail a test whose marker's ``world_size`` is a Hypothesis strategy, saying where the
-    strategy goes instead.
-
-    Raises:
-        pytest.fail.Exception: The marker's ``world_size`` is a strategy.
-    """
-    mark = run_mark(item)
-    if mark is None:
-        return
-    try:
-        size = parse_mark(mark).world_size
-    except ValueError:
-        return  # the marker's other mistakes are reported by its settings
-    if type(size).__module__.startswith("hypothesis."):
-        raise pytest.fail.Exception(
-            f"invalid @pytest.mark.{mark.name}: world_size={size!r} is a Hypothesis strategy; "
-            f"draw it with the test's arguments instead: @given(world_size={size!r}, ...), "
-            "and leave world_size out of the marker",
-            pytrace=False,
-        )
 
 
 def max_world_size(config: pytest.Config) -> int:

@@ -32,7 +32,6 @@ from harness.plugin import (
     interrupts,
     item_state,
     properties,
-    property_checks,
     rank_fixtures,
     refs,
     replay,
@@ -182,7 +181,6 @@ class DistSession:
         """
         if self._preload_failure():
             raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
-        property_checks.check_marker(item)
         test = settings.for_test(self.settings, item, self.resolve_backend)
         item_state.of(item).settings = test
         world = test.world

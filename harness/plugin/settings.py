@@ -345,8 +345,15 @@ def _world_size(size: object) -> int:
     """A test's world size (a list's is a parameter by now).
 
     Raises:
-        TypeError, ValueError: It is not an int >= 1, naming it.
+        TypeError, ValueError: It is not an int >= 1, naming it; a Hypothesis strategy
+            (a ``@given`` test draws it), saying where it goes instead.
     """
+    if type(size).__module__.startswith("hypothesis."):
+        raise ValueError(
+            f"world_size={size!r} is a Hypothesis strategy; draw it with the test's "
+            f"arguments instead: @given(world_size={size!r}, ...), and leave world_size out "
+            "of the marker"
+        )
     if isinstance(size, (list, tuple)) and not size:
         raise ValueError("world_size must be an int >= 1 or a non-empty list of them, not []")
     return validate.positive_int(size, "world_size")
