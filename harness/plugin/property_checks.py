@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from harness import compat, validate
-from harness.fault_checks import checked
 from harness.faults import Fault
+from harness.faults.checks import checked
 from harness.plugin.marker import parse_mark, run_mark
 
 MAX_WORLD_SIZE_INI = "dist_max_world_size"

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.fault_checks import check_attempts, checked
+from harness.faults.checks import checked
 from harness.plugin import gpu_needs
 from harness.plugin.marker import (
     BACKEND_PARAM,
@@ -243,8 +243,7 @@ def for_test(session: Settings, item: pytest.Item) -> TestSettings:
         if isinstance(params.get(FAULT_PARAM), CleanRun):  # a sweep's counting run: none
             faults = []
         sizes = validate.attempt_sizes(spec.restarts, world_size)
-        placed = checked(faults, max(sizes))
-        check_attempts(placed, sizes)
+        placed = checked(faults, sizes)
         # pytest-randomly's seed where it is active (it reseeds every test alike), else one
         # from the node id: a test draws the same numbers alone, first, or after any others.
         seed, per_rank = session.randomly_seed, spec.gpus_per_rank

@@ -11,8 +11,8 @@ import signal
 
 import pytest
 
-from harness import fault_checks, faults, validate
-from harness.faults import Fault, FaultFired
+from harness import faults, validate
+from harness.faults import Fault, FaultFired, checks
 
 # ---------------------------------------------------------------- validators
 
@@ -209,10 +209,10 @@ def test_a_sweep_takes_a_kinds_name_or_function_and_keeps_every_pair_in_order() 
 
 
 def test_checked_takes_lists_and_tuples_and_returns_a_tuple() -> None:
-    assert fault_checks.checked([], 1) == ()
+    assert checks.checked([], 1) == ()
     pair = (faults.kill(0, 1), faults.kill(0, 2))
-    assert fault_checks.checked(list(pair), 1) == pair
-    assert fault_checks.checked(pair, 1) == pair
+    assert checks.checked(list(pair), 1) == pair
+    assert checks.checked(pair, 1) == pair
 
 
 def test_the_same_collective_number_on_other_groups_or_ranks_is_no_clash() -> None:
@@ -222,9 +222,9 @@ def test_the_same_collective_number_on_other_groups_or_ranks_is_no_clash() -> No
         faults.delay(0, 1, 1.0, group=(0, 2)),
         faults.hang(1, 1),
     ]
-    assert len(fault_checks.checked(placed, 3)) == 4
+    assert len(checks.checked(placed, 3)) == 4
     with pytest.raises(ValueError) as info:
-        fault_checks.checked([*placed, faults.exit(0, 1, 1, group=(1, 0))], 3)
+        checks.checked([*placed, faults.exit(0, 1, 1, group=(1, 0))], 3)
     assert str(info.value) == (
         "faults: delay(rank=0, at=1, seconds=1, group=(0, 1)) and exit(rank=0, at=1, code=1, "
         "group=(0, 1)) both act at collective #1 of rank 0 on group (0, 1); give one"
@@ -237,14 +237,14 @@ def test_the_same_collective_number_on_other_groups_or_ranks_is_no_clash() -> No
 )
 def test_checked_rejects_what_is_not_a_list_of_faults(value: object) -> None:
     with pytest.raises(TypeError) as info:
-        fault_checks.checked(value, 2, where="World.run(faults=...)")
+        checks.checked(value, 2, where="World.run(faults=...)")
     assert str(info.value).startswith("World.run(faults=...) must be a list of faults")
     assert repr(value) in str(info.value)
 
 
 def test_checked_rejects_a_sweep_naming_how_to_run_it() -> None:
     with pytest.raises(TypeError, match=r"for fault in sweep: world.run\(fn, faults=\[fault\]\)"):
-        fault_checks.checked(faults.sweep("hang", ranks=[0], at=[1]), 2)
+        checks.checked(faults.sweep("hang", ranks=[0], at=[1]), 2)
 
 
 def test_checked_rejects_a_fault_that_does_not_pickle() -> None:
@@ -252,7 +252,7 @@ def test_checked_rejects_a_fault_that_does_not_pickle() -> None:
         return None
 
     with pytest.raises(TypeError) as info:
-        fault_checks.checked([faults.corrupt(0, 1, local)], 2)
+        checks.checked([faults.corrupt(0, 1, local)], 2)
     text = str(info.value)
     assert text.startswith("fault corrupt(rank=0, at=1, fn=")
     assert "does not pickle" in text
