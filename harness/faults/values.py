@@ -70,7 +70,7 @@ class Fault:
 
     def problem(self) -> str:
         """What is wrong with the fault's own arguments ('' when nothing), naming the bad
-        value and what would be valid: the first rule of its arguments that finds something."""
+        value and what would be valid."""
         for rule in _RULES:
             found = rule(self)
             if found:
