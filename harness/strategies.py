@@ -23,7 +23,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
     ) from exc
 
 from harness import validate
-from harness.faults import _MAKERS, KINDS, Fault
+from harness.faults import Fault
+from harness.faults.makers import for_kind
 
 if TYPE_CHECKING:
     import torch
@@ -213,9 +214,7 @@ def faults(
             does not take. The values of the faults' arguments are checked when an example
             runs, as any fault's.
     """
-    maker = _MAKERS.get(kind) if isinstance(kind, str) else kind
-    if maker is None or maker not in _MAKERS.values():
-        raise ValueError(f"unknown fault kind {kind!r}; valid: {', '.join(KINDS)}")
+    maker = for_kind(kind)
     maker(0, 1, **kwargs)  # an argument the kind has no parameter for is named now
     rank, point = _ints(ranks, "ranks"), _ints(at, "at")
     return st.builds(lambda r, n: maker(r, n, **kwargs), rank, point)

@@ -12,7 +12,7 @@ from harness import compat, validate
 from harness.controller.outcome import Outcome
 from harness.controller.spawn import RankProcess
 from harness.errors import WorldTimeout
-from harness.fault_checks import checked
+from harness.faults.checks import checked
 from harness.protocol.messages import OUTPUTS, CallOptions, Done
 
 _CONTROLLER_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep

@@ -13,8 +13,8 @@ from harness.controller.calls import result
 from harness.controller.outcome import Outcome
 from harness.controller.restarts import run_attempts
 from harness.controller.world import World
-from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
+from harness.faults.checks import checked
 from harness.protocol.messages import CallOptions
 
 
@@ -81,8 +81,7 @@ def run(
     args, kwargs = validate.call_args(args), validate.call_kwargs(kwargs)
     size = validate.positive_int(world_size, "world_size")
     sizes = validate.attempt_sizes(restarts, size)
-    placed = checked(faults, max(sizes))
-    check_attempts(placed, sizes)
+    placed = checked(faults, sizes)
     worlds: dict[int, World] = {}
 
     def attempt(size: int, options: CallOptions) -> Outcome:

@@ -26,8 +26,8 @@ from harness.controller.leak_reports import leak_report
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run_attempts
-from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
+from harness.faults.checks import checked
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup
 from harness.protocol.rank_files import rendezvous_path
@@ -220,8 +220,7 @@ class World:
                 "give a schedule of sizes to harness.run or the marker"
             )
         # Checked before the record is made of them: a bad value is named as it was given.
-        placed = checked(faults, self.world_size)
-        check_attempts(placed, sizes)
+        placed = checked(faults, sizes)
         # The World's own timeout in the record, so that checking it changes nothing.
         bound = self.timeout if timeout is None else timeout
         options = CallOptions(bound, check_collectives=check_collectives, faults=placed)

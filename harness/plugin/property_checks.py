@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from harness import compat, validate
-from harness.fault_checks import checked
 from harness.faults import Fault
+from harness.faults.checks import checked
 
 MAX_WORLD_SIZE_INI = "dist_max_world_size"
 DEFAULT_MAX_WORLD_SIZE = 8

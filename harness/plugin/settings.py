@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from harness import validate
-from harness.fault_checks import check_attempts, checked
 from harness.faults import Fault
+from harness.faults.checks import checked
 from harness.plugin import gpu_needs
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.marker import (
@@ -313,8 +313,7 @@ def _settings(
     faults = [case] if FAULT_PARAM in params else spec.faults
     faults = [] if isinstance(case, CleanRun) else faults
     sizes = validate.attempt_sizes(spec.restarts, world_size)
-    placed = checked(faults, max(sizes))
-    check_attempts(placed, sizes)
+    placed = checked(faults, sizes)
     per_rank = spec.gpus_per_rank
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")

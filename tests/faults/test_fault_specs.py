@@ -7,7 +7,8 @@ import signal
 
 import pytest
 
-from harness import fault_checks, faults
+from harness import faults
+from harness.faults import checks
 
 
 def negate(tensor):  # a module-level corruption: it must pickle
@@ -68,7 +69,7 @@ def test_a_sweep_is_every_rank_and_collective_pair_in_order() -> None:
 def test_a_bad_spec_fails_when_a_run_checks_it_naming_the_fault_and_value(make, message) -> None:
     made = make()  # at a test module's import: nothing fails yet
     with pytest.raises(ValueError) as raised:
-        fault_checks.checked([made], 4)
+        checks.checked([made], 4)
     assert str(raised.value).startswith(f"fault {made}: ")
     assert message in str(raised.value)
 
@@ -87,12 +88,12 @@ def test_a_sweep_of_no_kind_or_no_case_fails_when_made(make, message) -> None:
 
 
 def test_faults_are_checked_against_the_world_they_run_in() -> None:
-    assert fault_checks.checked([faults.kill(1, 1)], 2) == (faults.kill(1, 1),)
+    assert checks.checked([faults.kill(1, 1)], 2) == (faults.kill(1, 1),)
     with pytest.raises(ValueError, match=r"rank 4 is not in a world of 4 \(valid ranks: 0 to 3\)"):
-        fault_checks.checked([faults.kill(4, 1)], 4)
+        checks.checked([faults.kill(4, 1)], 4)
     with pytest.raises(ValueError, match="rank 2 is not in a world of 2"):
-        fault_checks.checked([faults.hang(0, 1, group=(0, 2))], 2)
+        checks.checked([faults.hang(0, 1, group=(0, 2))], 2)
     with pytest.raises(TypeError, match="must be a list of faults"):
-        fault_checks.checked(faults.kill(0, 1), 2)
+        checks.checked(faults.kill(0, 1), 2)
     with pytest.raises(ValueError, match="both act at collective #1 of rank 0"):
-        fault_checks.checked([faults.kill(0, 1), faults.delay(0, 1, 1.0)], 2)
+        checks.checked([faults.kill(0, 1), faults.delay(0, 1, 1.0)], 2)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import fault_checks, faults
+from harness import faults
+from harness.faults import checks
 from harness.plugin import sweep_cases, sweep_count
 from harness.plugin.sweep_summary import (
     MAX_CASES,
@@ -93,7 +94,7 @@ def test_an_open_sweeps_bad_argument_value_is_named_by_its_faults_when_resolved(
             "at='all' needs a clean run's collective counts",
         ),
         (
-            lambda: fault_checks.checked(faults.sweep("kill", ranks="all", at="all"), 2),
+            lambda: checks.checked(faults.sweep("kill", ranks="all", at="all"), 2),
             TypeError,
             "a sweep of faults is meant one",
         ),

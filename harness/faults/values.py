@@ -1,8 +1,8 @@
-"""What a fault is: the :class:`Fault` record, checked when a run uses it, and
+"""What a fault is: the :class:`Fault` record, the rules its arguments follow, and
 :class:`FaultFired`.
 
-Both are public as ``harness.faults.Fault`` and ``harness.faults.FaultFired``, where
-:mod:`harness.faults` makes them. This module imports neither torch nor pytest.
+Both are public as ``harness.faults.Fault`` and ``harness.faults.FaultFired``. This module
+imports neither torch nor pytest.
 """
 
 from __future__ import annotations
@@ -64,59 +64,17 @@ class Fault:
         # (:meth:`check`), so that a bad one fails that run, not the import of its module.
         if isinstance(self.group, tuple) and all(_is_int(member) for member in self.group):
             object.__setattr__(self, "group", tuple(sorted(self.group)))
-        if _is_int(self.signal) and self.signal in _SIGNALS:
+        if _is_signal(self.signal):
             # A plain int: Signals members travel as the number they stand for.
             object.__setattr__(self, "signal", int(self.signal))
 
     def problem(self) -> str:
         """What is wrong with the fault's own arguments ('' when nothing), naming the bad
         value and what would be valid."""
-        if self.kind not in KINDS:
-            return f"unknown fault kind {self.kind!r}; valid: {', '.join(KINDS)}"
-        found = (
-            _index(self.rank, "rank", minimum=0)
-            or _index(self.at, "at", minimum=1, why=" (collectives are counted from 1)")
-            or _index(self.attempt, "attempt", minimum=0)
-        )
-        if found:
-            return found
-        if self.group is not None:
-            members = self.group
-            if not isinstance(members, tuple) or not members:
-                return (
-                    f"group must be a non-empty tuple of global ranks (e.g. (0, 1)) or None "
-                    f"for the default group, not {members!r}"
-                )
-            for member in members:
-                found = _index(member, "a rank of group", minimum=0)
-                if found:
-                    return found
-            if len(set(members)) != len(members):
-                return f"group {members!r} names a rank twice"
-            if self.rank not in members:
-                return f"rank {self.rank} is not a member of group {members!r}"
-        if self.when not in WHEN:
-            return f"unknown when {self.when!r}; valid: {', '.join(map(repr, WHEN))}"
-        # Signals() would take 9.0 or True as a signal.
-        if not _is_int(self.signal) or self.signal not in _SIGNALS:
-            return f"signal must be a signal number such as signal.SIGKILL, not {self.signal!r}"
-        if not _is_int(self.code) or not 0 <= self.code < 256:
-            return f"code must be an exit status from 0 to 255, not {self.code!r}"
-        exc_type = self.exc if isinstance(self.exc, type) else type(self.exc)
-        if self.kind == "error" and not issubclass(exc_type, BaseException):
-            return (
-                f"exc must be an exception or an exception class (e.g. RuntimeError('peer "
-                f"lost')), not {self.exc!r}"
-            )
-        seconds = self.seconds
-        number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-        if not number or not math.isfinite(seconds) or seconds < 0:
-            return f"seconds must be a finite number >= 0, not {seconds!r}"
-        if self.kind == "corrupt" and not callable(self.fn):
-            return f"fn must be callable (it gets the rank's tensor), not {self.fn!r}"
-        strict: object = self.strict  # typed bool, given anything
-        if not isinstance(strict, bool):
-            return f"strict must be True or False, not {strict!r}"
+        for rule in _RULES:
+            found = rule(self)
+            if found:
+                return found
         return ""
 
     @property
@@ -134,21 +92,7 @@ class Fault:
 
     def __str__(self) -> str:
         details = [f"rank={self.rank}", f"at={self.at}"]
-        if self.kind == "kill" and self.when != "before":
-            details.append(f"when={self.when!r}")
-        if self.kind == "kill" and self.signal != _signal.SIGKILL:
-            valid = _is_int(self.signal) and self.signal in _SIGNALS
-            name = _signal.Signals(self.signal).name if valid else repr(self.signal)
-            details.append(f"signal={name}")
-        if self.kind == "exit":
-            details.append(f"code={self.code}")
-        if self.kind == "error":
-            details.append(f"exc={self.exc!r}")
-        if self.kind == "delay":
-            number = isinstance(self.seconds, (int, float)) and not isinstance(self.seconds, bool)
-            details.append(f"seconds={self.seconds:g}" if number else f"seconds={self.seconds!r}")
-        if self.kind == "corrupt":
-            details.append(f"fn={getattr(self.fn, '__qualname__', self.fn)!s}")
+        details += _DETAILS.get(self.kind, _no_details)(self)
         if self.group is not None:
             details.append(f"group={self.group}")
         if self.attempt:
@@ -207,11 +151,153 @@ class FaultFired:
         return f"FaultFired({self})"
 
 
+# ---------------------------------------------------------------- how a fault reads
+
+
+def _kill_details(fault: Fault) -> list[str]:
+    details = [] if fault.when == "before" else [f"when={fault.when!r}"]
+    if fault.signal != _signal.SIGKILL:
+        valid = _is_signal(fault.signal)
+        name = _signal.Signals(fault.signal).name if valid else repr(fault.signal)
+        details.append(f"signal={name}")
+    return details
+
+
+def _delay_details(fault: Fault) -> list[str]:
+    seconds = fault.seconds
+    return [f"seconds={seconds:g}" if _is_number(seconds) else f"seconds={seconds!r}"]
+
+
+def _no_details(fault: Fault) -> list[str]:
+    return []
+
+
+_DETAILS: dict[str, Callable[[Fault], list[str]]] = {
+    "kill": _kill_details,
+    "exit": lambda fault: [f"code={fault.code}"],
+    "error": lambda fault: [f"exc={fault.exc!r}"],
+    "delay": _delay_details,
+    "hang": _no_details,
+    "corrupt": lambda fault: [f"fn={getattr(fault.fn, '__qualname__', fault.fn)!s}"],
+}
+"""What a fault of each kind shows after its rank and collective: its kind's own arguments,
+where they differ from the default."""
+
+
+# ---------------------------------------------------------------- the rules of its arguments
+
+
+def _kind(fault: Fault) -> str:
+    if fault.kind in KINDS:
+        return ""
+    return f"unknown fault kind {fault.kind!r}; valid: {', '.join(KINDS)}"
+
+
+def _place(fault: Fault) -> str:
+    return (
+        _index(fault.rank, "rank", minimum=0)
+        or _index(fault.at, "at", minimum=1, why=" (collectives are counted from 1)")
+        or _index(fault.attempt, "attempt", minimum=0)
+    )
+
+
+def _group(fault: Fault) -> str:
+    members = fault.group
+    if members is None:
+        return ""
+    if not isinstance(members, tuple) or not members:
+        return (
+            f"group must be a non-empty tuple of global ranks (e.g. (0, 1)) or None "
+            f"for the default group, not {members!r}"
+        )
+    for member in members:
+        found = _index(member, "a rank of group", minimum=0)
+        if found:
+            return found
+    if len(set(members)) != len(members):
+        return f"group {members!r} names a rank twice"
+    if fault.rank not in members:
+        return f"rank {fault.rank} is not a member of group {members!r}"
+    return ""
+
+
+def _when(fault: Fault) -> str:
+    if fault.when in WHEN:
+        return ""
+    return f"unknown when {fault.when!r}; valid: {', '.join(map(repr, WHEN))}"
+
+
+def _signal_number(fault: Fault) -> str:
+    if _is_signal(fault.signal):
+        return ""
+    return f"signal must be a signal number such as signal.SIGKILL, not {fault.signal!r}"
+
+
+def _code(fault: Fault) -> str:
+    if _is_int(fault.code) and 0 <= fault.code < 256:
+        return ""
+    return f"code must be an exit status from 0 to 255, not {fault.code!r}"
+
+
+def _exc(fault: Fault) -> str:
+    exc_type = fault.exc if isinstance(fault.exc, type) else type(fault.exc)
+    if fault.kind != "error" or issubclass(exc_type, BaseException):
+        return ""
+    return (
+        f"exc must be an exception or an exception class (e.g. RuntimeError('peer "
+        f"lost')), not {fault.exc!r}"
+    )
+
+
+def _seconds(fault: Fault) -> str:
+    seconds = fault.seconds
+    if _is_number(seconds) and math.isfinite(seconds) and seconds >= 0:
+        return ""
+    return f"seconds must be a finite number >= 0, not {seconds!r}"
+
+
+def _fn(fault: Fault) -> str:
+    if fault.kind != "corrupt" or callable(fault.fn):
+        return ""
+    return f"fn must be callable (it gets the rank's tensor), not {fault.fn!r}"
+
+
+def _strict(fault: Fault) -> str:
+    strict: object = fault.strict  # typed bool, given anything
+    return "" if isinstance(strict, bool) else f"strict must be True or False, not {strict!r}"
+
+
+_RULES: tuple[Callable[[Fault], str], ...] = (
+    _kind,
+    _place,
+    _group,
+    _when,
+    _signal_number,
+    _code,
+    _exc,
+    _seconds,
+    _fn,
+    _strict,
+)
+"""The rules a fault's arguments follow, in the order they are checked: each says what is
+wrong with its argument ('' when nothing). ``when``, ``signal``, ``code`` and ``seconds``
+are checked whatever the kind (a maker leaves those a kind does not use at their valid
+defaults); ``exc`` and ``fn`` for their own kind alone (their default, None, is no value)."""
+
 _SIGNALS = frozenset(int(number) for number in _signal.Signals)
 
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_signal(value: object) -> bool:
+    # Signals() would take 9.0 or True as a signal.
+    return _is_int(value) and value in _SIGNALS
 
 
 def _index(value: object, what: str, *, minimum: int, why: str = "") -> str:
