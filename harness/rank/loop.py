@@ -1,10 +1,10 @@
 """A rank's life, from start to exit (runs inside each rank process).
 
 :func:`main` (started through :func:`harness.rank.entry.rank_main`) sets up the rank's
-safety nets and its :class:`~harness.rank.context.RankContext` (installed as the process's:
-:mod:`harness.rank.current`), makes the default process
-group through ``fhelium.distributed.init`` (unless its world has no harness group), answers
-``Ready`` and serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes.
+safety nets and its :class:`~harness.rank.context.RankContext` (the process's, from then on:
+:mod:`harness.rank.current`), makes the default process group through
+``fhelium.distributed.init`` (unless its world has no harness group), answers ``Ready`` and
+serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes.
 """
 
 from __future__ import annotations
@@ -176,8 +176,8 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
     recorder = trace.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
     running = Running(recorder, watch)
     try:
-        # The call's warning filters end with it; so does the watch on its threads, and
-        # the recording of its collectives.
+        # The call's warning filters end with it; so do the watch on its threads, the
+        # recording of its collectives, and its being the rank's call in progress.
         with warnings.catch_warnings(), watch.threads(), recorder, ctx.calling(running):
             value = fn(*args, **kwargs)
     except BaseException as exc:
