@@ -9,6 +9,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.title`        process titles (``harness rank 1/4 (gloo)``)
 * :mod:`~harness.rank.loop`         a rank's life: start-up, serving calls, exit
 * :mod:`~harness.rank.context`      a rank's state, passed to what serves it; the call in progress
+* :mod:`~harness.rank.current`      the process's rank context, for what is handed none
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
@@ -23,6 +24,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.logs`         a call's log records, for pytest's "Captured log" sections
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
+* :mod:`~harness.rank.importer`     a test's module, imported as the controller did
 * :mod:`~harness.rank.property_body` where one Hypothesis example of a property test runs
 * :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
@@ -42,6 +44,12 @@ contract in ``pyproject.toml`` enforces the sides. Stricter still, ``check_rows`
 ``collective_kinds`` use the standard library, torch, ``fhelium.distributed`` and each other
 alone, so that ``python -m harness check`` tests torch.distributed and not the harness. The
 modules are preloaded into the forkserver, so none may touch CUDA at import time.
+
+What a rank keeps lives on its :class:`~harness.rank.context.RankContext`, reached through
+:mod:`~harness.rank.current` by code that is handed no context: that is the rank side's
+module-level state. Besides it, modules keep only constants, caches of what does not change
+in a process, and :mod:`~harness.rank.hooks`' own (the groups its hooks are on, the
+collectives between their two hooks, the warnings it gave once).
 """
 
 import os

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from harness import compat
 from harness.protocol.pytest_calls import PLUGIN_FIXTURES
-from harness.rank import logs
+from harness.rank import current
 from harness.rank.identity import rank_value
 
 
@@ -118,10 +118,11 @@ def _flush() -> None:
 class _LogHandler(logging.Handler):
     def __init__(self) -> None:
         # As pytest's: at its log_level, and its log_format for caplog.text.
-        super().__init__(logs.level() or logging.NOTSET)
+        state = current.context().logs
+        super().__init__(state.level() or logging.NOTSET)
         self.records: list[logging.LogRecord] = []
         self.stream = io.StringIO()
-        self.setFormatter(logs.formatter())
+        self.setFormatter(state.formatter())
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)

@@ -1,7 +1,10 @@
 """One rank's state, passed to what serves its calls.
 
-It is made once by :func:`harness.rank.loop.main`: who it is, its pipe, files and coverage,
-the process groups that outlive every call, and the call in progress (:class:`Running`).
+It is made once by :func:`harness.rank.loop.main`, which installs it as the process's
+(:mod:`harness.rank.current`). It holds what outlives a call: who the rank is, its pipe,
+files and coverage, the process groups that outlive every call, the fixtures of a wider
+scope, the test modules imported, the log capture and the last call's recorder; and the
+call in progress (:class:`Running`), with its recorder and leak watch.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ import sys
 import threading
 import time
 import unittest
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -17,20 +22,36 @@ from typing import Any, NoReturn
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
 from harness.protocol.rank_files import RankFiles, flush_std_streams
-from harness.rank import CODE_DIR, coverage, exits, leaks, output, trace
+from harness.rank import CODE_DIR, coverage, exits, fixtures, importer, leaks, logs, output, trace
 
 
 @dataclass
 class Running:
-    """The call in progress: its recorder, and the exception
-    :meth:`RankContext.report_failing` sent for it with when (None until then)."""
+    """The call in progress.
+
+    Attributes:
+        recorder: Records its collectives.
+        watch: Watches it for leaks (None: nothing does).
+        failing: The exception :meth:`RankContext.report_failing` sent for it, with when
+            (None until then).
+    """
 
     recorder: trace.Recorder
+    watch: leaks.Watch | None = None
     failing: tuple[BaseException, float] | None = None
 
 
 class RankContext:
-    """A rank's state for its life; ``cov``: its coverage, None where the controller has none."""
+    """A rank's state for its life; ``cov``: its coverage, None where the controller has none.
+
+    Attributes:
+        fixtures: The rank-side fixtures of a wider scope than a function, alive until their
+            scope ends.
+        importer: Imports the test modules, and keeps those found.
+        logs: The log capture of the pytest test in progress; its handler, kept.
+        running: The call in progress (None between calls).
+        last_recorder: The recorder of the last call that ended (None before the first).
+    """
 
     def __init__(
         self, setup: RankSetup, conn: Connection, files: RankFiles, cov: Any = None
@@ -42,14 +63,32 @@ class RankContext:
         # The process groups that outlive every call: the harness's default group (made at
         # start-up or by the last Regroup); none in a world without a harness group.
         self.baseline_groups: set[Any] = set()
-        # The call in progress (None between calls).
+        self.fixtures = fixtures.Scopes()
+        self.importer = importer.Importer()
+        self.logs = logs.LogState()
         self.running: Running | None = None
+        self.last_recorder: trace.Recorder | None = None
         # Held by the thread that ends the process (main or watchdog), so the other cannot
         # call os._exit while coverage data is still being written.
         self._exiting = threading.Lock()
 
+    @contextmanager
+    def calling(self, running: Running) -> Iterator[None]:
+        """Make ``running`` the call in progress for the block."""
+        self.running = running
+        try:
+            yield
+        finally:
+            # The last recorder first: the watchdog may take a trace between the two.
+            self.last_recorder = running.recorder
+            self.running = None
+
     def report_failing(self, exc: BaseException) -> None:
-        """See :func:`harness.rank.loop.report_failing`."""
+        """Send ``Failing`` for ``exc`` now, before the teardown that may take long.
+
+        The call's ``Failed`` still follows, dated alike. Nothing outside a call, for a
+        skip, or for a call that already reported one.
+        """
         running = self.running
         if running is None or running.failing is not None or skip_kind(exc):
             return

@@ -42,7 +42,7 @@ def run_test(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
 
 
 def end_scopes(scope_keys: list[str] | None) -> None:
-    """End rank-side fixture scopes: :func:`harness.rank.fixtures.end_fixture_scopes`."""
-    from harness.rank import fixtures
+    """End rank-side fixture scopes: :meth:`harness.rank.fixtures.Scopes.end` of this rank's."""
+    from harness.rank import current
 
-    fixtures.end_fixture_scopes(scope_keys)
+    current.context().fixtures.end(scope_keys)

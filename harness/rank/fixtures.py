@@ -4,9 +4,10 @@ The controller sends a test's rank-side fixtures (``RankFixture``, each after th
 requests) in a ``FixturePlan``. Each is set up from its arguments as pytest would: a plain
 function's return value, or a generator's first ``yield`` with the rest run at teardown.
 Function-scoped fixtures end with the call that runs the test; wider ones stay alive in
-this process, keyed by the node id of their scope, until the controller ends that scope
-(:func:`end_fixture_scopes`, a call of its own) or the process ends. A fixture that raises marks
-the exception with its phase (``PHASE_ATTR``): the test's setup or teardown error.
+this process (:class:`Scopes`, on the rank's context), keyed by the node id of their scope,
+until the controller ends that scope (:meth:`Scopes.end`, a call of its own) or the process
+ends. A fixture that raises marks the exception with its phase (``PHASE_ATTR``): the test's
+setup or teardown error.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from harness.protocol.pytest_calls import (
     RankFixture,
     RequestInfo,
 )
-from harness.rank import builtin_fixtures, leaks
+from harness.rank import builtin_fixtures
+from harness.rank.leaks import Watch
 
 
 @dataclass
@@ -45,10 +47,28 @@ class _Live:
     groups: set[Any] = field(default_factory=set)
 
 
-# Wider-than-function fixtures alive in this process, in setup order, by (key, scope_key).
-# Per process by nature (their values live here until their scope ends), and module-level
-# because end_fixture_scopes runs as a call of its own, named by the controller.
-_wide: dict[tuple[str, str], _Live] = {}
+class Scopes:
+    """The fixtures of a wider scope than a function alive in one rank, until their scope ends.
+
+    Attributes:
+        live: Each fixture, by ``(key, scope_key)``, in setup order.
+    """
+
+    def __init__(self) -> None:
+        self.live: dict[tuple[str, str], _Live] = {}
+
+    def groups(self) -> set[Any]:
+        """The process groups that the live fixtures made: they outlive calls."""
+        return set().union(*(live.groups for live in self.live.values()))
+
+    def end(self, scope_keys: list[str] | None) -> None:
+        """End the fixtures of these scopes (None: all), newest first.
+
+        Raises:
+            BaseException: The first error a teardown raised, marked as a teardown error.
+        """
+        ending = [key for key in self.live if scope_keys is None or key[1] in scope_keys]
+        _finish(reversed([self.live.pop(key) for key in ending]), quiet=False)
 
 
 class Setup:
@@ -60,6 +80,9 @@ class Setup:
         load: Finds a fixture function from its reference (the test module's importer).
         failing: Called with a setup error (marked) before the fixtures already set up are
             torn down: their teardown may take long, the controller hears of the error first.
+        scopes: The rank's fixtures of a wider scope: where they are found and kept.
+        watch: The call's leak watch: what a wider-scoped fixture starts or opens is meant
+            to outlive the call (None: the call is watched for none).
     """
 
     def __init__(
@@ -68,8 +91,11 @@ class Setup:
         test: dict[str, Any],
         load: Callable[[FunctionRef], Callable[..., Any]],
         failing: Callable[[BaseException], None],
+        scopes: Scopes,
+        watch: Watch | None = None,
     ) -> None:
         self._plan, self._test, self._load, self._failing = plan, test, load, failing
+        self._scopes, self._watch = scopes, watch
         self._values: dict[str, Any] = {}
         self._function_scoped: list[_Live] = []
 
@@ -108,21 +134,22 @@ class Setup:
             # that then raises still runs, as in pytest.
             self._function_scoped.append(live)
             return self._set_up(fixture, live)
+        wide = self._scopes.live
         identity = (fixture.key, fixture.scope_key)
-        cached = _wide.get(identity)
+        cached = wide.get(identity)
         if cached is not None:
             if not fixture.has_param or _same(cached.param, fixture.param):
                 return cached.value
-            _finish([_wide.pop(identity)], quiet=False)  # another param: pytest ends the old
-        _wide[identity] = live
+            _finish([wide.pop(identity)], quiet=False)  # another param: pytest ends the old
+        wide[identity] = live
         before = compat.live_process_groups()
         try:
             # What it starts or opens ends with its scope, not with this test: no leak.
-            with leaks.lasting():
+            with self._watch.lasting() if self._watch else contextlib.nullcontext():
                 value = self._set_up(fixture, live)
         except BaseException:
             # Not cached: the next test sets it up again (after a skip the rank lives on).
-            _finish([_wide.pop(identity)], quiet=True)
+            _finish([wide.pop(identity)], quiet=True)
             raise
         # Process groups it made (a mesh's, a subgroup) live as long as it does, instead of
         # being destroyed with the groups a test leaves behind.
@@ -159,21 +186,6 @@ class Setup:
             self._function_scoped.insert(0, live)
         assert self._plan.request is not None  # sent whenever `request` is asked for
         return RankRequest(self._plan.request, self._test, fixture, live.finalizers)
-
-
-def lasting_groups() -> set[Any]:
-    """The process groups that the live wider-scoped fixtures made: they outlive calls."""
-    return set().union(*(live.groups for live in _wide.values()))
-
-
-def end_fixture_scopes(scope_keys: list[str] | None) -> None:
-    """End the wider-scoped fixtures of these scopes (None: all), newest first.
-
-    Raises:
-        BaseException: The first error a teardown raised, marked as a teardown error.
-    """
-    ending = [identity for identity in _wide if scope_keys is None or identity[1] in scope_keys]
-    _finish(reversed([_wide.pop(identity) for identity in ending]), quiet=False)
 
 
 def _finish(live: Iterable[_Live], *, quiet: bool) -> None:

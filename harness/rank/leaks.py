@@ -53,32 +53,14 @@ _CHILDREN_FILES = _PROC and os.path.exists(f"{_TASK_DIR}/{os.getpid()}/children"
 _THREADING_FILE = threading.__file__
 _OWN_FILE = __file__
 
-# The watch of the call in progress (see Watch.threads), for lasting(). Module-level: a
-# fixture's setup (harness.rank.fixtures) calls lasting() from code that gets no context.
-_current: Watch | None = None
-
-
-@contextmanager
-def lasting() -> Iterator[None]:
-    """Mark what the block starts or opens as lasting.
-
-    It is meant to outlive the call: a wider-scoped fixture's threads, files, processes end with
-    its scope: not a leak of the call.
-    """
-    if _current is None:  # between calls, or the call checks no leaks
-        yield
-    else:
-        with _current.lasting():
-            yield
-
 
 class Watch:
     """The leaks of one call.
 
     It is made just before the call runs (it notes the open file descriptors and live child
-    processes), :meth:`threads` is used around the call, and :meth:`findings` once it has
-    returned. With ``enabled`` False it finds nothing; files under the directory ``own`` are
-    the harness's.
+    processes), :meth:`threads` is used around the call (:meth:`lasting` around what in it
+    is meant to outlive it), and :meth:`findings` once it has returned. With ``enabled``
+    False it finds nothing; files under the directory ``own`` are the harness's.
     """
 
     def __init__(self, *, enabled: bool = True, own: str = "", groups: bool = False) -> None:
@@ -111,17 +93,21 @@ class Watch:
             original(thread)
 
         threading.Thread.start = start  # type: ignore[method-assign, assignment]
-        global _current
-        _current = self
         try:
             yield
         finally:
-            _current = None
             threading.Thread.start = original  # type: ignore[method-assign]
 
     @contextmanager
     def lasting(self) -> Iterator[None]:
-        """See the module's :func:`lasting`."""
+        """Mark what the block starts or opens as lasting.
+
+        It is meant to outlive the call: a wider-scoped fixture's threads, files, processes
+        end with its scope: not a leak of the call.
+        """
+        if not self._enabled:
+            yield
+            return
         before = set(self._started)
         try:
             yield

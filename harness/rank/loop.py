@@ -1,9 +1,10 @@
 """A rank's life, from start to exit (runs inside each rank process).
 
 :func:`main` (started through :func:`harness.rank.entry.rank_main`) sets up the rank's
-safety nets and its :class:`~harness.rank.context.RankContext`, makes the default process
-group through ``fhelium.distributed.init`` (unless its world has no harness group), answers
-``Ready`` and serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes.
+safety nets and its :class:`~harness.rank.context.RankContext` (the process's, from then on:
+:mod:`harness.rank.current`), makes the default process group through
+``fhelium.distributed.init`` (unless its world has no harness group), answers ``Ready`` and
+serves ``Call`` and ``Regroup`` messages until its pipe or lifeline closes.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from harness.protocol.rank_files import OutputCapture, RankFiles, store_path
 from harness.rank import (
     CODE_DIR,
     coverage,
+    current,
     exits,
-    fixtures,
     functional,
     hooks,
     identity,
@@ -61,14 +62,9 @@ from harness.rank.context import RankContext, Running, failure, skip_kind
 # env:// rendezvous at the launcher's agent instead of at this world.
 _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
-current: RankContext | None = None
-"""This rank's context, once it is up: for :func:`report_failing`, whose caller (the test
-body) gets no context; everything else receives it."""
-
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     """Run one rank until the controller stops it; never returns."""
-    global current
     # Ctrl-C is the controller's to handle (it stops us), also where it reaches our group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_process_group()
@@ -87,7 +83,8 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     exits.install(files)  # an os._exit in the code a call runs says where it was called
     cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
-    ctx = current = RankContext(setup, conn, files, cov)
+    ctx = RankContext(setup, conn, files, cov)
+    current.install(ctx)
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
@@ -146,7 +143,7 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
     # connecting to a group that this rank would tear down under it. Without a harness group
     # that includes the default group: the call starts with none. Groups of rank-side
     # fixtures that outlive a test (a session's mesh) stay.
-    reset.destroy_groups(ctx.baseline_groups | fixtures.lasting_groups())
+    reset.destroy_groups(ctx.baseline_groups | ctx.fixtures.groups())
     if call.options.seed is not None:
         reset.seed_all(call.options.seed)
     if call.env is not None:
@@ -177,11 +174,11 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
     recorder = trace.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
-    running = ctx.running = Running(recorder)
+    running = Running(recorder, watch)
     try:
-        # The call's warning filters end with it; so does the watch on its threads, and
-        # the recording of its collectives.
-        with warnings.catch_warnings(), watch.threads(), recorder:
+        # The call's warning filters end with it; so do the watch on its threads, the
+        # recording of its collectives, and its being the rank's call in progress.
+        with warnings.catch_warnings(), watch.threads(), recorder, ctx.calling(running):
             value = fn(*args, **kwargs)
     except BaseException as exc:
         # When report_failing sent it, before the teardown that came after; else now.
@@ -194,8 +191,6 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
             return Skipped(reason, skip, at, phase, issued, sites.raised_at(exc))
         fault = recorder.plan is not None and recorder.plan.caused(exc)
         return Failed(failure(exc, rank), at, issued, fault=fault)
-    finally:
-        ctx.running = None
     try:
         blob = pickle.dumps(value)
     except BaseException as exc:
@@ -210,24 +205,13 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         group_count=compat.process_group_count(),
         # Whether the default group is still the harness's (not destroyed, not replaced).
         grouped=dist.is_initialized() and dist.group.WORLD in ctx.baseline_groups,
-        leaks=watch.findings(fixtures.lasting_groups()),
+        leaks=watch.findings(ctx.fixtures.groups()),
         collectives=recorder.fingerprint() if call.options.check_collectives else None,
         # Most calls print nothing: then the controller need not read this rank's files.
         output_written=not isinstance(redirection, OutputCapture) or redirection.written(),
         unfired=recorder.plan.unfired(recorder.counts(), rank) if recorder.plan else (),
         trace=recorder.trace() if call.options.keep_traces else None,
     )
-
-
-def report_failing(exc: BaseException) -> None:
-    """Send ``Failing`` for ``exc`` now, before the teardown that may take long.
-
-    The call's ``Failed`` still follows, dated alike. Nothing outside a call or a rank, for a
-    skip, or for a call that already reported one.
-    """
-    ctx = current
-    if ctx is not None:
-        ctx.report_failing(exc)
 
 
 def _regroup(ctx: RankContext, message: Regroup, ready: Ready) -> RankMessage:

@@ -36,8 +36,7 @@ from harness import compat
 from harness.protocol import devices
 from harness.protocol.failures import EXIT_CODE_ATTR
 from harness.protocol.pytest_calls import CaseCall, CaseExit
-from harness.rank import reset
-from harness.rank.pytest_body import import_test_module
+from harness.rank import current, reset
 
 _THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")  # torch's default count reads them
 
@@ -92,7 +91,7 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
         BaseException: For any other exit code: the test's own exception, or a
             :class:`ProcessExit`, with ``EXIT_CODE_ATTR`` set to that exit code.
     """
-    module = import_test_module(call.test)
+    module = current.context().importer.test_module(call.test)
     assert call.test.cls is not None
     cls: Any = module
     for part in call.test.cls.split("."):

@@ -28,9 +28,9 @@ def run_example(ref: TestRef, plan: FixturePlan) -> tuple[float, float, float]:
     Returns:
         The seconds of the test's setup, call and teardown on this rank.
     """
-    from harness.rank import pytest_body
+    from harness.rank import current, pytest_body
 
-    module = pytest_body.import_test_module(ref)
+    module = current.context().importer.test_module(ref)
     owner: Any = module
     if ref.cls is not None:
         owner = functools.reduce(getattr, ref.cls.split("."), module)

@@ -4,14 +4,14 @@
 ``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a test
 module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
 ``torch.distributed`` and ``distributed_c10d`` alike (torch checks ``P2POp(op=...)`` against
-the latter's ``isend``/``irecv``). Between calls a wrapper costs one global read. During a
-call (:class:`Recorder`) it records, before calling torch, the collective's group, its number
-there, its op (:mod:`harness.rank.describe`) and call site (:mod:`harness.rank.sites`), as
-ids into per-call tables (:mod:`harness.rank.records`), and when it started
-(``time.monotonic()``, shared by the machine's processes); once torch returns, when, and
-whether it completed, was issued (a ``Work``) or raised. A collective called by another on the
-same thread (``all_gather_object`` calls ``all_gather``) is not recorded again; those of other
-threads are, in the order they start.
+the latter's ``isend``/``irecv``). Between calls a wrapper costs a look at the rank's
+context. During a call (:class:`Recorder`) it records, before calling torch, the
+collective's group, its number there, its op (:mod:`harness.rank.describe`) and call site
+(:mod:`harness.rank.sites`), as ids into per-call tables (:mod:`harness.rank.records`), and
+when it started (``time.monotonic()``, shared by the machine's processes); once torch
+returns, when, and whether it completed, was issued (a ``Work``) or raised. A collective
+called by another on the same thread (``all_gather_object`` calls ``all_gather``) is not
+recorded again; those of other threads are, in the order they start.
 
 Collectives torch issues below these functions (DDP's bucket all-reduces, functional
 collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's process-group
@@ -55,6 +55,7 @@ from harness.protocol.traces import (
     issued,
 )
 from harness.rank import describe, inject, sites
+from harness.rank.current import context_or_none
 from harness.rank.describe import Spec
 from harness.rank.records import Group, Record, returned
 
@@ -66,8 +67,11 @@ _NAN = float("nan")
 
 
 class Recorder:
-    """Records the collectives issued while it is active (a ``with`` block around a call; at
-    most one at a time). :meth:`trace` may be taken while the call runs (from another thread).
+    """Records the collectives of one call, issued inside its ``with`` block.
+
+    The rank's context holds the recorder of the call in progress (:func:`current`), the one
+    that torch.distributed's wrappers and torch's hooks record into. :meth:`trace` may be
+    taken while the call runs (from another thread).
 
     Attributes:
         busy: The threads inside a recorded collective: what they call from there is torch's.
@@ -87,14 +91,10 @@ class Recorder:
         self._order: list[Group] = []
 
     def __enter__(self) -> Recorder:
-        global _current
         self._started_ns = time.time_ns()
-        _current = self
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        global _current, _last
-        _current, _last = None, self
         # The call's groups are destroyed before the next call: hold none of their handles.
         # What was recorded becomes a trace only if asked for (a failure, or a desync).
         self._ended = self._records()
@@ -311,26 +311,26 @@ def _ended(result: Any) -> str:
     return COMPLETED if result is None or isinstance(result, int) else ISSUED
 
 
-# The recorder of the call in progress (None between calls: wrappers then call through),
-# and that of the last call that ended. Module-level: the wrappers installed into
-# torch.distributed, called by user code, and snapshot, called by the watchdog thread, get
-# no arguments of the harness's.
-_current: Recorder | None = None
-_last: Recorder | None = None
-
-
 def current() -> Recorder | None:
-    """The recorder of the call in progress (None between calls, and outside a rank)."""
-    return _current
+    """The recorder of the call in progress (None between calls, and outside a rank).
+
+    Read from the rank's context: the wrappers installed into torch.distributed and torch's
+    hooks, called by user code, get no arguments of the harness's.
+    """
+    ctx = context_or_none()
+    running = ctx.running if ctx is not None else None
+    return running.recorder if running is not None else None
 
 
 def snapshot(main_thread: int) -> RankTrace:
     """What the call in progress issued so far, and where its main thread (``main_thread``,
     an ident) is; the last call's trace between calls. Callable from any thread (the
     watchdog's, while the main thread is blocked)."""
-    recorder = _current
+    recorder = current()
     if recorder is None:
-        return _last.trace() if _last is not None else EMPTY
+        ctx = context_or_none()
+        last = ctx.last_recorder if ctx is not None else None
+        return last.trace() if last is not None else EMPTY
     trace = recorder.trace()
     where = sites.position(main_thread)
     return dataclasses.replace(trace, blocked_at=where) if where else trace
@@ -353,7 +353,7 @@ _ORIGINAL = "__harness_traced__"
 def _wrap(fn: Callable[..., Any], spec: Spec) -> Callable[..., Any]:
     @functools.wraps(fn)
     def traced(*args: Any, **kwargs: Any) -> Any:
-        recorder = _current
+        recorder = current()
         if recorder is None or (recorder.busy and threading.get_ident() in recorder.busy):
             return fn(*args, **kwargs)
         return recorder.call(spec, fn, args, kwargs)

@@ -156,7 +156,7 @@ def test_a_thread_left_alive_is_found_a_joined_one_is_not() -> None:
 def test_lasting_threads_and_disabled_watches_find_nothing() -> None:
     release = threading.Event()
     watch = leaks.Watch(own="")
-    with watch.threads(), leaks.lasting():
+    with watch.threads(), watch.lasting():
         lasting = threading.Thread(target=release.wait, daemon=True)
         lasting.start()
     try:
@@ -193,8 +193,8 @@ def _load(ref: FunctionRef) -> Any:
     return globals()[ref.qualname]
 
 
-def _arguments(plan: FixturePlan) -> dict[str, Any]:
-    setup = fixtures.Setup(plan, {}, _load, failing=lambda exc: None)
+def _arguments(plan: FixturePlan, scopes: fixtures.Scopes | None = None) -> dict[str, Any]:
+    setup = fixtures.Setup(plan, {}, _load, lambda exc: None, scopes or fixtures.Scopes())
     value = setup.arguments()
     setup.teardown()
     return value
@@ -202,18 +202,19 @@ def _arguments(plan: FixturePlan) -> dict[str, Any]:
 
 def test_a_wider_scoped_fixture_is_cached_by_its_scope_key() -> None:
     _SETUPS.clear()
+    scopes = fixtures.Scopes()
     try:
-        assert _arguments(_plan("module", "mod-a")) == {"value": "WIDE"}
-        assert _arguments(_plan("module", "mod-a")) == {"value": "WIDE"}
+        assert _arguments(_plan("module", "mod-a"), scopes) == {"value": "WIDE"}
+        assert _arguments(_plan("module", "mod-a"), scopes) == {"value": "WIDE"}
         assert _SETUPS == ["wide"]  # set up once for its scope
-        assert _arguments(_plan("module", "mod-b")) == {"value": "WIDE"}
+        assert _arguments(_plan("module", "mod-b"), scopes) == {"value": "WIDE"}
         assert _SETUPS == ["wide", "wide"]  # another scope, another instance
-        fixtures.end_fixture_scopes(["mod-a"])
+        scopes.end(["mod-a"])
         assert _SETUPS == ["wide", "wide", "end wide"]
     finally:
-        fixtures.end_fixture_scopes(None)
+        scopes.end(None)
     assert _SETUPS == ["wide", "wide", "end wide", "end wide"]
-    assert fixtures.lasting_groups() == set()
+    assert scopes.groups() == set()
 
 
 def test_a_function_scoped_fixture_ends_with_its_call() -> None:
@@ -224,10 +225,11 @@ def test_a_function_scoped_fixture_ends_with_its_call() -> None:
 
 def test_another_param_ends_the_cached_instance() -> None:
     _SETUPS.clear()
+    scopes = fixtures.Scopes()
     try:
-        _arguments(_plan("session", "", param=1))
-        _arguments(_plan("session", "", param=1))
-        _arguments(_plan("session", "", param=2))
+        _arguments(_plan("session", "", param=1), scopes)
+        _arguments(_plan("session", "", param=1), scopes)
+        _arguments(_plan("session", "", param=2), scopes)
         assert _SETUPS == ["wide", "end wide", "wide"]
     finally:
-        fixtures.end_fixture_scopes(None)
+        scopes.end(None)

@@ -28,7 +28,7 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles
-from harness.rank import inject, loop
+from harness.rank import current, inject, loop, trace
 from harness.rank.context import RankContext, Running, skip_kind
 from harness.rank.trace import Recorder
 
@@ -66,8 +66,8 @@ def fails() -> None:
 
 def reports_then_fails() -> None:
     exc = ValueError("reported")
-    loop.report_failing(exc)
-    loop.report_failing(exc)  # a call reports once
+    current.context().report_failing(exc)
+    current.context().report_failing(exc)  # a call reports once
     raise exc
 
 
@@ -126,7 +126,7 @@ def test_a_skip_is_answered_as_skipped(ctx: RankContext) -> None:
 def test_report_failing_sends_failing_once_dated_as_the_failed(
     ctx: RankContext, pipe: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(loop, "current", ctx)
+    monkeypatch.setattr(current, "_context", ctx)
     reply = loop._call(ctx, _call(reports_then_fails))
     assert isinstance(reply, Failed)
     sent = pipe[1].recv()
@@ -136,16 +136,49 @@ def test_report_failing_sends_failing_once_dated_as_the_failed(
     assert not pipe[1].poll()  # only one Failing
 
 
-def test_report_failing_outside_a_call_or_a_rank_sends_nothing(
-    ctx: RankContext, pipe: tuple[Connection, Connection], monkeypatch: pytest.MonkeyPatch
+def test_report_failing_outside_a_call_sends_nothing(
+    ctx: RankContext, pipe: tuple[Connection, Connection]
 ) -> None:
-    monkeypatch.setattr(loop, "current", None)
-    loop.report_failing(ValueError("no rank"))
-    monkeypatch.setattr(loop, "current", ctx)
-    loop.report_failing(ValueError("no call"))
+    ctx.report_failing(ValueError("no call"))
     ctx.running = Running(Recorder())
     ctx.report_failing(unittest.SkipTest("a skip"))
     assert not pipe[1].poll()
+
+
+def test_a_process_that_is_no_rank_has_no_rank_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(current, "_context", None)
+    assert current.context_or_none() is None
+    assert trace.current() is None
+    with pytest.raises(RuntimeError, match="inside a rank process only"):
+        current.context()
+
+
+def test_a_process_installs_one_rank_context(
+    ctx: RankContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(current, "_context", None)
+    current.install(ctx)
+    assert current.context() is ctx
+    with pytest.raises(RuntimeError, match="is rank 1 already"):
+        current.install(ctx)
+
+
+def _records_into_the_call_in_progress() -> bool:
+    running = current.context().running
+    return running is not None and trace.current() is running.recorder
+
+
+def test_the_recorder_of_the_call_in_progress_is_the_context_one(
+    ctx: RankContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(current, "_context", ctx)
+    assert trace.current() is None
+    reply = loop._call(ctx, _call(_records_into_the_call_in_progress))
+    assert isinstance(reply, Done)
+    assert pickle.loads(reply.value) is True
+    assert trace.current() is None  # between calls
+    assert ctx.last_recorder is not None
+    assert trace.snapshot(0) == ctx.last_recorder.trace()
 
 
 def test_a_call_sees_the_call_env_under_the_rank_own_variables(

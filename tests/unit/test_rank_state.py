@@ -190,14 +190,15 @@ def test_log_records_are_written_marked_with_their_phase(tmp_path: Path) -> None
     with open(sink, "wb") as handle:
         os.dup2(handle.fileno(), 2)  # captured() writes to the stderr of the test's start
     logger = logging.getLogger("harness_t_logs")
+    state = logs.LogState()
     try:
-        with logs.captured(LogSettings(logging.INFO, "%(levelname)s %(message)s")):
-            assert logs.level() == logging.INFO
+        with state.captured(LogSettings(logging.INFO, "%(levelname)s %(message)s")):
+            assert state.level() == logging.INFO
             logger.info("in setup")
-            logs.phase("call")
+            state.enter("call")
             logger.debug("not taken")
             logger.warning("in the call\nsecond line")
-            logs.phase("teardown")
+            state.enter("teardown")
             logger.error("in teardown")
     finally:
         os.dup2(saved, 2)
@@ -208,12 +209,12 @@ def test_log_records_are_written_marked_with_their_phase(tmp_path: Path) -> None
         f"{LOG_MARK}call second line",
         f"{LOG_MARK}teardown ERROR in teardown",
     ]
-    assert logs.level() is None  # between tests
-    assert logs.formatter()._fmt == logs.DEFAULT_FORMAT
+    assert state.level() is None  # between tests
+    assert state.formatter()._fmt == logs.DEFAULT_FORMAT
 
 
 def test_no_settings_capture_nothing() -> None:
     root = logging.getLogger()
     handlers = list(root.handlers)
-    with logs.captured(None):
+    with logs.LogState().captured(None):
         assert root.handlers == handlers
