@@ -31,7 +31,7 @@ from harness.plugin.marker import CleanRun, MarkSpec, Unresolved, check_verify
 from harness.plugin.sweep_count import COUNT_DIR, COUNT_TEST, count, counted_before
 from harness.plugin.sweep_summary import CASE, MAX_CASES, Case, fault_label, too_many, verdict
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
-from harness.rank.sweep import RANK_ARGS, counted, verified
+from harness.rank.sweep_body import RANK_ARGS, counted, verified
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome

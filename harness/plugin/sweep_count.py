@@ -3,7 +3,7 @@
 A sweep over ``at="all"`` (:mod:`harness.plugin.sweep_cases`) needs each rank's collectives of a
 clean run of the test. :func:`count` runs the test alone in a pytest subprocess (its own
 fixtures, conftests and ini, on fresh ranks), twice, whose ranks write what they issued
-(:func:`harness.rank.sweep.counted`); the two must agree. Its result is cached under
+(:func:`harness.rank.sweep_body.counted`); the two must agree. Its result is cached under
 pytest's cache directory by the test's node id, its file's source, the world size,
 ``--dist-backend`` and torch's version, behind a file lock: under pytest-xdist every worker
 collects the same cases, and only the first pays for the count. A change in another file the

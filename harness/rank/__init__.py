@@ -26,6 +26,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
 * :mod:`~harness.rank.importer`     a test's module, imported as the controller did
 * :mod:`~harness.rank.property_body` where one Hypothesis example of a property test runs
+* :mod:`~harness.rank.sweep_body`   a sweep's work: a clean run's collectives counted, ``verify=``
 * :mod:`~harness.rank.fixtures`     rank-side fixtures: setup, scopes, teardown, ``request``
 * :mod:`~harness.rank.builtin_fixtures` pytest's per-process built-ins, made in the rank
 * :mod:`~harness.rank.identity`     the plugin's rank-side fixture values (``rank``, ...)
