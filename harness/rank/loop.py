@@ -65,6 +65,29 @@ _LAUNCHER_ONLY = ("TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_ERROR_FILE")
 
 def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     """Run one rank until the controller stops it; never returns."""
+    files = _start_process(setup)
+    cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
+    ctx = RankContext(setup, conn, files, cov)
+    current.install(ctx)
+    _install_recording()
+    watchdog = threading.Thread(
+        target=_watch, args=(ctx, lifeline), name="harness-watchdog", daemon=True
+    )
+    watchdog.start()
+    _take_environment(setup)
+    if setup.init:
+        try:
+            _make_default_group(ctx, store_path(setup.workdir))
+        except BaseException as exc:
+            conn.send(Failed(failure(exc, setup.rank), time.monotonic()))
+            ctx.exit(1)
+    ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
+    # What every call starts from: the rank's state once it is up (see harness.rank.reset).
+    _serve(ctx, reset.ProcessState.capture(), ready)
+
+
+def _start_process(setup: RankSetup) -> RankFiles:
+    """Make this process a rank that dies with its parent and reports its own crash."""
     # Ctrl-C is the controller's to handle (it stops us), also where it reaches our group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_process_group()
@@ -82,9 +105,11 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     faulthandler.enable(file=crash, all_threads=True)
     faulthandler.register(STACKS_SIGNAL, file=stacks, all_threads=True, chain=False)
     exits.install(files)  # an os._exit in the code a call runs says where it was called
-    cov = coverage.start(setup.coverage, setup.workdir, setup.rank)
-    ctx = RankContext(setup, conn, files, cov)
-    current.install(ctx)
+    return files
+
+
+def _install_recording() -> None:
+    """Record every collective the rank's calls issue, however they issue it."""
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     trace.install()
@@ -92,10 +117,10 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
     # After note_group_sites: the hooks ride on the same registry of groups.
     hooks.install()
     functional.install()  # where the hooks cannot see functional collectives
-    watchdog = threading.Thread(
-        target=_watch, args=(ctx, lifeline), name="harness-watchdog", daemon=True
-    )
-    watchdog.start()
+
+
+def _take_environment(setup: RankSetup) -> None:
+    """The world's environment for this rank, exactly: what it inherited, then its own."""
     wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
     wanted.update(setup.env)
     reset.update_environ(wanted, exact=True)
@@ -104,17 +129,11 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         # torch read the variable when the forkserver imported it, maybe with another value.
         torch.set_num_threads(int(threads))
 
-    if setup.init:
-        try:
-            _make_default_group(ctx, store_path(setup.workdir))
-        except BaseException as exc:
-            conn.send(Failed(failure(exc, setup.rank), time.monotonic()))
-            ctx.exit(1)
-    # What every call starts from: the rank's state once it is up (see harness.rank.reset).
-    state = reset.ProcessState.capture()
-    ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
-    conn.send(ready)
 
+def _serve(ctx: RankContext, state: reset.ProcessState, ready: Ready) -> NoReturn:
+    """Say the rank is ready, then answer the controller's messages until it stops us."""
+    conn = ctx.conn
+    conn.send(ready)
     while True:
         try:
             message = conn.recv()

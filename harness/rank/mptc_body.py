@@ -97,11 +97,30 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
     for part in call.test.cls.split("."):
         cls = getattr(cls, part)
     rank = int(os.environ["RANK"])
-    # A native process has the controller's environment, and nothing of the rank's own
-    # (RANK, LOCAL_RANK, TORCHELASTIC_*, OMP_NUM_THREADS, its rendezvous): the test may look
-    # (torch's own tests do), and code under test reads them. The rank puts its environment
-    # and thread count back after the call.
-    environ = dict(call.environ)
+    _take_native_environment(call.environ)
+    compat.mptc_refresh_module_state()
+    rpc_inits = compat.rpc_init_count()
+    exitcode, error, messages = _run_as_process(cls, rank, call)
+    reset.destroy_groups()  # as the end of the test's process would
+    if exitcode == 0 or exitcode in compat.mptc_skip_codes():
+        if compat.rpc_init_count() != rpc_inits or compat.rpc_agent_running():
+            return FreshAfter(exitcode, messages, "the test used torch.distributed.rpc")
+        return CaseExit(exitcode, messages)
+    assert error is not None
+    setattr(error, EXIT_CODE_ATTR, exitcode)
+    # Raised outside the except blocks above, so that no harness exception is chained to it.
+    raise error
+
+
+def _take_native_environment(native: dict[str, str]) -> None:
+    """The environment and thread count a native process of the test would have.
+
+    A native process has the controller's environment, and nothing of the rank's own
+    (``RANK``, ``LOCAL_RANK``, ``TORCHELASTIC_*``, ``OMP_NUM_THREADS``, its rendezvous): the
+    test may look (torch's own tests do), and code under test reads them. The rank puts its
+    environment and thread count back after the call.
+    """
+    environ = dict(native)
     leased = os.environ.get(devices.LEASED_GPUS)
     if leased:
         # A world leased for the test's own minimum of GPUs: the test sees exactly them, in
@@ -111,8 +130,13 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
     threads = _native_threads(environ)
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    compat.mptc_refresh_module_state()
-    rpc_inits = compat.rpc_init_count()
+
+
+def _run_as_process(
+    cls: Any, rank: int, call: CaseCall
+) -> tuple[int, BaseException | None, tuple[str, ...]]:
+    """Run the test as its process's ``_run`` would, and what a native process would end
+    with: its exit code, the exception behind a failing one, the messages it sent."""
     # A real pipe: run_test's event listener thread waits on it with connection.wait.
     ours, theirs = multiprocessing.Pipe()
     error: BaseException | None = None
@@ -137,15 +161,7 @@ def run_mptc_case(call: CaseCall) -> CaseExit:
     finally:
         theirs.close()
         ours.close()
-    reset.destroy_groups()  # as the end of the test's process would
-    if exitcode == 0 or exitcode in compat.mptc_skip_codes():
-        if compat.rpc_init_count() != rpc_inits or compat.rpc_agent_running():
-            return FreshAfter(exitcode, messages, "the test used torch.distributed.rpc")
-        return CaseExit(exitcode, messages)
-    assert error is not None
-    setattr(error, EXIT_CODE_ATTR, exitcode)
-    # Raised outside the except blocks above, so that no harness exception is chained to it.
-    raise error
+    return exitcode, error, messages
 
 
 def _native_threads(environ: dict[str, str]) -> int | None:
