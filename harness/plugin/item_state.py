@@ -3,7 +3,8 @@
 A distributed test runs on its ranks in pytest's setup phase; what that run leaves for the
 later phases and their reports (the call phase's failure, the ranks' times and logs, the
 repro line...) is kept here, as are the answers each hook would otherwise ask again (the
-test's marker, its settings). :func:`of` gives an item's record, made on first use.
+test's marker, which of its fixtures run in the ranks). :func:`of` gives an item's record,
+made on first use.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import pytest
 if TYPE_CHECKING:
     from harness.plugin.properties import PropertyTest
     from harness.plugin.rank_fixtures import RankSide
-    from harness.plugin.settings import TestSettings
 
 _STATE = pytest.StashKey["ItemState"]()
 
@@ -28,7 +28,6 @@ class ItemState:
     Attributes:
         mark: The plugin's marker the test runs with, in a tuple once looked up (None is
             an answer: a test without one).
-        settings: Its settings, once read (:func:`harness.plugin.settings.for_test`).
         side: Which of its fixtures run in the ranks (:mod:`harness.plugin.rank_fixtures`).
         armed: pytest-timeout's settings for it and when its timer started
             (:mod:`harness.plugin.interrupts`).
@@ -44,7 +43,6 @@ class ItemState:
     """
 
     mark: tuple[pytest.Mark | None] | None = None
-    settings: TestSettings | None = None
     side: RankSide | None = None
     armed: tuple[Any, float] | None = None
     call: BaseException | str | None = None

@@ -155,9 +155,6 @@ class DistSession:
         if self.config.option.setuponly or self.config.option.setupplan:
             return
         state = item_state.of(item)
-        if properties.is_property(item):
-            # Before anything can fail: Hypothesis's health checks run before the call phase.
-            compat.relax_settings(item.obj)
         try:
             test, ref, plan = self._prepare(item)
             if properties.is_property(item):  # its examples run in its call phase
@@ -179,10 +176,12 @@ class DistSession:
             pytest.fail.Exception: The test cannot run as it is (see ``run_item``).
             pytest.skip.Exception: It needs what this run lacks (GPUs, a backend).
         """
+        if properties.is_property(item):
+            # Before anything can fail: Hypothesis's health checks run before the call phase.
+            compat.relax_settings(item.obj)
         if self._preload_failure():
             raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         test = settings.for_test(self.settings, item, self.resolve_backend)
-        item_state.of(item).settings = test
         world = test.world
         self.leases.check(item, world.size, world.gpus)
         devices = world.gpus.count(world.size) or None
