@@ -191,8 +191,12 @@ class GroupHistory:
 
     def keys(self) -> list[str]:
         """The compared ``Op.key`` of each collective kept, in order."""
-        keys = [op.key for op in self.ops]
-        return [keys[i] for i in _ids(self.op_ids)]
+        return [op.key for op in self.sequence()]
+
+    def sequence(self) -> list[Op]:
+        """The op of each collective kept, in order."""
+        ops = self.ops
+        return [ops[i] for i in _ids(self.op_ids)]
 
     def at(self, seq: int) -> tuple[Op, str] | None:
         """Collective number ``seq`` (from 1): its op and call site (``x.py:3``), or None."""

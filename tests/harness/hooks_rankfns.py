@@ -46,3 +46,16 @@ def ddp_step() -> list[float]:
     model = DDP(torch.nn.Linear(4, 2))
     model(torch.ones(3, 4)).sum().backward()  # step
     return [p.grad.sum().item() for p in model.parameters() if p.grad is not None]
+
+
+def one_all_reduce_two_ways() -> list[float]:
+    """One all_reduce, through ``dist.all_reduce`` on rank 0 (its wrapper records the reduce
+    op) and a functional one on rank 1 (below the Python functions: where torch's hooks
+    record it, without one); its result."""
+    tensor = torch.ones(3)
+    if dist.get_rank() == 0:
+        dist.all_reduce(tensor)
+    else:
+        tensor = funcol.wait_tensor(funcol.all_reduce(tensor, "sum", dist.group.WORLD))
+    dist.barrier()
+    return tensor.tolist()
