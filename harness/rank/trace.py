@@ -56,7 +56,7 @@ from harness.protocol.traces import (
 )
 from harness.rank import describe, inject, sites
 from harness.rank.describe import Spec
-from harness.rank.records import Group, Record, returned
+from harness.rank.records import Group, Record, failed, returned
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -99,7 +99,8 @@ class Recorder:
         # What was recorded becomes a trace only if asked for (a failure, or a desync).
         self._ended = self._records()
         for record in list(self._recent):
-            record.settle()
+            # A collective torch raised below the hooks, or whose Work failed, raised.
+            self.raised = record.settle() or self.raised
         for group in self._ended:
             group.handle = None
         self._groups.clear()
@@ -204,12 +205,8 @@ class Recorder:
                     record.state = RAISED
                 result = self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
         except BaseException:
-            returned(record, RAISED)
+            failed(record)
             self.raised = True
-            group = record.group
-            # The desync check stops comparing the group there. A point-to-point op has no
-            # number: the group's next collective takes its place.
-            group.raised = group.raised or record.seq or group.count + 1
             raise
         finally:
             self.busy.discard(thread)

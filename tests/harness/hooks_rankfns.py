@@ -1,8 +1,10 @@
 """Functions the process-group hook tests run inside ranks: groups made per call, a hook
-whose recording fails, a DDP step for faults at its collectives."""
+whose recording fails, a DDP step for faults at its collectives, collectives that raise below
+the Python functions."""
 
 from __future__ import annotations
 
+import datetime
 import warnings
 
 import torch
@@ -59,3 +61,36 @@ def one_all_reduce_two_ways() -> list[float]:
         tensor = funcol.wait_tensor(funcol.all_reduce(tensor, "sum", dist.group.WORLD))
     dist.barrier()
     return tensor.tolist()
+
+
+def _states() -> list[tuple[str, str]]:
+    """The op and state of each collective this call recorded so far."""
+    from harness.rank import trace
+
+    recorder = trace.current()
+    assert recorder is not None
+    return [(c.op.name, c.state) for c in recorder.trace().recent]
+
+
+def raised_below_the_python_functions() -> tuple[str, list[tuple[str, str]]]:
+    """A functional broadcast from a root outside the group, which torch's C++ refuses once
+    the hooks saw it (their post hook never runs): the error, and the states recorded."""
+    try:
+        funcol.broadcast(torch.ones(2), 7, dist.group.WORLD)
+    except RuntimeError as exc:
+        error = str(exc)
+    return error, _states()
+
+
+def work_that_failed() -> list[tuple[str, str]]:
+    """A functional all_reduce on rank 1 alone, on a group whose timeout its Work fails by
+    (torch raises it in the wait, after the post hook): the states rank 1 recorded."""
+    group = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=2))
+    states = []
+    if dist.get_rank() == 1:
+        try:
+            funcol.wait_tensor(funcol.all_reduce(torch.ones(2), "sum", group))
+        except RuntimeError:
+            states = _states()
+    dist.destroy_process_group(group)
+    return states

@@ -61,3 +61,15 @@ def test_a_kill_at_ddps_broadcast_names_it() -> None:
         harness.run(fns.ddp_step, world_size=2, faults=[faults.kill(rank=0, at=2)])
     text = str(info.value)
     assert "killed (SIGKILL) before collective #2 (broadcast) on the default group" in text, text
+
+
+def test_a_collective_torch_refused_below_the_python_functions_reads_raised() -> None:
+    for error, states in harness.run(fns.raised_below_the_python_functions, world_size=2):
+        assert "invalid root rank: 7" in error
+        assert states == [("broadcast", "raised")]
+
+
+@needs_hooks
+def test_a_collective_whose_work_failed_reads_raised() -> None:
+    # Rank 1 waits alone; its group's timeout fails the Work.
+    assert harness.run(fns.work_that_failed, world_size=2) == [[], [("all_reduce", "raised")]]
