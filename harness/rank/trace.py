@@ -19,9 +19,8 @@ hooks where torch has them (:mod:`harness.rank.hooks`, torch >= 2.14), and on ol
 wrappers of the functional collectives (:mod:`harness.rank.functional`). What this still does
 not see, on older torch: collectives issued in C++ alone (DDP), and code that kept the
 unwrapped functions from before the rank started (modules preloaded in the forkserver).
-torch's flight recorder sees those, but only through private APIs and only when turned on
-before the group was made: where it is on, a failure's trace adds what it holds
-(``RankTrace.recorded``).
+torch's flight recorder sees those: a trace adds what it holds of them
+(``RankTrace.recorded``, :mod:`harness.rank.flight_recorder`).
 
 Imports: see :mod:`harness.rank`.
 """
@@ -54,7 +53,7 @@ from harness.protocol.traces import (
     RankTrace,
     issued,
 )
-from harness.rank import describe, inject, sites
+from harness.rank import describe, flight_recorder, inject, sites
 from harness.rank.describe import Spec
 from harness.rank.records import Group, Record, failed, returned
 
@@ -117,7 +116,8 @@ class Recorder:
         """What was recorded so far (after the block: what the call issued)."""
         records = list(self._recent)
         seen = {(r.op.name, r.place) for r in records}
-        recorded = describe.flight_recorder(self._started_ns, seen)
+        count = sum(group.count for group in self._records())
+        recorded = flight_recorder.recorded(self._started_ns, count, seen)
         if not records and not recorded:
             return EMPTY
         recent = tuple(

@@ -5,6 +5,7 @@ the Python functions."""
 from __future__ import annotations
 
 import datetime
+import os
 import warnings
 
 import torch
@@ -94,3 +95,27 @@ def work_that_failed() -> list[tuple[str, str]]:
             states = _states()
     dist.destroy_process_group(group)
     return states
+
+
+def ddp_extra_backward() -> None:
+    """DDP, rank 0 taking one step more than rank 1, which waits in a barrier."""
+    model = DDP(torch.nn.Linear(4, 2))
+    for _ in range(3 if dist.get_rank() == 0 else 2):
+        model(torch.ones(3, 4)).sum().backward()  # backward
+    dist.barrier()
+
+
+def flight_recorder_setting() -> tuple[str | None, int]:
+    """The flight recorder's variable in this rank, and how many entries a DDP step left."""
+    from harness import compat
+
+    model = DDP(torch.nn.Linear(4, 2))
+    model(torch.ones(3, 4)).sum().backward()
+    return os.environ.get("TORCH_FR_BUFFER_SIZE"), len(compat.flight_recorder_entries())
+
+
+def line_of(marker: str) -> str:
+    """``hooks_rankfns.py:N``: the line of this file that holds ``# marker``."""
+    with open(__file__) as source:
+        found = next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(f"# {marker}"))
+    return f"hooks_rankfns.py:{found}"
