@@ -237,8 +237,8 @@ class RankTrace:
         recorded: What torch's flight recorder holds of the call that the wrapper did not
             see (collectives torch issued from C++, such as DDP's all-reduces), one line
             each, oldest first: ``"all_reduce float32[20] on pg 0, #5 (scheduled) at
-            test_x.py:12"``; empty unless the user turned the recorder on
-            (``TORCH_FR_BUFFER_SIZE``).
+            test_x.py:12"``; empty where torch's process-group hooks show them to the
+            recording (torch >= 2.14) or the recorder is off.
     """
 
     recent: tuple[Collective, ...] = ()

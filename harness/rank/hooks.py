@@ -17,6 +17,9 @@ op): the hooks leave the threads inside a wrapper alone, so each collective is o
 The post hook keeps the collective's ``Work``, whose completion the trace reads: a rank blocked
 in DDP's wait for its all-reduce is inside that collective. Faults placed at a collective
 recorded here act in the hooks (``kill`` ``when="after"``/``"during"`` once it was issued).
+A collective torch raised while issuing it (its post hook never runs: the record holds an
+``Issuing`` marker) reads raised once its thread left the frame that issued it, and one whose
+``Work`` failed reads raised too (:mod:`harness.rank.records`).
 
 A hook never raises into the user's collective, except for a fault that raises there: a
 recording error becomes one warning per op, and the collective runs.

@@ -119,3 +119,14 @@ def line_of(marker: str) -> str:
     with open(__file__) as source:
         found = next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(f"# {marker}"))
     return f"hooks_rankfns.py:{found}"
+
+
+def hooks_reinstalled() -> tuple[int, int, int]:
+    """How many groups the hooks are on: now, once uninstalled, and installed again."""
+    from harness.rank import hooks
+
+    before = hooks.attached()
+    hooks.uninstall()
+    after = hooks.attached()
+    hooks.install()
+    return before, after, hooks.attached()

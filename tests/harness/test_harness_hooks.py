@@ -73,3 +73,8 @@ def test_a_collective_torch_refused_below_the_python_functions_reads_raised() ->
 def test_a_collective_whose_work_failed_reads_raised() -> None:
     # Rank 1 waits alone; its group's timeout fails the Work.
     assert harness.run(fns.work_that_failed, world_size=2) == [[], [("all_reduce", "raised")]]
+
+
+@needs_hooks
+def test_hooks_uninstalled_leave_every_group_and_come_back_once() -> None:
+    assert harness.run(fns.hooks_reinstalled, world_size=2) == [(1, 0, 1)] * 2
