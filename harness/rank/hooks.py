@@ -260,7 +260,7 @@ def _note(
 
 def _where(kind: hook_ops.Kind, frame: Any) -> tuple[tuple[str, int], str]:
     """The user's frame on the stack from ``frame`` out, as its ``(file, line)``, and what
-    it called that issued the collective (:func:`_origin`)."""
+    it called that issued the collective (:func:`hook_ops.origin`)."""
     assert _hooks is not None
     user_code = _hooks.user_code
     innermost = frame.f_code if frame is not None else None
@@ -284,7 +284,7 @@ def _where(kind: hook_ops.Kind, frame: Any) -> tuple[tuple[str, int], str]:
 
 
 def _origin_of(kind: hook_ops.Kind, callee: Any, innermost: Any) -> str:
-    """:func:`_origin`, cached per pair of code objects."""
+    """:func:`hook_ops.origin`, cached per pair of code objects."""
     if callee is None:
         return ""
     assert _hooks is not None

@@ -100,6 +100,8 @@ def _failed(work: Any) -> bool:
     and ``is_success()`` are deprecated, and warn)."""
     try:
         future = work.get_future()
+        if not future.done():
+            return False  # the Work completed a moment before its future
     except Exception:  # no future (a functional collective's wait, another Work kind)
         return False
     try:
