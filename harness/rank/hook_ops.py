@@ -31,8 +31,11 @@ class Kind(NamedTuple):
         name: The ``torch.distributed`` function it reads as.
         p2p: A point-to-point op: not numbered, never compared.
         root: How its ``root`` reads (``"src"``, ``"dst"``; '' where it has none).
-        outputs: Its tensors are its outputs (``scatter``: only the root has inputs).
+        outputs: Its tensors are its outputs (``scatter``: only the root has inputs;
+            ``reduce_scatter_tensor``: its output is what ``torch.distributed`` compares).
         shapes: Whether members agree on its shapes (not ``all_to_all``'s splits).
+        listed: Its tensors read as one list (``[float32[4], int64[2]]``), as
+            ``torch.distributed``'s function of that name reads the same call.
     """
 
     name: str
@@ -40,19 +43,20 @@ class Kind(NamedTuple):
     root: str = ""
     outputs: bool = False
     shapes: bool = True
+    listed: bool = False
 
 
 KINDS = {
     "ALLREDUCE": Kind("all_reduce"),
-    "ALLREDUCE_COALESCED": Kind("all_reduce_coalesced"),
+    "ALLREDUCE_COALESCED": Kind("all_reduce_coalesced", listed=True),
     "BROADCAST": Kind("broadcast", root="src"),
     "REDUCE": Kind("reduce", root="dst"),
     "ALLGATHER": Kind("all_gather"),
     "ALLGATHER_BASE": Kind("all_gather_into_tensor"),
-    "ALLGATHER_COALESCED": Kind("all_gather_coalesced"),
+    "ALLGATHER_COALESCED": Kind("all_gather_coalesced", listed=True),
     "ALLGATHER_INTO_TENSOR_COALESCED": Kind("all_gather_into_tensor_coalesced"),
     "REDUCE_SCATTER": Kind("reduce_scatter"),
-    "REDUCE_SCATTER_BASE": Kind("reduce_scatter_tensor"),
+    "REDUCE_SCATTER_BASE": Kind("reduce_scatter_tensor", outputs=True),
     "REDUCE_SCATTER_TENSOR_COALESCED": Kind("reduce_scatter_tensor_coalesced"),
     "ALLTOALL": Kind("all_to_all", shapes=False),
     "ALLTOALL_BASE": Kind("all_to_all_single", shapes=False),
@@ -74,7 +78,8 @@ def kind_of(member: Any) -> Kind | None:
 
 def op(kind: Kind, raw: Any, root: int, async_op: bool, origin: str, group: Any) -> Op:
     """How a collective recorded by the hooks reads (``group``: its handle, None: default)."""
-    shown, compared, bare = [], [], []
+    shown: list[str] = []
+    compared: list[str] = []
     root_text = ""
     if root >= 0:
         if group is not None:
@@ -85,11 +90,14 @@ def op(kind: Kind, raw: Any, root: int, async_op: bool, origin: str, group: Any)
         root_text = f"{kind.root}={root}"
         shown.append(root_text)
         compared.append(root_text)
-    for value in raw:
-        bare.append(tensor_text(value, device=False))
-        shown.append(tensor_text(value))
+    texts = [tensor_text(value) for value in raw]
+    bare = [tensor_text(value, device=False) for value in raw]
+    if kind.listed:
+        shown.append(f"[{', '.join(texts)}]")
+    else:
+        shown += texts
     if kind.shapes:
-        compared += bare
+        compared += [f"[{', '.join(bare)}]"] if kind.listed else bare
     else:
         compared.append("/".join(sorted({str(value[0]).removeprefix("torch.") for value in raw})))
     text = f"{kind.name}({', '.join(shown)})" + (f" in {origin}" if origin else "")

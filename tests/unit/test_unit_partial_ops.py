@@ -1,13 +1,16 @@
 """Ops compared only where both sides know a field: a collective recorded through torch's
 process-group hooks has no reduce op, against the same collective recorded by the Python
 layer (``verdicts.same_op``), in the desync check, its verdicts and the proof that a hang
-can never end. Plain data."""
+can never end; and the two records of one call made as each side makes them. Plain data."""
 
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 from verdict_testutil import verdict_lines
 
 from harness.controller import verdicts
@@ -21,6 +24,7 @@ from harness.protocol.traces import (
     Op,
     RankTrace,
 )
+from harness.rank import describe, hook_ops
 
 SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
 MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")
@@ -127,3 +131,38 @@ def test_members_inside_one_collective_recorded_two_ways_are_no_proof_of_a_hang(
 ) -> None:
     traces = {rank: _trace([op], IN_FLIGHT) for rank, op in enumerate(ops)}
     assert verdicts.can_never_finish(traces, {0: RUNNING, 1: RUNNING}, 2) is proven
+
+
+def _raw(*shapes: tuple[int, ...]) -> tuple[tuple[Any, Any, Any], ...]:
+    return tuple((torch.float32, torch.Size(shape), torch.device("cpu")) for shape in shapes)
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "kind", "raw"),
+    [
+        pytest.param("all_reduce", (torch.ones(4),), "ALLREDUCE", _raw((4,)), id="all_reduce"),
+        pytest.param(
+            "all_reduce_coalesced",
+            ([torch.ones(4), torch.ones(2)],),
+            "ALLREDUCE_COALESCED",
+            _raw((4,), (2,)),
+            id="all_reduce_coalesced",
+        ),
+        pytest.param(
+            "reduce_scatter_tensor",
+            (torch.ones(2), torch.ones(4)),
+            "REDUCE_SCATTER_BASE",
+            _raw((2,)),
+            id="reduce_scatter_tensor",
+        ),
+    ],
+)
+def test_a_call_through_the_python_layer_and_the_hooks_record_of_it_are_the_same(
+    name: str, args: tuple[Any, ...], kind: str, raw: tuple[Any, ...]
+) -> None:
+    spec = describe.spec(name, getattr(dist, name))
+    python_layer = describe.op(spec, describe.raw(spec, args, {}), None)
+    hooks_record = hook_ops.op(hook_ops.KINDS[kind], raw, -1, True, f"functional {name}", None)
+    assert python_layer.reduce_op == "SUM"
+    assert not hooks_record.reduce_op
+    assert verdicts.same_op(python_layer, hooks_record), (python_layer.key, hooks_record.key)
