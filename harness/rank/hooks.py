@@ -53,10 +53,9 @@ class _Hooks:
 
     Attributes:
         attached: ``id(group)`` -> group, for each group the hooks are on.
-        pending: A collective between its pre and post hook (by group and torch's
-            ``op_id``): its record, and the fault to act out once it was issued.
-        issuing: Per thread, the record of the collective its pre hook saw last: one whose
-            post hook never came raised below the hooks.
+        issuing: Per thread, the collective between its pre and post hook (torch calls both
+            on the thread that issues it): its group, its record, and the fault to act out
+            once it was issued. One whose post hook never came raised below the hooks.
         kinds: A ``HookOpName``'s value -> its kind (None: not recorded), filled as first seen.
         user_code: ``id(code)`` -> ``(code, whether its frames are the user's)``, filled as
             first seen (the code is held, so that its id stays its own).
@@ -66,10 +65,7 @@ class _Hooks:
     """
 
     attached: dict[int, Any] = field(default_factory=dict)
-    pending: dict[tuple[int, int], tuple[Record, tuple[int, Fault] | None]] = field(
-        default_factory=dict
-    )
-    issuing: dict[int, Record] = field(default_factory=dict)
+    issuing: dict[int, tuple[Any, Record, tuple[int, Fault] | None]] = field(default_factory=dict)
     kinds: dict[int, hook_ops.Kind | None] = field(default_factory=dict)
     user_code: dict[int, tuple[Any, bool]] = field(default_factory=dict)
     origins: dict[tuple[str, int, int], tuple[Any, Any, str]] = field(default_factory=dict)
@@ -169,8 +165,8 @@ def detach(group: Any) -> None:
         return
     if state.attached.pop(id(group), None) is not None:
         compat.remove_collective_hooks(group, HOOK_ID)
-    for key in [key for key in state.pending if key[0] == id(group)]:
-        del state.pending[key]
+    for thread in [thread for thread, entry in state.issuing.items() if entry[0] is group]:
+        del state.issuing[thread]
 
 
 def attached() -> int:
@@ -184,16 +180,16 @@ def _pre(group: Any, args: Any) -> None:
     if recorder is None or state is None:
         return
     thread = get_ident()
+    issuing = state.issuing
+    if issuing:
+        earlier = issuing.pop(thread, None)
+        if earlier is not None:
+            # Its post hook never came: torch raised, and the user's code went on.
+            _raised(recorder, earlier[1])
     if recorder.busy and thread in recorder.busy:
         return  # a wrapper of torch.distributed's records it, knowing more
     placed = None
     try:
-        earlier = state.issuing.pop(thread, None)
-        if earlier is not None and isinstance(earlier.work, Issuing):
-            # Its post hook never came: torch raised, and the user's code went on.
-            earlier.work = None
-            failed(earlier)
-            recorder.raised = True
         member = args.name
         kinds, value = state.kinds, member.value
         kind = kinds[value] if value in kinds else kinds.setdefault(value, hook_ops.kind_of(member))
@@ -205,14 +201,11 @@ def _pre(group: Any, args: Any) -> None:
         if record is None:
             return
         record.work = Issuing(frame, thread)
-        state.issuing[thread] = record
-        pending = state.pending
-        if len(pending) > 1024:
-            pending.clear()  # posts that never came (collectives that raised): bounded
         if recorder.plan and not kind.p2p:
             placed = recorder.plan.take(record.group.ranks, record.seq)
         later = placed is not None and placed[1].kind == "kill" and placed[1].when != "before"
-        pending[(id(group), args.op_id)] = (record, placed if later else None)
+        # torch calls the post hook on this thread, once it issued the collective.
+        issuing[thread] = (group, record, placed if later else None)
         if later:
             placed = None
     except Exception as exc:
@@ -222,14 +215,24 @@ def _pre(group: Any, args: Any) -> None:
         _act(recorder, record, placed, list(args.input_tensors or args.output_tensors))
 
 
+def _raised(recorder: trace.Recorder, record: Record) -> None:
+    """Note that torch raised ``record``'s collective while issuing it."""
+    if isinstance(record.work, Issuing):
+        record.work = None
+        failed(record)
+        recorder.raised = True
+
+
 def _post(group: Any, args: Any) -> None:
     state = _hooks
-    if state is None or not state.pending:
+    if state is None or not state.issuing:
         return
-    entry = state.pending.pop((id(group), args.op_id), None)
-    if entry is None:
-        return
-    record, placed = entry
+    thread = get_ident()
+    entry = state.issuing.get(thread)
+    if entry is None or entry[0] is not group:
+        return  # a collective its pre hook left to a wrapper, or did not record
+    del state.issuing[thread]
+    record, placed = entry[1], entry[2]
     work = None
     try:
         work = args.work
