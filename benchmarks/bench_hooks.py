@@ -3,6 +3,7 @@
 Run by hand, never in CI (nothing here asserts on time)::
 
     python benchmarks/bench_hooks.py [--collectives 5000] [--rounds 7] [--steps 300] [--calls 300]
+    python benchmarks/bench_hooks.py --flight-recorder [--collectives 5000] [--rounds 7]
 
 One reused ``harness.World`` (Gloo) per world size (1 and ``--world-size``). Inside each rank,
 during a call (the harness's recorder active), a loop of ``--collectives`` collectives on a
@@ -28,6 +29,12 @@ The hooks are taken off and put back by the benchmark itself (``harness.rank.hoo
 group and loop measured both ways, interleaved round by round so that load that comes and
 goes hits every variant alike; each variant's figure is its best round (the least disturbed).
 Comparing against torch 2.13 instead would change torch itself along with the hooks.
+
+With ``--flight-recorder``, instead: where torch has no process-group hooks (< 2.14), what
+torch's flight recorder costs, the only one to see DDP's collectives there (on by default
+from torch 2.13; the harness's ranks turn it on where it is off by default): world size 1,
+a fresh ``World`` per setting, ``TORCH_FR_BUFFER_SIZE=0`` (off) against ``2000`` (on),
+``dist.all_reduce``, a functional ``all_reduce`` and a DDP step, best of ``--rounds``.
 
 Then, at both world sizes, a DDP training step (``Linear(4, 2)``, one bucket: one gradient
 all-reduce per ``backward``, recorded only by the hooks), ``--steps`` steps per round, hooks
@@ -138,6 +145,37 @@ def _best(world: Any, rounds: int, runs: Callable[[Any, str], float]) -> dict[st
     return {variant: min(values) for variant, values in found.items()}
 
 
+def flight_recorder(args: argparse.Namespace) -> None:
+    """Print what torch's flight recorder costs per collective (``--flight-recorder``)."""
+    import bench_hooks as me
+
+    import harness
+
+    found: dict[str, dict[str, list[float]]] = {"0": {}, "2000": {}}
+    for _ in range(args.rounds):
+        for size in found:
+            os.environ["TORCH_FR_BUFFER_SIZE"] = size  # the ranks inherit it
+            with harness.World(1, backend="gloo", timeout=600) as world:
+                for variant in ("wrapper", "funcol recorded"):
+                    value = world.run(me.per_collective, args=(variant, args.collectives))[0]
+                    found[size].setdefault(variant, []).append(value)
+                step = world.run(me.ddp_steps, args=(args.steps, True))[0]
+                found[size].setdefault("ddp", []).append(step)
+    del os.environ["TORCH_FR_BUFFER_SIZE"]
+    print("| flight recorder | dist.all_reduce | functional all_reduce | DDP step |")
+    print("|---|---|---|---|")
+    best = {size: {k: min(v) for k, v in found[size].items()} for size in found}
+    for size, label in (("0", "off (0)"), ("2000", "on (2000)")):
+        row = best[size]
+        print(
+            f"| {label} | {row['wrapper']:.1f} | {row['funcol recorded']:.1f} | {row['ddp']:.1f} |"
+        )
+    cost = {k: best["2000"][k] - best["0"][k] for k in best["0"]}
+    print(
+        f"| cost | {cost['wrapper']:+.1f} | {cost['funcol recorded']:+.1f} | {cost['ddp']:+.1f} |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--collectives", type=int, default=5000)
@@ -145,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--flight-recorder", action="store_true")
     args = parser.parse_args(argv)
 
     import bench_hooks as me  # by module name: the ranks import it, not __main__
@@ -159,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
         f"process-group hooks: {'yes' if hooked else 'no (torch < 2.14)'}"
     )
     print()
+    if args.flight_recorder:
+        print("us per collective (a DDP step: per step), world size 1")
+        flight_recorder(args)
+        print(f"load average {os.getloadavg()[0]:.1f} at end")
+        return 0
     print("us per collective, best of", args.rounds, "rounds of", args.collectives)
     print()
     print(

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = [
     "FLIGHT_RECORDER_VARIABLES",
     "backend_registry",
+    "flight_recorder_available",
     "flight_recorder_entries",
     "group_created_at",
     "group_timeout",
@@ -210,22 +211,38 @@ def rpc_agent_running() -> bool:
 
 
 FLIGHT_RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-"""The variables that turn torch's flight recorder on (set before the process group is made)."""
+"""The variables that size torch's flight recorder, the first one set winning (``0``: off),
+read as the recorder is made (with the process's first group)."""
 
 
-def flight_recorder_entries() -> list[dict[str, Any]]:
+def flight_recorder_available() -> bool:
+    """Whether this torch has a flight recorder whose entries :func:`flight_recorder_entries`
+    reads (``torch._C._distributed_c10d._dump_fr_trace``: Gloo's and others', torch >= 2.8)."""
+    import importlib
+
+    try:
+        c10d = importlib.import_module("torch._C._distributed_c10d")
+    except ImportError:
+        return False  # torch built without distributed
+    return callable(getattr(c10d, "_dump_fr_trace", None))
+
+
+def flight_recorder_entries(stacks: bool = True) -> list[dict[str, Any]]:
     """This process's collectives in torch's flight recorder, oldest first.
 
-    Empty where it is off (none of ``FLIGHT_RECORDER_VARIABLES`` set) or this torch has none.
+    Empty where the user turned it off (the first of ``FLIGHT_RECORDER_VARIABLES`` set is
+    ``0``), it records nothing (off by default before torch 2.13), or this torch has none.
+    With ``stacks``, each entry has its Python stack (``frames``): far costlier to read.
 
     Private: ``torch._C._distributed_c10d._dump_fr_trace`` (Gloo and others; torch 2.13
     records Gloo, including the all-reduces DDP issues from C++) and ``_dump_nccl_trace``
     (NCCL, CUDA builds only; untested here: no GPU), each a pickled dict whose
     ``"entries"`` hold ``pg_id``, ``collective_seq_id``, ``profiling_name``
-    (``"gloo:all_reduce"``), ``input_sizes``, ``input_dtypes``, ``state``, ``frames`` and
-    ``time_created_ns`` (wall clock). torch has no public API for it.
+    (``"gloo:all_reduce"``), ``input_sizes``, ``input_dtypes``, ``state``, ``frames``,
+    ``is_p2p`` and ``time_created_ns`` (wall clock). torch has no public API for it.
     """
-    if not any(os.environ.get(name, "0") not in ("", "0") for name in FLIGHT_RECORDER_VARIABLES):
+    size = next((os.environ[n] for n in FLIGHT_RECORDER_VARIABLES if n in os.environ), None)
+    if size is not None and size.strip() == "0":
         return []
     import importlib
     import pickle
@@ -240,7 +257,7 @@ def flight_recorder_entries() -> list[dict[str, Any]]:
         if dump is None:
             continue
         try:
-            data = pickle.loads(dump(True, True, False))
+            data = pickle.loads(dump(True, stacks, False))
         except Exception:
             continue  # the recorder of that backend is not set up in this process
         for entry in data.get("entries", []) if isinstance(data, dict) else []:

@@ -6,7 +6,9 @@ already prove it can never finish. Per process group, only its members are compa
 
 * the first collective whose op, reduce op, root, shapes or dtypes differ between members
   (``collective #2 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at
-  test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``);
+  test_x.py:14; rank 1 broadcast(src=0, float32[4]) at test_x.py:16``), each compared
+  only where both members know it (:func:`same_op`: a collective recorded through torch's
+  process-group hooks has no reduce op);
 * otherwise, members that issued fewer collectives than others, said by what became of
   them: still running (``rank 2 never reached collective #2 (barrier) that ranks 0, 1 wait
   in; rank 2 is in time.sleep at test_x.py:30``), returned (``rank 3 finished the call
@@ -15,9 +17,11 @@ already prove it can never finish. Per process group, only its members are compa
 
 from __future__ import annotations
 
+import re
 from array import array
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import combinations
 
 from harness.protocol.failures import ranks_phrase
 from harness.protocol.traces import (
@@ -27,6 +31,7 @@ from harness.protocol.traces import (
     Collective,
     Fingerprint,
     GroupHistory,
+    Op,
     RankTrace,
     group_names,
 )
@@ -160,7 +165,7 @@ def can_never_finish(
         if any(known[rank].groups[group].raised for rank in group_ranks):
             continue  # a collective raised: the test may handle such errors on purpose
         seqs = {last.seq for last in inside.values()}
-        if len(seqs) == 1 < len({last.op.key for last in inside.values()}):
+        if len(seqs) == 1 and not _alike([last.op for last in inside.values()]):
             return True
     return False
 
@@ -231,14 +236,53 @@ def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
     return True
 
 
+def same_op(first: Op, second: Op) -> bool:
+    """Whether two members' ops are the same collective, comparing only what both know.
+
+    Their keys are equal, or equal once the reduce op is left out where only one of them
+    knows it: torch's process-group hooks do not give the reduce op of a collective issued
+    below ``torch.distributed``'s functions (DDP's, a functional one), which the Python
+    layer records (``all_reduce(SUM, float32[4])`` against ``all_reduce(float32[4])``).
+    """
+    if first.key == second.key:
+        return True
+    if first.name != second.name or bool(first.reduce_op) == bool(second.reduce_op):
+        return False
+    known, other = (first, second) if first.reduce_op else (second, first)
+    return _without_reduce_op(known) == other.key
+
+
+def _without_reduce_op(op: Op) -> str:
+    """``op.key`` with its reduce op left out (``all_reduce(SUM, float32[4])`` reads
+    ``all_reduce(float32[4])``): an item of the parenthesised list, which no tensor, root
+    or count can be equal to."""
+    head, _, rest = op.key.partition("(")
+    items, reduce_op = rest.removesuffix(")"), op.reduce_op
+    if items == reduce_op:
+        items = ""
+    elif items.startswith(f"{reduce_op}, "):
+        items = items[len(reduce_op) + 2 :]
+    else:
+        items = re.sub(f", {re.escape(reduce_op)}(?=, |$)", "", items, count=1)
+    return f"{head}({items})"
+
+
+def _alike(ops: Sequence[Op]) -> bool:
+    """Whether every pair of ``ops`` is the same collective (:func:`same_op`)."""
+    first = ops[0]
+    if all(op.key == first.key for op in ops):
+        return True  # the common case
+    return all(same_op(a, b) for a, b in combinations(ops, 2))
+
+
 def _difference(
     group: str, name: str, histories: Mapping[int, GroupHistory | None]
 ) -> Finding | None:
     """The first collective that differs between the members, among those all issued."""
-    keys = {rank: (h.keys() if h is not None else []) for rank, h in histories.items()}
-    common = min(len(k) for k in keys.values())
+    sequences = [h.sequence() if h is not None else [] for h in histories.values()]
+    common = min(len(ops) for ops in sequences)
     for index in range(common):
-        if len({k[index] for k in keys.values()}) == 1:
+        if _alike([ops[index] for ops in sequences]):
             continue
         seq = index + 1
         by_op: dict[str, list[int]] = {}

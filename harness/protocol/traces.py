@@ -191,8 +191,12 @@ class GroupHistory:
 
     def keys(self) -> list[str]:
         """The compared ``Op.key`` of each collective kept, in order."""
-        keys = [op.key for op in self.ops]
-        return [keys[i] for i in _ids(self.op_ids)]
+        return [op.key for op in self.sequence()]
+
+    def sequence(self) -> list[Op]:
+        """The op of each collective kept, in order."""
+        ops = self.ops
+        return [ops[i] for i in _ids(self.op_ids)]
 
     def at(self, seq: int) -> tuple[Op, str] | None:
         """Collective number ``seq`` (from 1): its op and call site (``x.py:3``), or None."""
@@ -233,8 +237,8 @@ class RankTrace:
         recorded: What torch's flight recorder holds of the call that the wrapper did not
             see (collectives torch issued from C++, such as DDP's all-reduces), one line
             each, oldest first: ``"all_reduce float32[20] on pg 0, #5 (scheduled) at
-            test_x.py:12"``; empty unless the user turned the recorder on
-            (``TORCH_FR_BUFFER_SIZE``).
+            test_x.py:12"``; empty where torch's process-group hooks show them to the
+            recording (torch >= 2.14) or the recorder is off.
     """
 
     recent: tuple[Collective, ...] = ()

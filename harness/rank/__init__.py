@@ -16,9 +16,11 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.trace`        which collectives a call issues, per process group, and when
 * :mod:`~harness.rank.records`      a group's record of one call: tables of ops and sites
 * :mod:`~harness.rank.hooks`        collectives below torch.distributed, from torch's group hooks
+* :mod:`~harness.rank.hook_ops`     how a collective the hooks saw reads: its op, what issued it
 * :mod:`~harness.rank.functional`   functional collectives, wrapped where torch has no hooks
 * :mod:`~harness.rank.issued`       the ``collectives`` fixture's value, read from the recording
-* :mod:`~harness.rank.describe`     how a recorded call reads (its op); the flight recorder
+* :mod:`~harness.rank.describe`     how a recorded call reads (its op)
+* :mod:`~harness.rank.flight_recorder` what torch's flight recorder saw that the recording did not
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)

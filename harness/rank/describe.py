@@ -1,7 +1,6 @@
 """How a recorded ``torch.distributed`` call reads, for the trace.
 
-Each call reads as its :class:`Op`; this also reads what torch's flight recorder holds (a
-private API, through ``harness.compat``), for :mod:`harness.rank.trace`.
+Each call reads as its :class:`Op`.
 
 Each recorded function has a row in :data:`_COLLECTIVES` or :data:`_P2P`: the arguments that
 describe a call, each of an :class:`ArgKind`. Where each one is in the function's parameters is
@@ -12,15 +11,12 @@ read from its signature (:func:`spec`), which differs between torch releases
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
-from harness import compat
 from harness.protocol.traces import Op
-from harness.rank.sites import library
 
 
 class _Facts:
@@ -363,45 +359,3 @@ def _root_zero(spec: Spec, described: tuple[Any, ...]) -> tuple[Any, ...]:
         return described
     first = roots[0]  # src/dst, the global one, comes before group_src/group_dst
     return (*described[:first], 0, *described[first + 1 :])
-
-
-def flight_recorder(since_ns: int, seen: set[tuple[str, tuple[str, int]]]) -> tuple[str, ...]:
-    """Collectives only torch's flight recorder saw, one line each.
-
-    They are the ones it holds that were created since ``since_ns`` and the wrapper did not
-    record (``seen``: its ops' names and call sites); empty where the recorder is off (the
-    usual case: a dict lookup).
-    """
-    try:
-        entries = compat.flight_recorder_entries()
-    except Exception:
-        return ()  # a private API that changed: the wrapper's record stands alone
-    lines = []
-    for entry in entries:
-        if entry.get("time_created_ns", 0) < since_ns:
-            continue
-        name = str(entry.get("profiling_name", "?")).rpartition(":")[2]
-        frames = [
-            (str(f.get("filename", "")), int(f.get("line", 0))) for f in entry.get("frames") or []
-        ]
-        place = next((p for p in frames if not library(p[0])), ("?", 0))
-        if (name, place) in seen:
-            continue
-        dtypes = [str(d).lower() for d in entry.get("input_dtypes") or []]
-        sizes = entry.get("input_sizes") or []
-        tensors = ", ".join(
-            tensor_text((_FR_DTYPES.get(d, d), size, "cpu"))
-            for d, size in zip(dtypes, sizes, strict=False)
-        )
-        seq = entry.get("collective_seq_id") or entry.get("p2p_seq_id") or 0
-        where = f"{os.path.basename(place[0])}:{place[1]}" if place[1] else "?"
-        state = entry.get("state", "?")
-        lines.append(
-            f"{name}({tensors}) on pg {entry.get('pg_id', '?')}, #{seq} ({state}) at {where}"
-        )
-    return tuple(lines)
-
-
-_FR_DTYPES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
-              "int": "int32", "bfloat16": "bfloat16", "bool": "bool", "byte": "uint8"}  # fmt: skip
-"""The flight recorder names dtypes as C++ does (``Float``); the wrapper as Python does."""

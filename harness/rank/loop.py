@@ -46,6 +46,7 @@ from harness.rank import (
     coverage,
     current,
     exits,
+    flight_recorder,
     functional,
     hooks,
     identity,
@@ -124,6 +125,8 @@ def _take_environment(setup: RankSetup) -> None:
     wanted = {k: v for k, v in setup.inherited.items() if k not in _LAUNCHER_ONLY}
     wanted.update(setup.env)
     reset.update_environ(wanted, exact=True)
+    # Before the first group: torch sizes its flight recorder as it makes it.
+    flight_recorder.turn_on()
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if threads.isdecimal() and int(threads) > 0:
         # torch read the variable when the forkserver imported it, maybe with another value.

@@ -19,15 +19,37 @@ from typing import Any
 import torch.distributed as dist
 
 from harness import compat
-from harness.protocol.traces import COMPLETED, IN_FLIGHT, SEQUENCE_CAP, GroupHistory, Op
+from harness.protocol.traces import (
+    COMPLETED,
+    IN_FLIGHT,
+    RAISED,
+    SEQUENCE_CAP,
+    GroupHistory,
+    Op,
+)
+
+
+class Issuing:
+    """``Record.work`` of a collective torch's pre hook saw and its post hook has not (yet):
+    torch is issuing it, called from ``frame`` on the thread ``thread``; once that thread
+    left the frame without the post hook, torch raised there."""
+
+    __slots__ = ("frame", "thread")
+
+    def __init__(self, frame: Any, thread: int) -> None:
+        self.frame, self.thread = frame, thread
+
+    def left(self) -> bool:
+        """Whether the thread left the frame (read from any thread)."""
+        return compat.frame_of_thread(self.thread) is not self.frame
 
 
 class Record:
     """One collective (``seq`` its number in the group) or point-to-point op (``seq`` 0).
 
-    ``work``: the ``Work`` torch's post hook handed over for a collective issued below the
-    Python functions, whose completion :meth:`state_now` reads (None: none, or dropped once
-    the call ended).
+    ``work``: for a collective issued below the Python functions, :class:`Issuing` until
+    torch's post hook hands over its ``Work``, whose completion :meth:`state_now` reads
+    (None: none, or dropped once the call ended).
     """
 
     __slots__ = ("group", "op", "place", "seq", "state", "work")
@@ -39,20 +61,64 @@ class Record:
 
     def state_now(self) -> str:
         """Its state: that of its ``Work`` where it has one (in flight until it completes:
-        DDP waits for its all-reduces inside ``backward``), else the one noted."""
+        DDP waits for its all-reduces inside ``backward``; raised where it failed), else the
+        one noted."""
+        work = self.work
+        return self.state if work is None else _state_of(work, self.state)
+
+    def settle(self) -> bool:
+        """Note its state now and let its ``Work`` go (the call ended: hold no tensors);
+        whether it raised where that was not noted yet (its ``Work`` failed, or torch raised
+        between its pre and post hook: the error reached the user's code)."""
         work = self.work
         if work is None:
-            return self.state
-        try:
-            return COMPLETED if work.is_completed() else IN_FLIGHT
-        except Exception:  # a Work of another kind, or torch tearing the group down
-            return self.state
+            return False
+        self.work = None
+        state = _state_of(work, self.state)
+        if state == RAISED and self.state != RAISED:
+            failed(self)
+            return True
+        self.state = state
+        return False
 
-    def settle(self) -> None:
-        """Note its state now and let its ``Work`` go (the call ended: hold no tensors)."""
-        if self.work is not None:
-            self.state = self.state_now()
-            self.work = None
+
+def _state_of(work: Any, noted: str) -> str:
+    """The state of a collective that has the ``Work`` ``work`` (``noted``: where it cannot
+    tell)."""
+    if isinstance(work, Issuing):
+        return RAISED if work.left() else IN_FLIGHT
+    try:
+        if not work.is_completed():
+            return IN_FLIGHT
+    except Exception:  # a Work of another kind, or torch tearing the group down
+        return noted
+    return RAISED if _failed(work) else COMPLETED
+
+
+def _failed(work: Any) -> bool:
+    """Whether a completed ``Work`` failed: its future holds an error (``Work.exception()``
+    and ``is_success()`` are deprecated, and warn)."""
+    try:
+        future = work.get_future()
+        if not future.done():
+            return False  # the Work completed a moment before its future
+    except Exception:  # no future (a functional collective's wait, another Work kind)
+        return False
+    try:
+        future.value()
+    except Exception:
+        return True
+    return False
+
+
+def failed(record: Record) -> None:
+    """Note that ``record``'s collective raised, and stop the desync check there.
+
+    A point-to-point op has no number: the group's next collective takes its place.
+    """
+    returned(record, RAISED)
+    group = record.group
+    group.raised = group.raised or record.seq or group.count + 1
 
 
 class Group:

@@ -19,9 +19,8 @@ hooks where torch has them (:mod:`harness.rank.hooks`, torch >= 2.14), and on ol
 wrappers of the functional collectives (:mod:`harness.rank.functional`). What this still does
 not see, on older torch: collectives issued in C++ alone (DDP), and code that kept the
 unwrapped functions from before the rank started (modules preloaded in the forkserver).
-torch's flight recorder sees those, but only through private APIs and only when turned on
-before the group was made: where it is on, a failure's trace adds what it holds
-(``RankTrace.recorded``).
+torch's flight recorder sees those: a trace adds what it holds of them
+(``RankTrace.recorded``, :mod:`harness.rank.flight_recorder`).
 
 Imports: see :mod:`harness.rank`.
 """
@@ -54,10 +53,10 @@ from harness.protocol.traces import (
     RankTrace,
     issued,
 )
-from harness.rank import describe, inject, sites
+from harness.rank import describe, flight_recorder, inject, sites
 from harness.rank.current import context_or_none
 from harness.rank.describe import Spec
-from harness.rank.records import Group, Record, returned
+from harness.rank.records import Group, Record, failed, returned
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -99,7 +98,8 @@ class Recorder:
         # What was recorded becomes a trace only if asked for (a failure, or a desync).
         self._ended = self._records()
         for record in list(self._recent):
-            record.settle()
+            # A collective torch raised below the hooks, or whose Work failed, raised.
+            self.raised = record.settle() or self.raised
         for group in self._ended:
             group.handle = None
         self._groups.clear()
@@ -116,7 +116,8 @@ class Recorder:
         """What was recorded so far (after the block: what the call issued)."""
         records = list(self._recent)
         seen = {(r.op.name, r.place) for r in records}
-        recorded = describe.flight_recorder(self._started_ns, seen)
+        count = sum(group.count for group in self._records())
+        recorded = flight_recorder.recorded(self._started_ns, count, seen)
         if not records and not recorded:
             return EMPTY
         recent = tuple(
@@ -204,12 +205,8 @@ class Recorder:
                     record.state = RAISED
                 result = self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
         except BaseException:
-            returned(record, RAISED)
+            failed(record)
             self.raised = True
-            group = record.group
-            # The desync check stops comparing the group there. A point-to-point op has no
-            # number: the group's next collective takes its place.
-            group.raised = group.raised or record.seq or group.count + 1
             raise
         finally:
             self.busy.discard(thread)
