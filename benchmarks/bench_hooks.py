@@ -4,6 +4,8 @@ Run by hand, never in CI (nothing here asserts on time)::
 
     python benchmarks/bench_hooks.py [--collectives 5000] [--rounds 7] [--steps 300] [--calls 300]
     python benchmarks/bench_hooks.py --flight-recorder [--collectives 5000] [--rounds 7]
+    valgrind --tool=cachegrind --cache-sim=no python benchmarks/bench_hooks.py \
+        --count functional --variant on --n 2000
 
 One reused ``harness.World`` (Gloo) per world size (1 and ``--world-size``). Inside each rank,
 during a call (the harness's recorder active), a loop of ``--collectives`` collectives on a
@@ -35,6 +37,13 @@ torch's flight recorder costs, the only one to see DDP's collectives there (on b
 from torch 2.13; the harness's ranks turn it on where it is off by default): world size 1,
 a fresh ``World`` per setting, ``TORCH_FR_BUFFER_SIZE=0`` (off) against ``2000`` (on),
 ``dist.all_reduce``, a functional ``all_reduce`` and a DDP step, best of ``--rounds``.
+
+With ``--count WORKLOAD --variant VARIANT --n N``, instead: N collectives in this process
+alone (a world of one made here, no ``harness.World``), for a run under
+``valgrind --tool=cachegrind --cache-sim=no``: the difference of two variants' instruction
+counts over N is per collective, whatever the machine's load. WORKLOAD is ``all_reduce``
+(``dist.all_reduce``), ``functional`` or ``ddp`` (a step); VARIANT ``plain`` (no recorder
+active), ``off`` (recorder, no hooks), ``empty`` (two hooks that do nothing) or ``on``.
 
 Then, at both world sizes, a DDP training step (``Linear(4, 2)``, one bucket: one gradient
 all-reduce per ``backward``, recorded only by the hooks), ``--steps`` steps per round, hooks
@@ -176,6 +185,37 @@ def flight_recorder(args: argparse.Namespace) -> None:
     )
 
 
+def count(workload: str, variant: str, n: int) -> None:
+    """Issue ``n`` collectives of ``workload`` here, in ``variant`` (``--count``)."""
+    import contextlib
+
+    import torch.distributed._functional_collectives as funcol
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from harness import compat
+    from harness.rank import hooks, trace
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    trace.install()
+    group, tensor = dist.group.WORLD, torch.ones(1)
+    model, batch = DDP(torch.nn.Linear(4, 2)), torch.ones(3, 4)
+    loops: dict[str, Callable[[], Any]] = {
+        "all_reduce": lambda: dist.all_reduce(tensor),
+        "functional": lambda: funcol.wait_tensor(funcol.all_reduce(tensor, "sum", group)),
+        "ddp": lambda: model(batch).sum().backward(),
+    }
+    if variant == "on":
+        hooks.install()
+    elif variant == "empty":
+        compat.add_collective_hooks(group, hooks.HOOK_ID, lambda args: None, lambda args: None)
+    with contextlib.nullcontext() if variant == "plain" else trace.Recorder():
+        for _ in range(n):
+            loops[workload]()
+    dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
     parser.add_argument("--collectives", type=int, default=5000)
@@ -184,7 +224,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--flight-recorder", action="store_true")
+    parser.add_argument("--count", choices=("all_reduce", "functional", "ddp"))
+    parser.add_argument("--variant", choices=("plain", "off", "empty", "on"), default="on")
+    parser.add_argument("--n", type=int, default=2000)
     args = parser.parse_args(argv)
+    if args.count:
+        count(args.count, args.variant, args.n)
+        return 0
 
     import bench_hooks as me  # by module name: the ranks import it, not __main__
 

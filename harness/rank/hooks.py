@@ -241,29 +241,35 @@ def _post(group: Any, args: Any) -> None:
     except Exception as exc:
         record.work = None
         _warn(args, exc)
-    recorder = trace.current()
-    if placed is not None and recorder is not None:
-        _act(recorder, record, placed, [], work)
+    if placed is not None:
+        recorder = trace.current()
+        if recorder is not None:
+            _act(recorder, record, placed, [], work)
 
 
 def _note(
     recorder: trace.Recorder, group: Any, kind: hook_ops.Kind, args: Any, frame: Any
 ) -> Record | None:
     tensors = args.output_tensors if kind.outputs else args.input_tensors
-    raw = tuple([(t.dtype, t.shape, t.device) for t in tensors])
+    if len(tensors) == 1:  # the usual case, without a comprehension's call
+        tensor = tensors[0]
+        raw: tuple[Any, ...] = ((tensor.dtype, tensor.shape, tensor.device),)
+    else:
+        raw = tuple([(t.dtype, t.shape, t.device) for t in tensors])
     root = args.root if kind.root else -1
     async_op = bool(args.async_op)
     place, origin = _where(kind, frame)
-    handle = None if group is dist.group.WORLD else group
     key = (kind.name, raw, root, async_op, origin)
+    # The recorder reads the default group's handle (group.WORLD) as None itself.
     return recorder.note(
-        handle, key, kind.p2p, place, hook_ops.op, kind, raw, root, async_op, origin
+        group, key, kind.p2p, place, hook_ops.op, kind, raw, root, async_op, origin
     )
 
 
 def _where(kind: hook_ops.Kind, frame: Any) -> tuple[tuple[str, int], str]:
     """The user's frame on the stack from ``frame`` out, as its ``(file, line)``, and what
-    it called that issued the collective (:func:`hook_ops.origin`)."""
+    it called that issued the collective (:func:`hook_ops.origin`, cached per pair of code
+    objects)."""
     assert _hooks is not None
     user_code = _hooks.user_code
     innermost = frame.f_code if frame is not None else None
@@ -280,25 +286,22 @@ def _where(kind: hook_ops.Kind, frame: Any) -> tuple[tuple[str, int], str]:
                 sites.is_call_site(path) and not path.startswith(_GENERATED),
             )
         if found[1]:
-            return (code.co_filename, frame.f_lineno), _origin_of(kind, callee, innermost)
+            break
         callee = code
         frame = frame.f_back
-    return ("?", 0), ""
-
-
-def _origin_of(kind: hook_ops.Kind, callee: Any, innermost: Any) -> str:
-    """:func:`hook_ops.origin`, cached per pair of code objects."""
+    else:
+        return ("?", 0), ""
+    place = (code.co_filename, frame.f_lineno)
     if callee is None:
-        return ""
-    assert _hooks is not None
+        return place, ""
     origins = _hooks.origins
     key = (kind.name, id(callee), id(innermost))
-    found = origins.get(key)
-    if found is None or found[0] is not callee or found[1] is not innermost:
+    known = origins.get(key)
+    if known is None or known[0] is not callee or known[1] is not innermost:
         if len(origins) > _CACHED:
             origins.clear()
-        found = origins[key] = (callee, innermost, hook_ops.origin(kind, callee, innermost))
-    return found[2]
+        known = origins[key] = (callee, innermost, hook_ops.origin(kind, callee, innermost))
+    return place, known[2]
 
 
 def _act(
