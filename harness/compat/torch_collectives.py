@@ -14,6 +14,7 @@ from typing import Any
 __all__ = [
     "add_collective_hooks",
     "collective_hooks_available",
+    "functional_collectives",
     "functional_group",
     "remove_collective_hooks",
 ]
@@ -67,6 +68,18 @@ def remove_collective_hooks(group: Any, hook_id: int) -> None:
             getattr(group, name)(hook_id)
         except Exception:
             pass
+
+
+def functional_collectives() -> Any:
+    """torch's functional collectives module (``torch.distributed._functional_collectives``,
+    private: DTensor and tensor parallelism issue their collectives through it); None where
+    this torch has none."""
+    import importlib
+
+    try:
+        return importlib.import_module("torch.distributed._functional_collectives")
+    except ImportError:
+        return None
 
 
 def functional_group(group: Any, tag: str = "") -> Any:

@@ -20,7 +20,6 @@ Imports: see :mod:`harness.rank`.
 from __future__ import annotations
 
 import functools
-import importlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -99,9 +98,8 @@ def install() -> None:
     them (torch >= 2.14) or torch has none."""
     if compat.collective_hooks_available():
         return
-    try:
-        funcol = importlib.import_module("torch.distributed._functional_collectives")
-    except ImportError:
+    funcol = compat.functional_collectives()
+    if funcol is None:
         return
     for name, (reads_as, described) in _FUNCTIONS.items():
         original = getattr(funcol, name, None)
