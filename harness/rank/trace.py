@@ -34,7 +34,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -57,6 +57,9 @@ from harness.rank import describe, flight_recorder, inject, sites
 from harness.rank.current import context_or_none
 from harness.rank.describe import Spec
 from harness.rank.records import Group, Record, failed, returned
+
+if TYPE_CHECKING:
+    from harness.faults import Fault
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -192,18 +195,7 @@ class Recorder:
             if placed is None:
                 result = fn(*args, **kwargs)
             else:
-                assert self.plan is not None
-
-                def run() -> Any:
-                    # The record says how it ended before a fault fires after it (the
-                    # trace sent when it fires shows it).
-                    done = fn(*args, **kwargs)
-                    returned(record, _ended(done))
-                    return done
-
-                if placed[1].kind == "error":
-                    record.state = RAISED
-                result = self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
+                result = self._faulted(placed, record, spec, fn, args, kwargs)
         except BaseException:
             failed(record)
             self.raised = True
@@ -214,6 +206,29 @@ class Recorder:
         if waited is not None:
             record.work = waited(result)
         return result
+
+    def _faulted(
+        self,
+        placed: tuple[int, Fault],
+        record: Record,
+        spec: Spec,
+        fn: Callable[..., Any],
+        args: Any,
+        kwargs: Any,
+    ) -> Any:
+        """Call ``fn`` with the fault placed at its collective acting around it."""
+        assert self.plan is not None
+
+        def run() -> Any:
+            # The record says how it ended before a fault fires after it (the trace sent
+            # when it fires shows it).
+            done = fn(*args, **kwargs)
+            returned(record, _ended(done))
+            return done
+
+        if placed[1].kind == "error":
+            record.state = RAISED
+        return self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any, group: Any) -> Record | None:
         at = spec.group_at
