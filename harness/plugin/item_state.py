@@ -62,7 +62,7 @@ def peek(item: pytest.Item) -> ItemState | None:
 
 def of(item: pytest.Item) -> ItemState:
     """The plugin's record of ``item``, made on first use."""
-    state = item.stash.get(_STATE, None)
+    state = peek(item)
     if state is None:
         state = item.stash[_STATE] = ItemState()
     return state

@@ -173,10 +173,9 @@ def pytest_runtest_makereport(
     # stash lookup and an attribute check, and pytest builds the report itself (from the
     # CallInfo, whose times are adjusted in place, so that every plugin sees them).
     state = item_state.peek(item)
-    if state is not None and state.moved is not None:
-        _move_times(state, call, state.moved)
-    if state is not None and state.logs is not None:
-        _add_logs(item, state, call.when, state.logs)
+    if state is not None:
+        _move_times(state, call)
+        _add_logs(item, state, call.when)
     excinfo = call.excinfo
     if excinfo is None:
         return None
@@ -197,11 +196,12 @@ def pytest_runtest_makereport(
     return report
 
 
-def _add_logs(
-    item: pytest.Item, state: item_state.ItemState, when: str, logs: dict[str, str]
-) -> None:
+def _add_logs(item: pytest.Item, state: item_state.ItemState, when: str) -> None:
     """The ranks' log sections of phase ``when``; at teardown, all that are left (there was
     no call phase after a failed setup)."""
+    logs = state.logs
+    if logs is None:
+        return
     for phase in PHASES:
         if phase in logs and (phase == when or when == "teardown"):
             item.add_report_section(phase, "log", logs.pop(phase))
@@ -209,12 +209,12 @@ def _add_logs(
         state.logs = None
 
 
-def _move_times(
-    state: item_state.ItemState, call: pytest.CallInfo[None], moved: tuple[float, float]
-) -> None:
+def _move_times(state: item_state.ItemState, call: pytest.CallInfo[None]) -> None:
     """Give the ranks' call and teardown time, held by the setup phase (in which the ranks
     ran the whole test), to the call and teardown phases; their sum stays as pytest measured."""
-    into_call, into_teardown = moved
+    if state.moved is None:
+        return
+    into_call, into_teardown = state.moved
     if call.when == "setup":
         taken = min(into_call + into_teardown, call.duration)
         call.duration -= taken
