@@ -2,8 +2,8 @@
 groups.
 
 These are what the rank side's recording of collectives issued below
-``torch.distributed``'s functions relies on (:mod:`harness.rank.hooks`,
-:mod:`harness.rank.functional`).
+``torch.distributed``'s functions relies on (:mod:`harness.rank.recording.hooks`,
+:mod:`harness.rank.recording.functional`).
 """
 
 from __future__ import annotations
