@@ -40,7 +40,9 @@ _T_co = TypeVar("_T_co", covariant=True)
 class Runnable(Protocol[_T_co]):
     """A test as the runner runs it: its ``step``, and one run on a world."""
 
-    step: Step
+    @property
+    def step(self) -> Step:
+        """What runs it again on another world (for the bisection)."""
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, _T_co]:
         """Run the test on ``world`` (``fresh``: its own); return its verdict and result."""
@@ -60,6 +62,25 @@ class Checked(Generic[_T]):
     result: _T
     note: str = ""
     failure: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class Reused(Generic[_T]):
+    """A test's run on the session's world of its shape, for :meth:`Runner.held`.
+
+    Attributes:
+        shape: The world's shape; a fresh world of it holds the verdict.
+        holder: Whose GPUs the fresh worlds lease.
+        earlier: The tests that world's processes ran before this one, oldest first.
+        verdict: How the run ended (``FAILED``, ``SKIPPED``, ``PASSED``).
+        result: What the run produced.
+    """
+
+    shape: WorldShape
+    holder: Holder
+    earlier: list[Step]
+    verdict: str
+    result: _T
 
 
 @dataclass
@@ -105,16 +126,42 @@ class Runner:
     ) -> Checked[_T]:
         """Run ``test`` as the module's docstring says; ``option`` is what the commands in
         messages need besides the test ids (``--dist-backend=gloo``, ``--dist-mptc``)."""
-        fresh_world = functools.partial(self.new_world, shape, holder)
         if isolate:
-            with fresh_world() as world:
-                return Checked(test.attempt(world, True)[1])
+            return Checked(self.alone(test, shape, holder))
+        return self.held(item, test, self.reused(test, shape, holder), option)
+
+    def alone(self, test: Runnable[_T], shape: WorldShape, holder: Holder) -> _T:
+        """Run ``test`` on a fresh world of its own (an isolated test)."""
+        with self.new_world(shape, holder) as world:
+            return test.attempt(world, True)[1]
+
+    def reused(self, test: Runnable[_T], shape: WorldShape, holder: Holder) -> Reused[_T]:
+        """Run ``test`` on the session's world of ``shape``, noting it in its history."""
         world = self.world(shape, holder)
         earlier = self._history.before(world)
         verdict, result = test.attempt(world, False)
         self._history.record(world, test.step)
+        return Reused(shape, holder, earlier, verdict, result)
+
+    def held(
+        self,
+        item: pytest.Item,
+        test: Runnable[_T],
+        run: Reused[_T],
+        option: str,
+        always: bool = False,
+    ) -> Checked[_T]:
+        """A run on a reused world held against fresh processes, as the settings ask: the
+        verdict that stands, and an order dependence reported (see the module's docstring).
+
+        ``always``: also where the world's processes ran nothing before it (a ``@given``
+        test's minimal example: the earlier examples' failures replaced those processes).
+        """
+        verdict, result, earlier = run.verdict, run.result, run.earlier
+        fresh_world = functools.partial(self.new_world, run.shape, run.holder)
         settings = self.settings
-        if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
+        wanted = settings.verify or (settings.confirm and verdict == FAILED)
+        if not wanted or not (earlier or always):
             return Checked(result)
         try:
             fresh, found = on_fresh(fresh_world, (), lambda world: test.attempt(world, True))
@@ -129,7 +176,7 @@ class Runner:
             # fail the same test another way, e.g. crash where fresh ones raise).
             return Checked(found, "confirmed on fresh processes; ")
         finding = None
-        if settings.bisect_runs:
+        if settings.bisect_runs and earlier:
             finding = order.bisect(
                 fresh_world,
                 earlier,
