@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from harness import validate
+from harness.controller import restarts
 from harness.faults import Fault
-from harness.faults.checks import checked
 from harness.plugin import gpu_needs
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.marker import (
@@ -312,13 +312,13 @@ def _settings(
     # A sweep's case has its one fault; a clean run that counts a sweep none.
     faults = [case] if FAULT_PARAM in params else spec.faults
     faults = [] if isinstance(case, CleanRun) else faults
-    sizes = validate.attempt_sizes(spec.restarts, world_size)
-    placed = checked(faults, sizes)
+    planned = restarts.plan(
+        _call_options(session, item, spec, faults), faults, spec.restarts, world_size
+    )
     per_rank = spec.gpus_per_rank
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
     shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-    call = _call_options(session, item, spec, placed)
     backend = validate.backend(backend)
     resolved = resolve(backend)
     return TestSettings(
@@ -331,9 +331,9 @@ def _settings(
         backend=backend,
         isolate=bool(spec.isolate) or session.isolate,
         gpus_per_rank=per_rank,
-        call=call,
+        call=planned.options,
         ranks_per_gpu=shared,
-        attempts=sizes,
+        attempts=planned.sizes,
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
@@ -359,9 +359,10 @@ def _world_size(size: object) -> int:
 
 
 def _call_options(
-    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...]
+    session: Settings, item: pytest.Item, spec: MarkSpec, faults: Sequence[object]
 ) -> CallOptions:
-    """How a test's ranks run it, from its marker's arguments and the session's settings.
+    """How a test's ranks run it, from its marker's arguments and the session's settings
+    (its ``faults``, as given, are placed by :func:`harness.controller.restarts.plan`).
 
     Raises:
         TypeError, ValueError: The marker's ``timeout`` or ``check_collectives`` is not
@@ -382,7 +383,6 @@ def _call_options(
         check_collectives=(
             validate.flag(spec.check_collectives, "check_collectives") and session.check_collectives
         ),
-        faults=faults,
         keep_traces=keep_traces(session, faults),
     )
 
