@@ -11,9 +11,10 @@ from typing import Any
 from harness import validate
 from harness.controller.calls import result
 from harness.controller.outcome import Outcome
-from harness.controller.restarts import plan, run_attempts
+from harness.controller.restarts import run_attempts
 from harness.controller.world import World
 from harness.faults import Fault
+from harness.faults.checks import plan
 from harness.protocol.messages import CallOptions
 
 

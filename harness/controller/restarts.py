@@ -15,10 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from harness import validate
 from harness.errors import DistributedError, RankCrash, RankError, WorldTimeout
 from harness.faults import FaultFired
-from harness.faults.checks import checked
 from harness.protocol.messages import CallOptions
 
 if TYPE_CHECKING:
@@ -44,32 +42,6 @@ class Attempt:
     def __str__(self) -> str:
         ranks = "rank" if self.world_size == 1 else "ranks"
         return f"attempt {self.number} ({self.world_size} {ranks}): {self.ended}"
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A call's attempts, planned before the first starts.
-
-    Attributes:
-        options: The call's options, with every attempt's faults, checked against them.
-        sizes: The world size of each attempt, the first included.
-    """
-
-    options: CallOptions
-    sizes: tuple[int, ...]
-
-
-def plan(options: CallOptions, faults: object, restarts: object, world_size: int) -> Planned:
-    """Plan a call's attempts: their world sizes (``restarts`` on a world of
-    ``world_size``: :func:`harness.validate.attempt_sizes`), and ``faults``, as given,
-    checked against them (:func:`harness.faults.checks.checked`) into ``options``.
-
-    Raises:
-        TypeError, ValueError: ``restarts`` or ``faults`` is not valid, naming it.
-    """
-    sizes = validate.attempt_sizes(restarts, world_size)
-    # Checked before the record is made of them: a bad value is named as it was given.
-    return Planned(replace(options, faults=checked(faults, sizes)), sizes)
 
 
 def why_restart(outcome: Outcome) -> str:
@@ -98,7 +70,7 @@ def run_attempts(
             options for it (its ``attempt`` number, its faults): ``attempt(world_size,
             options)``.
         options: The call's options, with every attempt's faults.
-        sizes: The world size of each attempt (:func:`harness.validate.attempt_sizes`).
+        sizes: The world size of each attempt (:func:`harness.faults.checks.plan`).
 
     Returns:
         The last attempt's outcome, and every attempt, in order. An outcome that failed

@@ -25,8 +25,9 @@ from harness.controller.gpus import Lease
 from harness.controller.leak_reports import leak_report
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
-from harness.controller.restarts import plan, run_attempts
+from harness.controller.restarts import run_attempts
 from harness.faults import Fault
+from harness.faults.checks import plan
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup
 from harness.protocol.rank_files import rendezvous_path

@@ -37,7 +37,7 @@ from harness import compat, validate
 from harness.controller.pickling import pickle_problem
 from harness.errors import DistributedError
 from harness.faults import Fault
-from harness.plugin import after_run, interrupts, property_checks, sweep_cases
+from harness.plugin import after_run, interrupts, property_checks, settings, sweep_cases
 from harness.plugin.leases import Holder
 from harness.plugin.replay import Step, verdict_of
 from harness.plugin.runner import Checked, Reused, Runnable, Runner
@@ -103,7 +103,7 @@ def prepare(
         pytest.fail.Exception: Its ``world_size`` strategy can draw outside 1 to ini
             ``dist_max_world_size``, or ini ``dist_max_world_size`` is not an int >= 1.
     """
-    bound = property_checks.max_world_size(item.config)
+    bound = settings.max_world_size(item.config)
     property_checks.check_bounds(item, bound)
     return PropertyTest(item, test, ref, plan, session, bound)
 
