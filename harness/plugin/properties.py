@@ -40,7 +40,7 @@ from harness.faults import Fault
 from harness.plugin import after_run, interrupts, property_checks, settings, sweep_cases
 from harness.plugin.leases import Holder
 from harness.plugin.replay import Step, verdict_of
-from harness.plugin.runner import Checked, Reused, Runnable, Runner
+from harness.plugin.runner import Held, Reused, Runnable, Runner
 from harness.protocol.pytest_calls import ARG_VALUE, Arg, FixturePlan, TestRef
 from harness.rank.property_body import run_example
 
@@ -302,15 +302,15 @@ class PropertyTest:
         example = last.example
         timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
         with interrupts.taken_over(self.item, timeout) as deadline:
-            checked: Checked[Outcome] = Checked(last.outcome)
+            held: Held[Outcome] = Held(last.outcome)
             if last.reused is not None:
-                checked = self.session.runner.held(
+                held = self.session.runner.held(
                     self.item, example, last.reused, self.option, always=True
                 )
             ran = after_run.Ran(
-                self.item, checked.result, self.test.world.sized(example.size),
-                example.step.options, self.holder, self.option, lines + checked.note,
-                checked.failure, self.test, call_phase=True,
+                self.item, held.result, self.test.world.sized(example.size),
+                example.step.options, self.holder, self.option, lines + held.note,
+                held.failure, self.test, call_phase=True,
             )  # fmt: skip
             ran = after_run.after_run(self.session, ran)
             deadline.explain(ran.outcome.error)

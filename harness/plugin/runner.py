@@ -49,13 +49,13 @@ class Runnable(Protocol[_T_co]):
 
 
 @dataclass(frozen=True)
-class Checked(Generic[_T]):
+class Held(Generic[_T]):
     """A test's run, held against fresh processes where the settings ask for it.
 
     Attributes:
         result: The run's result whose verdict stands (the fresh one's, where they differ).
-        note: What a failure report says of the check before its repro command
-            (``"confirmed on fresh processes; "``; '' when nothing was checked).
+        note: What a failure report says of the fresh run before its repro command
+            (``"confirmed on fresh processes; "``; '' when there was none).
         failure: The test's failure, where an order dependence is one.
     """
 
@@ -102,7 +102,7 @@ class Runner:
         shape: WorldShape,
         holder: Holder,
         sizes: tuple[int, ...],
-    ) -> Checked[Outcome]:
+    ) -> Held[Outcome]:
         """Run a test with restarts, each attempt on a fresh world of its size in ``sizes``
         (:mod:`harness.controller.restarts`), listing them in the report's ``attempts``."""
 
@@ -113,7 +113,7 @@ class Runner:
         outcome, attempts = restarts.run_attempts(attempt, options, sizes)
         if len(attempts) > 1 and outcome.error is None:  # a failure lists them itself
             item.add_report_section("call", "attempts", "".join(f"{a}\n" for a in attempts))
-        return Checked(outcome)
+        return Held(outcome)
 
     def run(
         self,
@@ -123,11 +123,11 @@ class Runner:
         holder: Holder,
         isolate: bool,
         option: str,
-    ) -> Checked[_T]:
+    ) -> Held[_T]:
         """Run ``test`` as the module's docstring says; ``option`` is what the commands in
         messages need besides the test ids (``--dist-backend=gloo``, ``--dist-mptc``)."""
         if isolate:
-            return Checked(self.alone(test, shape, holder))
+            return Held(self.alone(test, shape, holder))
         return self.held(item, test, self.reused(test, shape, holder), option)
 
     def alone(self, test: Runnable[_T], shape: WorldShape, holder: Holder) -> _T:
@@ -150,7 +150,7 @@ class Runner:
         run: Reused[_T],
         option: str,
         always: bool = False,
-    ) -> Checked[_T]:
+    ) -> Held[_T]:
         """A run on a reused world held against fresh processes, as the settings ask: the
         verdict that stands, and an order dependence reported (see the module's docstring).
 
@@ -162,11 +162,11 @@ class Runner:
         settings = self.settings
         wanted = settings.verify or (settings.confirm and verdict == FAILED)
         if not wanted or not (earlier or always):
-            return Checked(result)
+            return Held(result)
         try:
             fresh, found = on_fresh(fresh_world, (), lambda world: test.attempt(world, True))
         except Exception as exc:  # the fresh world did not start
-            return Checked(result, f"not confirmed on fresh processes ({exc}); ")
+            return Held(result, f"not confirmed on fresh processes ({exc}); ")
         if settings.verify:
             item.user_properties.append(
                 (report.VERIFIED, "same" if fresh == verdict else "differs")
@@ -174,7 +174,7 @@ class Runner:
         if fresh == verdict:
             # The fresh run's account: what a run of the test alone shows (a reused rank may
             # fail the same test another way, e.g. crash where fresh ones raise).
-            return Checked(found, "confirmed on fresh processes; ")
+            return Held(found, "confirmed on fresh processes; ")
         finding = None
         if settings.bisect_runs and earlier:
             finding = order.bisect(
@@ -188,7 +188,7 @@ class Runner:
             item, [step.nodeid for step in earlier], verdict, fresh, finding, option
         )
         if settings.order_dependent == "fail" and fresh != FAILED:
-            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
+            return Held(found, failure=pytest.fail.Exception(text, pytrace=False))
         path, lineno, _ = item.location
         try:  # a warning located at the test
             warnings.warn_explicit(
@@ -199,5 +199,5 @@ class Runner:
             )
         except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
             text = f"OrderDependenceWarning: {text}"
-            return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
-        return Checked(found)
+            return Held(found, failure=pytest.fail.Exception(text, pytrace=False))
+        return Held(found)

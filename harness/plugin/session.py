@@ -238,11 +238,11 @@ class DistSession:
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
                 if len(test.attempts) > 1:
-                    checked = self.runner.run_attempts(
+                    held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
                 else:
-                    checked = self.runner.run(
+                    held = self.runner.run(
                         item, marked(options), test.world, holder, test.isolate, option
                     )
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
@@ -250,8 +250,8 @@ class DistSession:
             if self._preload_failure():  # found as its first world started
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
-            item, checked.result, test.world, options, holder, option, checked.note,
-            checked.failure, test,
+            item, held.result, test.world, options, holder, option, held.note,
+            held.failure, test,
         )  # fmt: skip
         return ran, deadline
 
