@@ -195,12 +195,12 @@ def count(workload: str, variant: str, n: int) -> None:
 
     from harness import compat
     from harness.rank import recording
-    from harness.rank.recording import hooks
+    from harness.rank.recording import hooks, recorder
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    recording.install()
+    recorder.install()  # the wrapper alone: each variant adds its hooks itself
     group, tensor = dist.group.WORLD, torch.ones(1)
     model, batch = DDP(torch.nn.Linear(4, 2)), torch.ones(3, 4)
     loops: dict[str, Callable[[], Any]] = {

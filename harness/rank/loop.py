@@ -55,7 +55,7 @@ from harness.rank import (
     sites,
 )
 from harness.rank.context import RankContext, Running, failure, skip_kind
-from harness.rank.recording import flight_recorder, functional, hooks
+from harness.rank.recording import flight_recorder
 
 # Variables a controller running under torchrun inherits that would point a rank's own
 # env:// rendezvous at the launcher's agent instead of at this world.
@@ -109,13 +109,11 @@ def _start_process(setup: RankSetup) -> RankFiles:
 
 def _install_recording() -> None:
     """Record every collective the rank's calls issue, however they issue it."""
+    # First: the recording's hooks ride on the registry of groups this replaces.
+    leaks.note_group_sites()
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
     recording.install()
-    leaks.note_group_sites()
-    # After note_group_sites: the hooks ride on the same registry of groups.
-    hooks.install()
-    functional.install()  # where the hooks cannot see functional collectives
 
 
 def _take_environment(setup: RankSetup) -> None:
