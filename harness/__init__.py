@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
     from harness.protocol.traces import IssuedCollective
-    from harness.rank.issued import collectives
+    from harness.rank.recording.issued import collectives
 
 
 # Where each name imported on first use lives. World and run need torch; reading them
@@ -61,7 +61,7 @@ _LAZY = {
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
     "IssuedCollective": "harness.protocol.traces",
-    "collectives": "harness.rank.issued",
+    "collectives": "harness.rank.recording.issued",
     "FaultFired": "harness.faults",
     "fixture": "harness.plugin.rank_fixtures",
 }

@@ -70,7 +70,7 @@ def run_attempts(
             options for it (its ``attempt`` number, its faults): ``attempt(world_size,
             options)``.
         options: The call's options, with every attempt's faults.
-        sizes: The world size of each attempt (:func:`harness.validate.attempt_sizes`).
+        sizes: The world size of each attempt (:func:`harness.faults.checks.plan`).
 
     Returns:
         The last attempt's outcome, and every attempt, in order. An outcome that failed

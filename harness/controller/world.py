@@ -27,7 +27,7 @@ from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run_attempts
 from harness.faults import Fault
-from harness.faults.checks import checked
+from harness.faults.checks import plan
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
 from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup
 from harness.protocol.rank_files import rendezvous_path
@@ -213,19 +213,17 @@ class World:
                 mapping, ``check_collectives`` not a bool, or ``faults`` not a list of
                 faults that fit this world.
         """
-        sizes = validate.attempt_sizes(restarts, self.world_size)
-        if set(sizes) != {self.world_size}:
-            raise ValueError(
-                f"a World restarts at its own size ({self.world_size}), not {list(sizes[1:])}: "
-                "give a schedule of sizes to harness.run or the marker"
-            )
-        # Checked before the record is made of them: a bad value is named as it was given.
-        placed = checked(faults, sizes)
         # The World's own timeout in the record, so that checking it changes nothing.
         bound = self.timeout if timeout is None else timeout
-        options = CallOptions(bound, check_collectives=check_collectives, faults=placed)
+        options = CallOptions(bound, check_collectives=check_collectives)
+        planned = plan(options, faults, restarts, self.world_size)
+        if set(planned.sizes) != {self.world_size}:
+            raise ValueError(
+                f"a World restarts at its own size ({self.world_size}), not "
+                f"{list(planned.sizes[1:])}: give a schedule of sizes to harness.run or the marker"
+            )
         outcome, _ = run_attempts(
-            lambda _, attempt: self.call(fn, args, kwargs, attempt), options, sizes
+            lambda _, attempt: self.call(fn, args, kwargs, attempt), planned.options, planned.sizes
         )
         return calls.result(outcome)
 

@@ -5,17 +5,21 @@ The makers record a fault without checking it, so that a bad one made at the imp
 test module fails that test alone. Every entry point hands the list it was given (the
 marker, ``harness.run``, ``World.run``, ``World.call``'s options, a drawn example) to
 :func:`checked` where it makes the call's record (``CallOptions``) of them: the one place a
-fault list is checked.
+fault list is checked. :func:`plan` does it for a call that may restart: its attempts'
+sizes, then its faults checked against them.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TypeAlias
 
+from harness import validate
 from harness.faults.sweeps import OpenSweep, Sweep
 from harness.faults.values import Fault
+from harness.protocol.messages import CallOptions
 
 _Place: TypeAlias = tuple[int, int, tuple[int, ...] | None, int]
 """Where a fault acts: its rank, collective, group and attempt."""
@@ -100,3 +104,29 @@ def _check_attempt(fault: Fault, sizes: Sequence[int]) -> None:
             f"{restarts} restart{'' if restarts == 1 else 's'} (attempts 0 to {restarts})"
         )
     fault.check(sizes[fault.attempt])
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A call's attempts, planned before the first starts.
+
+    Attributes:
+        options: The call's options, with every attempt's faults, checked against them.
+        sizes: The world size of each attempt, the first included.
+    """
+
+    options: CallOptions
+    sizes: tuple[int, ...]
+
+
+def plan(options: CallOptions, faults: object, restarts: object, world_size: int) -> Planned:
+    """Plan a call's attempts: their world sizes (``restarts`` on a world of
+    ``world_size``: :func:`harness.validate.attempt_sizes`), and ``faults``, as given,
+    checked against them (:func:`checked`) into ``options``.
+
+    Raises:
+        TypeError, ValueError: ``restarts`` or ``faults`` is not valid, naming it.
+    """
+    sizes = validate.attempt_sizes(restarts, world_size)
+    # Checked before the record is made of them: a bad value is named as it was given.
+    return Planned(replace(options, faults=checked(faults, sizes)), sizes)

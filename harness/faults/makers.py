@@ -93,9 +93,7 @@ def corrupt(
     return Fault("corrupt", rank, at, group, fn=fn, strict=strict, attempt=attempt)
 
 
-MAKERS: dict[str, Callable[..., Fault]] = {
-    maker.__name__: maker for maker in (kill, exit, error, delay, hang, corrupt)
-}
+MAKERS: dict[str, Callable[..., Fault]] = {kind: globals()[kind] for kind in KINDS}
 """Each kind's maker, by the kind's name (:data:`~harness.faults.values.KINDS`)."""
 
 

@@ -13,9 +13,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("kill", "exit", "error", "delay", "hang", "corrupt")
-"""The kinds of fault, each made by the function of the same name."""
-
 WHEN = ("before", "during", "after")
 """When a ``kill`` strikes: instead of entering the collective, inside it (the rank has
 started it and its peers may be waiting on its data), or once it returned."""
@@ -182,6 +179,10 @@ _DETAILS: dict[str, Callable[[Fault], list[str]]] = {
 }
 """What a fault of each kind shows after its rank and collective: its kind's own arguments,
 where they differ from the default."""
+
+KINDS = tuple(_DETAILS)
+"""The kinds of fault, each made by the function of the same name
+(:mod:`harness.faults.makers`): the one list of them."""
 
 
 # ---------------------------------------------------------------- the rules of its arguments

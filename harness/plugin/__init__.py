@@ -217,7 +217,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     # Counted from the reports' user_properties, which pytest-xdist's workers send back:
-    # the controller sees every worker's tests.
+    # the controller sees every worker's tests. A teardown's report holds what every phase
+    # noted (a @given test's --dist-verify is noted in its call phase).
     noted: dict[str, list[str]] = {
         report.VERIFIED: [],
         report.GPU_TESTS: [],
@@ -225,7 +226,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     }
     for reports in terminalreporter.stats.values():
         for made in reports:
-            if getattr(made, "when", None) == "setup":
+            if getattr(made, "when", None) == "teardown":
                 for key, value in getattr(made, "user_properties", ()):
                     if key in noted:
                         noted[key].append(value)

@@ -2,9 +2,9 @@
 
 Each step takes what the run left (:class:`Ran`) and passes it on, changed where the step
 changes the outcome (``verify=`` after a sweep's case fails it). A marked test
-(:mod:`harness.plugin.session`) and a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) go
-through the same steps, in the order of :data:`STEPS`; a step that does not apply to a test
-passes it on as it is.
+(:mod:`harness.plugin.session`), a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) and a
+``@given`` test's last example (:mod:`harness.plugin.properties`) go through the same steps,
+in the order of :data:`STEPS`; a step that does not apply to a test passes it on as it is.
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class Ran:
         note: What the runner's check on fresh processes found, for the repro line.
         failure: The test's failure where the runner made one (an order dependence).
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
+        call_phase: Whether it ran in pytest's call phase (a ``@given`` test's example,
+            which ran its ``verify=`` itself), not whole in the setup phase.
     """
 
     item: pytest.Function
@@ -61,6 +63,7 @@ class Ran:
     note: str = ""
     failure: BaseException | None = None
     test: TestSettings | None = None
+    call_phase: bool = False
 
     @property
     def described(self) -> str:
@@ -77,7 +80,7 @@ def verify(session: Session, ran: Ran) -> Ran:
     Raises:
         pytest.fail.Exception: ``verify`` names an argument the test has no value for.
     """
-    if ran.test is None:
+    if ran.test is None or ran.call_phase:
         return ran
     outcome = sweep_cases.after_case(
         ran.item,
@@ -106,7 +109,7 @@ def report_sections(session: Session, ran: Ran) -> Ran:
     """The ranks' output and log records as report sections; for a marked test, whose
     ranks ran it whole in pytest's setup phase, the times of its phases there."""
     report.add_output_sections(ran.item, ran.outcome.outputs)
-    if ran.test is not None:
+    if ran.test is not None and not ran.call_phase:
         report.keep_times(ran.item, _rank_times(ran.outcome))
     return ran
 

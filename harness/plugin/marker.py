@@ -104,6 +104,15 @@ _CLAIMED = pytest.StashKey["str | None"]()
 _LAUNCHED = pytest.StashKey["tuple[tuple[int, int] | None]"]()
 
 
+def marker_option(config: pytest.Config) -> str:
+    """Ini ``dist_marker``: the marker the project names for the plugin ('' where none).
+
+    Read here, not in :mod:`harness.plugin.settings`, which reads the marker through this
+    module.
+    """
+    return str(config.getini("dist_marker") or "").strip()
+
+
 def claim_marker(config: pytest.Config) -> str | None:
     """Decide which marker runs tests on ranks this session, once every conftest's markers
     are declared, and return its name (see :func:`choose_marker`).
@@ -111,7 +120,7 @@ def claim_marker(config: pytest.Config) -> str | None:
     Raises:
         pytest.UsageError: ``dist_marker`` is not a valid marker name.
     """
-    chosen = str(config.getini("dist_marker") or "").strip()
+    chosen = marker_option(config)
     if chosen and not chosen.isidentifier():
         raise pytest.UsageError(
             f"ini option dist_marker must be a marker name (an identifier), got {chosen!r}"

@@ -132,14 +132,14 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # native processes have it: it runs on fresh ranks.
     isolate = run.isolate or any(v in call.environ for v in compat.FLIGHT_RECORDER_VARIABLES)
     test = _CaseTest(step, case, fn, world_size)
-    checked = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
-    if checked.failure is not None:
-        raise checked.failure
-    ended = checked.result
+    held = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
+    if held.failure is not None:
+        raise held.failure
+    ended = held.result
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
     named = replace(shape, backend=backend if isinstance(backend, str) else "gloo")
-    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", checked.note)
+    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", held.note)
     _settle(item, ended, after_run.after_run(session, ran).outcome.error)
 
 

@@ -12,10 +12,12 @@ or teardown error, as it would be in-process. Under an external launcher the tes
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn
 
@@ -158,7 +160,7 @@ class DistSession:
         try:
             test, ref, plan = self._prepare(item)
             if properties.is_property(item):  # its examples run in its call phase
-                state.property = self._property(item, test, ref, plan)
+                state.call_phase = properties.prepare(item, test, ref, plan, self).run
                 return
             ran, deadline = self._run(item, test, ref, plan)
             ran = after_run.after_run(self, ran)
@@ -190,26 +192,22 @@ class DistSession:
         ref = refs.reference(item, item.originalname, state=True)
         return test, ref, rank_fixtures.plan(item, self._logs)
 
-    def _property(
-        self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
-    ) -> properties.PropertyTest:
-        """A ``@given`` test, checked, for its call phase to run."""
-        holder = Holder(item.nodeid)
+    def runnable(
+        self, item: pytest.Function, plan: FixturePlan, step: replay.Step, timeout: float
+    ) -> _MarkedTest:
+        """``step`` of a marked test as the runner runs it (``timeout``: the test's own)."""
+        return _MarkedTest(step, self, item, plan, timeout)
 
-        def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
-            return _MarkedTest(step, self, item, plan, test.timeout).attempt(world, fresh)[1]
-
-        return properties.prepare(
-            item,
-            test,
-            ref,
-            plan,
-            self.settings,
-            self._worlds,
-            functools.partial(self._world, holder=holder),
-            functools.partial(self.fresh_world, holder=holder),
-            call,
-        )
+    @contextlib.contextmanager
+    def worlds_of_one_test(self, keep: WorldShape) -> Iterator[None]:
+        """Close, as the block ends, the worlds it started, but the one of ``keep``: those
+        of a ``@given`` test's drawn sizes."""
+        before = set(self._worlds)
+        try:
+            yield
+        finally:
+            for shape in set(self._worlds) - before - {keep}:
+                self._worlds.pop(shape).close()
 
     def _run(
         self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
@@ -228,7 +226,7 @@ class DistSession:
             def marked(options: CallOptions) -> _MarkedTest:
                 body, args = sweep_cases.body(item, test, run_test, (ref, plan))
                 step = replay.Step(item.nodeid, body, args, options)
-                return _MarkedTest(step, self, item, plan, test.timeout)
+                return self.runnable(item, plan, step, test.timeout)
 
             try:
                 if test.world.gpus:
@@ -240,11 +238,11 @@ class DistSession:
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
                 if len(test.attempts) > 1:
-                    checked = self.runner.run_attempts(
+                    held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
                 else:
-                    checked = self.runner.run(
+                    held = self.runner.run(
                         item, marked(options), test.world, holder, test.isolate, option
                     )
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
@@ -252,8 +250,8 @@ class DistSession:
             if self._preload_failure():  # found as its first world started
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
-            item, checked.result, test.world, options, holder, option, checked.note,
-            checked.failure, test,
+            item, held.result, test.world, options, holder, option, held.note,
+            held.failure, test,
         )  # fmt: skip
         return ran, deadline
 
@@ -261,9 +259,9 @@ class DistSession:
         """Raise what :meth:`run_item` kept for a test (under a launcher: run it here); run
         a ``@given`` test's examples."""
         state = item_state.of(item)
-        if state.property is not None:
-            prop, state.property = state.property, None
-            prop.run()
+        if state.call_phase is not None:
+            run, state.call_phase = state.call_phase, None
+            run()
             return
         if self.launcher is not None:
             test = settings.for_test(self.settings, item, self.resolve_backend)

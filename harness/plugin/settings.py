@@ -25,7 +25,7 @@ import pytest
 
 from harness import validate
 from harness.faults import Fault
-from harness.faults.checks import checked
+from harness.faults.checks import plan
 from harness.plugin import gpu_needs
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.marker import (
@@ -96,7 +96,7 @@ def read(config: pytest.Config) -> Settings:
                 f"search for an order dependence may start), got {bisect_runs!r}"
             )
         found = config.stash[_SETTINGS] = Settings(
-            backend=config.getoption("dist_backend") or "auto",
+            backend=backend_option(config),
             timeout=validate.seconds(timeout, where, text=True),
             isolate=bool(config.getoption("dist_isolate", False)),
             check_collectives=not (
@@ -121,7 +121,7 @@ def read(config: pytest.Config) -> Settings:
             require_gpus=bool(
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
             ),
-            preload=preload_entries(config.getini("dist_preload")),
+            preload=preload_option(config),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
         )
@@ -164,6 +164,43 @@ def _trace_dir(config: pytest.Config) -> str:
     else:
         base = config.inipath.parent if config.inipath is not None else config.rootpath
     return str(check_writable(os.path.join(base, os.path.expanduser(str(given))), where))
+
+
+# The options read before the session's record, or per test: here too, with the others.
+
+
+def backend_option(config: pytest.Config) -> str:
+    """``--dist-backend`` as given (``"auto"`` where not)."""
+    return str(config.getoption("dist_backend", None) or "auto")
+
+
+def preload_option(config: pytest.Config) -> tuple[str, ...]:
+    """Ini ``dist_preload``'s entries (see :func:`preload_entries`).
+
+    Raises:
+        ValueError: An entry is not valid, naming it.
+    """
+    return preload_entries(config.getini("dist_preload"))
+
+
+MAX_WORLD_SIZE_INI = "dist_max_world_size"
+DEFAULT_MAX_WORLD_SIZE = 8
+"""The largest world a drawn ``world_size`` may ask for, where ini ``dist_max_world_size``
+does not say: Gloo ranks share the machine's cores, and a world larger than this is more
+likely a strategy's mistake than a test's intent."""
+
+
+def max_world_size(config: pytest.Config) -> int:
+    """The largest world a drawn ``world_size`` may ask for (ini ``dist_max_world_size``).
+
+    Raises:
+        pytest.fail.Exception: The ini value is not an int >= 1 (the test's failure).
+    """
+    value = config.getini(MAX_WORLD_SIZE_INI) or DEFAULT_MAX_WORLD_SIZE
+    try:
+        return validate.positive_int(value, f"ini option {MAX_WORLD_SIZE_INI}", text=True)
+    except (TypeError, ValueError) as exc:
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def preload_entries(value: object) -> tuple[str, ...]:
@@ -312,13 +349,11 @@ def _settings(
     # A sweep's case has its one fault; a clean run that counts a sweep none.
     faults = [case] if FAULT_PARAM in params else spec.faults
     faults = [] if isinstance(case, CleanRun) else faults
-    sizes = validate.attempt_sizes(spec.restarts, world_size)
-    placed = checked(faults, sizes)
+    planned = plan(_call_options(session, item, spec, faults), faults, spec.restarts, world_size)
     per_rank = spec.gpus_per_rank
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
     shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-    call = _call_options(session, item, spec, placed)
     backend = validate.backend(backend)
     resolved = resolve(backend)
     return TestSettings(
@@ -331,9 +366,9 @@ def _settings(
         backend=backend,
         isolate=bool(spec.isolate) or session.isolate,
         gpus_per_rank=per_rank,
-        call=call,
+        call=planned.options,
         ranks_per_gpu=shared,
-        attempts=sizes,
+        attempts=planned.sizes,
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
@@ -359,9 +394,10 @@ def _world_size(size: object) -> int:
 
 
 def _call_options(
-    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...]
+    session: Settings, item: pytest.Item, spec: MarkSpec, faults: Sequence[object]
 ) -> CallOptions:
-    """How a test's ranks run it, from its marker's arguments and the session's settings.
+    """How a test's ranks run it, from its marker's arguments and the session's settings
+    (its ``faults``, as given, are placed by :func:`harness.faults.checks.plan`).
 
     Raises:
         TypeError, ValueError: The marker's ``timeout`` or ``check_collectives`` is not
@@ -382,7 +418,6 @@ def _call_options(
         check_collectives=(
             validate.flag(spec.check_collectives, "check_collectives") and session.check_collectives
         ),
-        faults=faults,
         keep_traces=keep_traces(session, faults),
     )
 

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from harness.faults import ALL
-from harness.plugin import report
+from harness.plugin import report, settings
 
 COUNT_TEST = "HARNESS_SWEEP_COUNT"
 """Set for the counting subprocess: the node id of the test being counted."""
@@ -65,7 +65,7 @@ def count(config: pytest.Config, nodeid: str, world_size: int) -> dict[int, dict
         return counted_here[nodeid]
     path, _, _ = nodeid.partition("::")
     source = (config.rootpath / path).read_bytes()
-    backend = str(config.getoption("dist_backend", None) or "auto")
+    backend = settings.backend_option(config)
     parts = [nodeid, str(world_size), backend, _version("torch"), _version("fhelium")]
     digest = hashlib.sha256("\0".join(parts).encode() + b"\0" + source).hexdigest()[:20]
     directory = _cache_dir(config)

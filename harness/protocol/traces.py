@@ -1,9 +1,9 @@
 """What a rank records of the collectives it issues during a call, as plain data both sides use.
 
 A rank records every collective and point-to-point op its call issues through
-``torch.distributed``'s public functions (:mod:`harness.rank.trace`) and reports them as a
-:class:`RankTrace` (in ``Failed``, ``Skipped`` or its ``trace`` file), or, after a passing
-call, as a :data:`Fingerprint`. The controller compares the ranks' traces
+``torch.distributed``'s public functions (:mod:`harness.rank.recording.recorder`) and
+reports them as a :class:`RankTrace` (in ``Failed``, ``Skipped`` or its ``trace`` file), or,
+after a passing call, as a :data:`Fingerprint`. The controller compares the ranks' traces
 (:mod:`harness.controller.verdicts`) and shows them (:func:`render`).
 
 Per process group, a trace holds the full sequence of what was issued (as ids into a table

@@ -22,7 +22,17 @@ from typing import Any, NoReturn
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
 from harness.protocol.rank_files import RankFiles, flush_std_streams
-from harness.rank import CODE_DIR, coverage, exits, fixtures, importer, leaks, logs, output, trace
+from harness.rank import (
+    CODE_DIR,
+    coverage,
+    exits,
+    fixtures,
+    importer,
+    leaks,
+    logs,
+    output,
+    recording,
+)
 
 
 @dataclass
@@ -36,7 +46,7 @@ class Running:
             (None until then).
     """
 
-    recorder: trace.Recorder
+    recorder: recording.Recorder
     watch: leaks.Watch | None = None
     failing: tuple[BaseException, float] | None = None
 
@@ -67,7 +77,7 @@ class RankContext:
         self.importer = importer.Importer()
         self.logs = logs.LogState()
         self.running: Running | None = None
-        self.last_recorder: trace.Recorder | None = None
+        self.last_recorder: recording.Recorder | None = None
         # Held by the thread that ends the process (main or watchdog), so the other cannot
         # call os._exit while coverage data is still being written.
         self._exiting = threading.Lock()

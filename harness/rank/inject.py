@@ -1,6 +1,6 @@
 """Faults placed at collectives (:mod:`harness.faults`), acted out in the rank.
 
-The recorder (:mod:`harness.rank.trace`) numbers each collective per process group as a
+The recorder (:mod:`harness.rank.recording.recorder`) numbers each collective per process group as a
 report does; where one of this rank's faults is placed at that number, it hands the call to
 :meth:`Plan.act` instead of calling torch. Before the fault acts, the rank tells the
 controller (``Fired``): a killed rank could not say it afterwards.

@@ -46,18 +46,16 @@ from harness.rank import (
     coverage,
     current,
     exits,
-    flight_recorder,
-    functional,
-    hooks,
     identity,
     inject,
     leaks,
     output,
+    recording,
     reset,
     sites,
-    trace,
 )
 from harness.rank.context import RankContext, Running, failure, skip_kind
+from harness.rank.recording import flight_recorder
 
 # Variables a controller running under torchrun inherits that would point a rank's own
 # env:// rendezvous at the launcher's agent instead of at this world.
@@ -111,13 +109,11 @@ def _start_process(setup: RankSetup) -> RankFiles:
 
 def _install_recording() -> None:
     """Record every collective the rank's calls issue, however they issue it."""
+    # First: the recording's hooks ride on the registry of groups this replaces.
+    leaks.note_group_sites()
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
-    trace.install()
-    leaks.note_group_sites()
-    # After note_group_sites: the hooks ride on the same registry of groups.
-    hooks.install()
-    functional.install()  # where the hooks cannot see functional collectives
+    recording.install()
 
 
 def _take_environment(setup: RankSetup) -> None:
@@ -195,7 +191,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
-    recorder = trace.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
+    recorder = recording.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
     running = Running(recorder, watch)
     try:
         # The call's warning filters end with it; so do the watch on its threads, the
@@ -275,7 +271,7 @@ def _watch(ctx: RankContext, lifeline: Connection) -> NoReturn:
             break
         # Where this fails, the controller reads no trace for this rank, and says so.
         with contextlib.suppress(Exception):
-            ctx.files.write_trace(trace.snapshot(threading.main_thread().ident or 0))
+            ctx.files.write_trace(recording.snapshot(threading.main_thread().ident or 0))
     ctx.exit(0)
 
 

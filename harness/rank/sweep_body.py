@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from harness.rank import trace
+from harness.rank import recording
 
 RANK_ARGS = ("rank", "world_size")
 """The arguments of a ``verify=`` callable that each rank fills in itself."""
@@ -36,7 +36,7 @@ def counted(path: str, fn: Callable[..., Any], *args: Any) -> Any:
     result = fn(*args)
     main = threading.main_thread().ident or 0
     issued: dict[str, list[list[str]]] = {}
-    for history in trace.snapshot(main).groups.values():
+    for history in recording.snapshot(main).groups.values():
         key = "" if history.ranks is None else ",".join(map(str, sorted(history.ranks)))
         # One pass (history.at() per number would decode the whole history each time);
         # collectives past the kept sequence are counted without their op and site.

@@ -1,26 +1,28 @@
 """Which collectives a call issues, recorded per process group.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
-``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a test
-module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
+``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a
+test module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
 ``torch.distributed`` and ``distributed_c10d`` alike (torch checks ``P2POp(op=...)`` against
 the latter's ``isend``/``irecv``). Between calls a wrapper costs a look at the rank's
 context. During a call (:class:`Recorder`) it records, before calling torch, the
-collective's group, its number there, its op (:mod:`harness.rank.describe`) and call site
-(:mod:`harness.rank.sites`), as ids into per-call tables (:mod:`harness.rank.records`), and
-when it started (``time.monotonic()``, shared by the machine's processes); once torch
-returns, when, and whether it completed, was issued (a ``Work``) or raised. A collective
-called by another on the same thread (``all_gather_object`` calls ``all_gather``) is not
-recorded again; those of other threads are, in the order they start.
+collective's group, its number there, its op (:mod:`harness.rank.recording.describe`) and
+call site (:mod:`harness.rank.sites`), as ids into per-call tables
+(:mod:`harness.rank.recording.records`), and when it started (``time.monotonic()``, shared
+by the machine's processes); once torch returns, when, and whether it completed, was issued
+(a ``Work``) or raised. A collective called by another on the same thread
+(``all_gather_object`` calls ``all_gather``) is not recorded again; those of other threads
+are, in the order they start.
 
 Collectives torch issues below these functions (DDP's bucket all-reduces, functional
-collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's process-group
-hooks where torch has them (:mod:`harness.rank.hooks`, torch >= 2.14), and on older torch from
-wrappers of the functional collectives (:mod:`harness.rank.functional`). What this still does
-not see, on older torch: collectives issued in C++ alone (DDP), and code that kept the
-unwrapped functions from before the rank started (modules preloaded in the forkserver).
-torch's flight recorder sees those: a trace adds what it holds of them
-(``RankTrace.recorded``, :mod:`harness.rank.flight_recorder`).
+collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's
+process-group hooks where torch has them (:mod:`harness.rank.recording.hooks`, torch >=
+2.14), and on older torch from wrappers of the functional collectives
+(:mod:`harness.rank.recording.functional`). What this still does not see, on older torch:
+collectives issued in C++ alone (DDP), and code that kept the unwrapped functions from
+before the rank started (modules preloaded in the forkserver). torch's flight recorder sees
+those: a trace adds what it holds of them (``RankTrace.recorded``,
+:mod:`harness.rank.recording.flight_recorder`).
 
 Imports: see :mod:`harness.rank`.
 """
@@ -53,10 +55,11 @@ from harness.protocol.traces import (
     RankTrace,
     issued,
 )
-from harness.rank import describe, flight_recorder, inject, sites
+from harness.rank import inject, sites
 from harness.rank.current import context_or_none
-from harness.rank.describe import Spec
-from harness.rank.records import Group, Record, failed, returned
+from harness.rank.recording import describe, flight_recorder
+from harness.rank.recording.describe import Spec
+from harness.rank.recording.records import Group, Record, failed, returned
 
 if TYPE_CHECKING:
     from harness.faults import Fault

@@ -2,13 +2,13 @@
 
 DTensor, tensor parallelism and user code issue functional collectives
 (``torch.distributed._functional_collectives``: ``all_reduce(tensor, "sum", group)``,
-``all_gather_tensor``...), which go to torch's C++ without passing
-``torch.distributed``'s functions. Where torch's hooks see them
-(:mod:`harness.rank.hooks`), nothing here is installed. Elsewhere :func:`install` wraps the
-module's Python functions as :mod:`harness.rank.trace` wraps ``torch.distributed``'s, once per
-rank: DTensor calls them through the module (``funcol.all_reduce(...)``), so the wrappers see
-its collectives. Each reads as the ``torch.distributed`` function that does the same, so that
-a rank calling either agrees: ``all_gather_tensor`` as ``all_gather_into_tensor``, its reduce
+``all_gather_tensor``...), which go to torch's C++ without passing ``torch.distributed``'s
+functions. Where torch's hooks see them (:mod:`harness.rank.recording.hooks`), nothing here
+is installed. Elsewhere :func:`install` wraps the module's Python functions as
+:mod:`harness.rank.recording.recorder` wraps ``torch.distributed``'s, once per rank: DTensor
+calls them through the module (``funcol.all_reduce(...)``), so the wrappers see its
+collectives. Each reads as the ``torch.distributed`` function that does the same, so that a
+rank calling either agrees: ``all_gather_tensor`` as ``all_gather_into_tensor``, its reduce
 op (``"sum"``) as ``SUM``.
 
 Not seen: the same ops called straight through ``torch.ops._c10d_functional`` (a compiled
@@ -27,8 +27,7 @@ from typing import Any
 import torch
 
 from harness import compat
-from harness.rank import trace
-from harness.rank.describe import (
+from harness.rank.recording.describe import (
     DTYPES,
     REDUCE_OP,
     ROOT,
@@ -39,6 +38,7 @@ from harness.rank.describe import (
     Spec,
     spec,
 )
+from harness.rank.recording.recorder import current
 
 
 def _always_async(value: Any, param: str, facts: Any) -> tuple[str, str]:
@@ -120,7 +120,7 @@ def _wrap(fn: Callable[..., Any], made: Spec) -> Callable[..., Any]:
         # Traced by torch.compile: what it traces must stay torch's, untouched.
         if torch.compiler.is_compiling():
             return fn(*args, **kwargs)
-        recorder = trace.current()
+        recorder = current()
         if recorder is None or (recorder.busy and threading.get_ident() in recorder.busy):
             return fn(*args, **kwargs)
         given = args[at] if 0 <= at < len(args) else kwargs.get("group")

@@ -1,9 +1,10 @@
 """What a call issued on one process group, as the recorder keeps it.
 
-:class:`Group` holds a group's collectives of one call as ids into tables of distinct ops and
-call sites (see ``GroupHistory``); :class:`Record` is one collective or point-to-point op
-among the last few a trace shows with their state. :mod:`harness.rank.trace` fills them, from
-``torch.distributed``'s Python functions and from torch's process-group hooks alike.
+:class:`Group` holds a group's collectives of one call as ids into tables of distinct ops
+and call sites (see ``GroupHistory``); :class:`Record` is one collective or point-to-point
+op among the last few a trace shows with their state. :mod:`harness.rank.recording.recorder`
+fills them, from ``torch.distributed``'s Python functions and from torch's process-group
+hooks alike.
 
 Imports: the standard library, torch, the protocol and ``harness.compat`` (see
 :mod:`harness.rank`).
