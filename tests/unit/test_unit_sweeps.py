@@ -84,10 +84,26 @@ def test_an_open_sweeps_bad_argument_value_is_named_by_its_faults_when_resolved(
 @pytest.mark.parametrize(
     ("make", "error", "message"),
     [
-        (lambda: faults.sweep("kill", ranks="every", at="all"), ValueError, "ranks must be 'all'"),
-        (lambda: faults.sweep("kill", ranks="all", at="each"), ValueError, "at must be 'all'"),
-        (lambda: faults.sweep("delay", ranks="all", at="all"), TypeError, "seconds"),
-        (lambda: faults.sweep("boom", ranks="all", at="all"), ValueError, "unknown fault kind"),
+        (
+            lambda: checks.checked(faults.sweep("kill", ranks="every", at="all"), 2),
+            ValueError,
+            "ranks must be 'all'",
+        ),
+        (
+            lambda: checks.checked(faults.sweep("kill", ranks="all", at="each"), 2),
+            ValueError,
+            "at must be 'all'",
+        ),
+        (
+            lambda: checks.checked(faults.sweep("delay", ranks="all", at="all"), 2),
+            TypeError,
+            "seconds",
+        ),
+        (
+            lambda: checks.checked(faults.sweep("boom", ranks="all", at="all"), 2),
+            ValueError,
+            "unknown fault kind",
+        ),
         (
             lambda: faults.sweep("kill", ranks="all", at="all").faults(2),  # type: ignore[union-attr]
             ValueError,
