@@ -50,6 +50,7 @@ class Ran:
         note: What the runner's check on fresh processes found, for the repro line.
         failure: The test's failure where the runner made one (an order dependence).
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
+        seconds: How long the run took, as pytest's process measured it.
     """
 
     item: pytest.Function
@@ -61,6 +62,7 @@ class Ran:
     note: str = ""
     failure: BaseException | None = None
     test: TestSettings | None = None
+    seconds: float = 0.0
 
     @property
     def described(self) -> str:
@@ -107,7 +109,7 @@ def report_sections(session: Session, ran: Ran) -> Ran:
     ranks ran it whole in pytest's setup phase, the times of its phases there."""
     report.add_output_sections(ran.item, ran.outcome.outputs)
     if ran.test is not None:
-        report.keep_times(ran.item, _rank_times(ran.outcome))
+        report.keep_times(ran.item, _phase_times(ran))
     return ran
 
 
@@ -137,6 +139,19 @@ def after_run(session: Session, ran: Ran) -> Ran:
     for step in STEPS:
         ran = step(session, ran)
     return ran
+
+
+def _phase_times(ran: Ran) -> tuple[float, float, float] | None:
+    """The setup, call and teardown times of a test's run: the ranks' (see
+    :func:`_rank_times`); where no rank said them (the ranks hung, or died) and the failure
+    is its call's, the whole run's, as its call's: the phase that reports it."""
+    said = _rank_times(ran.outcome)
+    error = ran.outcome.error
+    if said is None and error is not None:
+        root = next(iter(error.failures.values()), None)
+        if root is None or root.phase == "call":
+            return (0.0, ran.seconds, 0.0)
+    return said
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:

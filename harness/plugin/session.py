@@ -230,6 +230,7 @@ class DistSession:
                 step = replay.Step(item.nodeid, body, args, options)
                 return _MarkedTest(step, self, item, plan, test.timeout)
 
+            started = time.monotonic()
             try:
                 if test.world.gpus:
                     # Its GPUs first: waiting for them counts against the test's deadline.
@@ -253,7 +254,7 @@ class DistSession:
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
             item, checked.result, test.world, options, holder, option, checked.note,
-            checked.failure, test,
+            checked.failure, test, time.monotonic() - started,
         )  # fmt: skip
         return ran, deadline
 
