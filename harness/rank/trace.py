@@ -56,7 +56,7 @@ from harness.protocol.traces import (
 from harness.rank import describe, flight_recorder, inject, sites
 from harness.rank.current import context_or_none
 from harness.rank.describe import Spec
-from harness.rank.records import Group, Record, failed, returned
+from harness.rank.records import Awaited, Group, Record, failed, returned
 
 if TYPE_CHECKING:
     from harness.faults import Fault
@@ -147,6 +147,14 @@ class Recorder:
             ranks = tuple(range(world_size)) if group.ranks is None else group.ranks
             found.append(issued(op, ranks, f"{os.path.basename(file)}:{line}"))
         return found
+
+    def awaited(self, tensor: Any) -> Awaited | None:
+        """The recent functional collective whose result's wait is handed ``tensor``."""
+        for record in reversed(list(self._recent)):  # list(): another thread may record
+            work = record.work
+            if isinstance(work, Awaited) and work.tensor is tensor:
+                return work
+        return None
 
     def counts(self) -> dict[tuple[int, ...] | None, int]:
         """How many collectives the call issued on each group, by its sorted ranks (None:
