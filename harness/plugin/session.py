@@ -267,8 +267,10 @@ class DistSession:
             prop.run()
             return
         if self.launcher is not None:
-            test = settings.for_test(self.settings, item, self.resolve_backend)
-            self.launcher.run_item(item, test)
+            self.launcher.run_item(
+                item,
+                functools.partial(settings.for_test, self.settings, item, self.resolve_backend),
+            )
         elif state.call is not None:
             kept, state.call = state.call, None
             if isinstance(kept, str):

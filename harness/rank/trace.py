@@ -33,7 +33,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -332,14 +333,33 @@ def _ended(result: Any) -> str:
 
 
 def current() -> Recorder | None:
-    """The recorder of the call in progress (None between calls, and outside a rank).
+    """The recorder of the call in progress (None between calls).
 
     Read from the rank's context: the wrappers installed into torch.distributed and torch's
-    hooks, called by user code, get no arguments of the harness's.
+    hooks, called by user code, get no arguments of the harness's. In a process that is no
+    harness rank, the block that :func:`recording` records.
     """
     ctx = context_or_none()
-    running = ctx.running if ctx is not None else None
+    if ctx is None:
+        return _outside
+    running = ctx.running
     return running.recorder if running is not None else None
+
+
+_outside: Recorder | None = None
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record the collectives of the block, run in a process that is no harness rank
+    (pytest's own, as a rank of a launcher such as torchrun); :func:`install` first."""
+    global _outside
+    saved, _outside = _outside, Recorder()
+    try:
+        with _outside as recorder:
+            yield recorder
+    finally:
+        _outside = saved
 
 
 def snapshot(main_thread: int) -> RankTrace:
