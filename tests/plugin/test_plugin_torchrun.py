@@ -121,11 +121,12 @@ LAUNCHED_EXPECTED = [
 
 
 def _torchrun(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tests: str
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tests: str, expected: list[str]
 ) -> tuple[pytest.RunResult, Path]:
     """Run pytest under torchrun on two ranks, on ``tests`` (written as test_launched.py,
     ``{out}`` filled in), each rank noting its outcomes in the folder ``out`` returned (see
-    LAUNCHED_CONFTEST). Whatever happens, none of its processes is left running."""
+    LAUNCHED_CONFTEST), which must be ``expected`` on both. Whatever happens, none of its
+    processes is left running."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the launched world is Gloo everywhere
     marker = uuid.uuid4().hex
     monkeypatch.setenv(LAUNCH_MARKER, marker)
@@ -151,19 +152,15 @@ def _torchrun(
     finally:
         kill_marked(marker)  # torchrun's workers, in sessions of their own, after a timeout
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    for rank in (0, 1):
+        assert (out / f"outcomes-{rank}.txt").read_text().splitlines() == expected, rank
     return result, out
-
-
-def _outcomes(out: Path, rank: int) -> list[str]:
-    return (out / f"outcomes-{rank}.txt").read_text().splitlines()
 
 
 def test_under_torchrun_every_rank_reaches_the_same_outcome(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result, out = _torchrun(pytester, monkeypatch, LAUNCHED_TESTS)
-    assert _outcomes(out, 0) == LAUNCHED_EXPECTED
-    assert _outcomes(out, 1) == LAUNCHED_EXPECTED
+    result, out = _torchrun(pytester, monkeypatch, LAUNCHED_TESTS, LAUNCHED_EXPECTED)
     assert [(out / f"exit-{rank}.txt").read_text() for rank in (0, 1)] == ["1", "1"]
     text = result.stdout.str()
     assert "failed on other ranks: rank 1: AssertionError: assert 1 == 0" in text
@@ -284,9 +281,7 @@ ALIKE_EXPECTED = [
 def test_under_torchrun_a_test_gets_what_a_harness_world_gives(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result, out = _torchrun(pytester, monkeypatch, ALIKE_TESTS)
-    assert _outcomes(out, 0) == ALIKE_EXPECTED
-    assert _outcomes(out, 1) == ALIKE_EXPECTED
+    result, out = _torchrun(pytester, monkeypatch, ALIKE_TESTS, ALIKE_EXPECTED)
     shared = [(out / f"tmp_path-{rank}").read_text() for rank in (0, 1)]
     assert shared[0] == shared[1], "the ranks of a distributed test share its tmp_path"
     own = [(out / f"plain-{rank}").read_text() for rank in (0, 1)]
