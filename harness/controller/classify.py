@@ -183,7 +183,10 @@ def _hung(seen: Evidence) -> Classified:
     """The ranks' traces proved that the silent ranks' collectives can never complete."""
     silent = _silent(seen)
     what = "blocked in a collective that can never complete"
-    failures = {rank: RankFailure.still_running(rank, what, seen.stacks[rank]) for rank in silent}
+    failures = {
+        rank: RankFailure.still_running(rank, what, seen.stacks[rank], "WorldHang")
+        for rank in silent
+    }
     waits = "waits in a collective that" if len(silent) == 1 else "wait in collectives that"
     summary = (
         f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "

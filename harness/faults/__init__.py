@@ -13,7 +13,8 @@ what the other ranks did. A fault that never fires is an error (``strict=False``
 
 A spec is checked when a run uses it (``World.run``, ``harness.run``, or the test it marks),
 against the world's size too, before any process starts: a bad one (``kill(rank=1, at=0)``)
-fails that run or test alone, never the import of the module that makes it.
+fails that run or test alone, never the import of the module that makes it; so does a
+sweep whose arguments make none (``sweep("explode", ...)``).
 
 The record of a fault, :class:`Fault`, and of what it did, :class:`FaultFired`, are public
 here with the makers. The package imports neither torch nor pytest.
@@ -22,7 +23,7 @@ here with the makers. The package imports neither torch nor pytest.
 from __future__ import annotations
 
 from harness.faults.makers import corrupt, delay, error, exit, hang, kill
-from harness.faults.sweeps import ALL, OpenSweep, Sweep, sweep
+from harness.faults.sweeps import ALL, InvalidSweep, OpenSweep, Sweep, sweep
 from harness.faults.values import KINDS, WHEN, Fault, FaultFired
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "WHEN",
     "Fault",
     "FaultFired",
+    "InvalidSweep",
     "OpenSweep",
     "Sweep",
     "corrupt",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import TypeAlias
 
 from harness import validate
-from harness.faults.sweeps import OpenSweep, Sweep
+from harness.faults.sweeps import InvalidSweep, OpenSweep, Sweep
 from harness.faults.values import Fault
 from harness.protocol.messages import CallOptions
 
@@ -40,11 +40,12 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
     Raises:
         TypeError: ``faults`` is not a list or tuple of faults, is a sweep (meant one fault
-            at a time), or a fault does not pickle (to travel to the ranks).
+            at a time), or a fault does not pickle (to travel to the ranks); or an invalid
+            sweep says so.
         ValueError: A fault's own argument is not valid (``at=0``: collectives are counted
             from 1), a fault does not fit the world, two act at the same collective of the
             same rank, or a fault acts in an attempt the run does not have; the message
-            names the fault.
+            names the fault. Or an invalid sweep (:class:`InvalidSweep`) says why.
     """
     placed = _faults(faults, where)
     largest = sizes if isinstance(sizes, int) else max(sizes)
@@ -61,6 +62,8 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
 def _faults(faults: object, where: str) -> tuple[Fault, ...]:
     """``faults`` as a tuple, where it is a list or tuple of faults."""
+    if isinstance(faults, InvalidSweep):
+        faults.fail()
     if isinstance(faults, (Sweep, OpenSweep)):
         raise TypeError(
             f"{where}: a sweep of faults is meant one fault at a time: run each "

@@ -88,12 +88,13 @@ class Fault:
         return f"faults.{self}"
 
     def __str__(self) -> str:
-        details = [f"rank={self.rank}", f"at={self.at}"]
+        # repr: a value of the wrong type reads as what it is (rank='1' is no rank).
+        details = [f"rank={self.rank!r}", f"at={self.at!r}"]
         details += _DETAILS.get(self.kind, _no_details)(self)
         if self.group is not None:
-            details.append(f"group={self.group}")
+            details.append(f"group={self.group!r}")
         if self.attempt:
-            details.append(f"attempt={self.attempt}")
+            details.append(f"attempt={self.attempt!r}")
         return f"{self.kind}({', '.join(details)})"
 
     @property

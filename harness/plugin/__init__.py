@@ -192,6 +192,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from harness.plugin import mptc
 
         config.pluginmanager.register(mptc.CasePlugin(lambda: lazy_session.get(config)), _MPTC)
+    if launched(config) is not None:
+        from harness.plugin import launcher
+
+        launcher.configure(config, lambda: lazy_session.get(config).launcher)
     warmup.at_configure(config, name)
 
 
@@ -293,7 +297,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker.parametrize(metafunc, _resolve_sweep)
+    # Under a launcher a sweep over "all" is not resolved: counting its cases needs ranks
+    # the harness starts (the test is skipped, saying so, in harness.plugin.launcher).
+    marker.parametrize(metafunc, None if launched(metafunc.config) else _resolve_sweep)
 
 
 def _resolve_sweep(metafunc: pytest.Metafunc, spec: marker.MarkSpec, sweep: Any) -> list[Any]:
@@ -312,7 +318,12 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         # Before any test, distributed or not: another process waits for GPUs that an idle
         # world of ours holds, and gets them.
         session.give_back_gpus()
-    if not isinstance(item, pytest.Function) or run_mark(item) is None or launched(item.config):
+    if not isinstance(item, pytest.Function) or run_mark(item) is None:
+        return (yield)
+    if launched(item.config):
+        launcher = lazy_session.get(item.config).launcher
+        assert launcher is not None
+        launcher.prepare(item)
         return (yield)
     from harness.plugin import rank_fixtures
 

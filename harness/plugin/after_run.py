@@ -52,6 +52,7 @@ class Ran:
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
         call_phase: Whether it ran in pytest's call phase (a ``@given`` test's example,
             which ran its ``verify=`` itself), not whole in the setup phase.
+        seconds: How long the run took, as pytest's process measured it.
     """
 
     item: pytest.Function
@@ -64,6 +65,7 @@ class Ran:
     failure: BaseException | None = None
     test: TestSettings | None = None
     call_phase: bool = False
+    seconds: float = 0.0
 
     @property
     def described(self) -> str:
@@ -110,7 +112,7 @@ def report_sections(session: Session, ran: Ran) -> Ran:
     ranks ran it whole in pytest's setup phase, the times of its phases there."""
     report.add_output_sections(ran.item, ran.outcome.outputs)
     if ran.test is not None and not ran.call_phase:
-        report.keep_times(ran.item, _rank_times(ran.outcome))
+        report.keep_times(ran.item, _phase_times(ran))
     return ran
 
 
@@ -140,6 +142,19 @@ def after_run(session: Session, ran: Ran) -> Ran:
     for step in STEPS:
         ran = step(session, ran)
     return ran
+
+
+def _phase_times(ran: Ran) -> tuple[float, float, float] | None:
+    """The setup, call and teardown times of a test's run: the ranks' (see
+    :func:`_rank_times`); where no rank said them (the ranks hung, or died) and the failure
+    is its call's, the whole run's, as its call's: the phase that reports it."""
+    said = _rank_times(ran.outcome)
+    error = ran.outcome.error
+    if said is None and error is not None:
+        root = next(iter(error.failures.values()), None)
+        if root is None or root.phase == "call":
+            return (0.0, ran.seconds, 0.0)
+    return said
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:

@@ -237,7 +237,7 @@ class _Ended:
         if error is not None:
             exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
             for rank, failure in error.failures.items():
-                if failure.exc_type == "WorldTimeout":
+                if failure.exc_type in ("WorldTimeout", "WorldHang"):
                     ended[rank] = (None, [])
                 elif failure.exc_type == "RankCrash":
                     ended[rank] = (exitcodes.get(rank, _TERMINATED), [])

@@ -228,6 +228,7 @@ class DistSession:
                 step = replay.Step(item.nodeid, body, args, options)
                 return self.runnable(item, plan, step, test.timeout)
 
+            started = time.monotonic()
             try:
                 if test.world.gpus:
                     # Its GPUs first: waiting for them counts against the test's deadline.
@@ -251,7 +252,7 @@ class DistSession:
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
             item, held.result, test.world, options, holder, option, held.note,
-            held.failure, test,
+            held.failure, test, seconds=time.monotonic() - started,
         )  # fmt: skip
         return ran, deadline
 
@@ -264,8 +265,10 @@ class DistSession:
             run()
             return
         if self.launcher is not None:
-            test = settings.for_test(self.settings, item, self.resolve_backend)
-            self.launcher.run_item(item, test)
+            self.launcher.run_item(
+                item,
+                functools.partial(settings.for_test, self.settings, item, self.resolve_backend),
+            )
         elif state.call is not None:
             kept, state.call = state.call, None
             if isinstance(kept, str):

@@ -36,6 +36,7 @@ from harness.plugin.marker import (
     MarkSpec,
     Unresolved,
     check_verify,
+    drawn_world_size,
     parse_mark,
     run_mark,
 )
@@ -345,6 +346,13 @@ def _settings(
     named = params.get(BACKEND_PARAM, spec.backend)
     auto = isinstance(named, str) and named.lower() == "auto"
     backend: Any = session.backend if auto else named
+    drawn = drawn_world_size(getattr(item, "obj", None))
+    if drawn is not None and isinstance(spec.world_size, (list, tuple)):
+        raise ValueError(
+            f"world_size={spec.world_size!r} in the marker and @given(world_size={drawn!r}) "
+            "both give the world size: keep one (a list in the marker runs the test once "
+            "per size; a drawn world_size is each example's)"
+        )
     world_size = _world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
     # A sweep's case has its one fault; a clean run that counts a sweep none.
     faults = [case] if FAULT_PARAM in params else spec.faults

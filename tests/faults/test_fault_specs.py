@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import signal
 
 import pytest
@@ -81,10 +82,14 @@ def test_a_bad_spec_fails_when_a_run_checks_it_naming_the_fault_and_value(make, 
         (lambda: faults.sweep("kill", ranks=[], at=[1]), "has no (rank, at) pair"),
     ],
 )
-def test_a_sweep_of_no_kind_or_no_case_fails_when_made(make, message) -> None:
+def test_a_sweep_of_no_kind_or_no_case_fails_when_a_run_checks_it(make, message) -> None:
+    made = make()  # at a test module's import: nothing fails yet
     with pytest.raises(ValueError) as raised:
-        make()
+        checks.checked(made, 4)
+    assert str(raised.value).startswith("sweep(")
     assert message in str(raised.value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(made)  # iterated over, as for World.run: the same error
 
 
 def test_faults_are_checked_against_the_world_they_run_in() -> None:

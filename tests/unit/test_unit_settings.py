@@ -447,6 +447,7 @@ class FakeMetafunc:
 
     def __init__(self, mark: pytest.Mark) -> None:
         self.definition = FakeItem(mark)
+        self.function = lambda: None  # no @given test
         self.fixturenames = ["request"]
         self.calls: list[tuple[str, list[Any], list[str]]] = []
 
