@@ -6,6 +6,7 @@ import datetime
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def steps(n: int = 3) -> list[float]:
@@ -104,3 +105,33 @@ def steps_then_restart_variables() -> tuple[str | None, str | None]:
     """``steps``, then torchrun's restart variables."""
     steps()
     return restart_variables()
+
+
+def mixed(n: int = 2) -> object:
+    """``n`` rounds of a broadcast, then an all_reduce; ends cleanly when a peer is lost."""
+    try:
+        for _ in range(n):
+            dist.broadcast(torch.ones(1), 0)  # mixed broadcast
+            dist.all_reduce(torch.ones(1))  # mixed all_reduce
+    except RuntimeError as exc:
+        return f"caught {type(exc).__name__}"
+    return "finished"
+
+
+def ddp_then_all_reduce() -> object:
+    """One DDP step (whose collectives torch >= 2.14 shows the recording), then an
+    all_reduce of the body's own; ends cleanly when a peer is lost."""
+    try:
+        model = DDP(torch.nn.Linear(4, 2))  # ddp made
+        model(torch.ones(3, 4)).sum().backward()  # ddp backward
+        dist.all_reduce(torch.ones(1))  # flag
+    except RuntimeError as exc:
+        return f"caught {type(exc).__name__}"
+    return "finished"
+
+
+def line_of(marker: str) -> str:
+    """``faults_rankfns.py:N``: the line of this file that holds ``# marker``."""
+    with open(__file__) as source:
+        found = next(n for n, text in enumerate(source, 1) if text.rstrip().endswith(f"# {marker}"))
+    return f"faults_rankfns.py:{found}"

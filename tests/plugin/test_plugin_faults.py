@@ -152,7 +152,7 @@ def test_a_bad_fault_argument_fails_that_test_alone_when_it_runs(
     )
     message = (
         "invalid @pytest.mark.distributed: fault kill(rank=1, at=0): at must be an int >= 1 "
-        "(collectives are counted from 1), not 0"
+        "(collectives are counted from 1) or a faults.Collective, not 0"
     )
     result.stdout.fnmatch_lines(
         ["*_ test_at_zero _*", message, "*_ test_swept[[]kill-r1-at0[]] _*", message]
