@@ -14,7 +14,7 @@ def steps(n: int = 3) -> list[float]:
     out = []
     for _ in range(n):
         t = torch.ones(4) * (dist.get_rank() + 1)
-        dist.all_reduce(t)
+        dist.all_reduce(t)  # steps
         out.append(t[0].item())
     return out
 
@@ -25,7 +25,7 @@ def steps_until_an_error(n: int = 3) -> list[float]:
     try:
         for _ in range(n):
             t = torch.ones(4) * (dist.get_rank() + 1)
-            dist.all_reduce(t)
+            dist.all_reduce(t)  # until an error
             out.append(t[0].item())
     except RuntimeError:
         pass
@@ -55,7 +55,7 @@ def big_steps(n: int = 3) -> object:
     """``survives`` with 32 MiB tensors, so that a collective takes a while on the wire."""
     try:
         for _ in range(n):
-            dist.all_reduce(torch.ones(8 * 1024 * 1024))
+            dist.all_reduce(torch.ones(8 * 1024 * 1024))  # big
     except RuntimeError as exc:
         return f"caught {type(exc).__name__}"
     return "finished"
@@ -64,7 +64,7 @@ def big_steps(n: int = 3) -> object:
 def watched_barrier() -> str:
     """A barrier that raises when a peer does not arrive within a second."""
     try:
-        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=1))  # watched
     except RuntimeError:
         return "a peer never arrived"
     return "all arrived"
@@ -75,7 +75,7 @@ def on_subgroup() -> list[float]:
     sub = dist.new_group([0, 1])
     t = torch.ones(1)
     dist.all_reduce(t)
-    dist.all_reduce(t, group=sub)
+    dist.all_reduce(t, group=sub)  # on the subgroup
     return t.tolist()
 
 

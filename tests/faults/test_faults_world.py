@@ -14,6 +14,11 @@ import harness
 from harness import faults
 
 TIMEOUT = 60.0
+STEPS = fns.line_of("steps")
+UNTIL = fns.line_of("until an error")
+BIG = fns.line_of("big")
+WATCHED = fns.line_of("watched")
+SUBGROUP = fns.line_of("on the subgroup")
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +36,19 @@ def fired(value: object, what: str) -> bool:
     [
         (
             faults.kill(1, 2),
-            "killed (SIGKILL) before collective #2 (all_reduce at faults_rankfns.py:16) on the "
-            "default group",
+            f"killed (SIGKILL) before collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.kill(1, 2, when="after", signal=signal.SIGTERM),
-            "killed (SIGTERM) after collective #2 (all_reduce at faults_rankfns.py:16) on the "
-            "default group",
+            f"killed (SIGTERM) after collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.exit(1, 2, 3),
-            "exited with code 3 before collective #2 (all_reduce at faults_rankfns.py:16) on the "
-            "default group",
+            f"exited with code 3 before collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.error(1, 2, RuntimeError("injected")),
-            "raised RuntimeError('injected') at collective #2 (all_reduce at faults_rankfns.py:16) "
+            f"raised RuntimeError('injected') at collective #2 (all_reduce at {STEPS}) "
             "on the default group",
         ),
     ],
@@ -74,7 +76,7 @@ def test_a_survivor_that_does_not_cope_fails_the_run_naming_the_fault(
     summary = raised.value.summary
     assert summary.startswith("rank 0 raised ")
     assert summary.endswith(
-        "; rank 1 killed (SIGKILL) before collective #2 (all_reduce at faults_rankfns.py:16) "
+        f"; rank 1 killed (SIGKILL) before collective #2 (all_reduce at {STEPS}) "
         "on the default group "
         "(injected)"
     )
@@ -108,8 +110,7 @@ def test_survivors_of_a_kill_during_a_collective_get_an_error(world: harness.Wor
     assert survivor == "caught RuntimeError"
     assert fired(
         lost,
-        "killed (SIGKILL) during collective #2 (all_reduce at faults_rankfns.py:57) on the "
-        "default group",
+        f"killed (SIGKILL) during collective #2 (all_reduce at {BIG}) on the default group",
     )
 
 
@@ -120,8 +121,7 @@ def test_a_hung_rank_ends_its_part_and_a_monitored_barrier_names_it(
     assert survivor == "a peer never arrived"
     assert fired(
         lost,
-        "hung before collective #1 (monitored_barrier at faults_rankfns.py:66) on the default "
-        "group",
+        f"hung before collective #1 (monitored_barrier at {WATCHED}) on the default group",
     )
 
 
@@ -134,7 +134,7 @@ def test_a_survivor_blocked_for_good_by_a_hung_peer_ends_at_once_naming_the_faul
     assert raised.value.summary == (
         "the run can never finish: rank 0 waits in a collective that cannot complete (their "
         "stacks follow; the ranks were then killed); rank 1 hung before collective #2 "
-        "(all_reduce at faults_rankfns.py:16) on the default group (injected)"
+        f"(all_reduce at {STEPS}) on the default group (injected)"
     )
     assert raised.value.timeout is None
     assert list(raised.value.failures) == [0]
@@ -152,7 +152,7 @@ def test_a_peer_that_handled_an_injected_error_and_returned_ends_the_run_at_once
     assert raised.value.summary == (
         "the run can never finish: rank 1 waits in a collective that cannot complete (their "
         "stacks follow; the ranks were then killed); rank 0 raised RuntimeError('nic down') "
-        "at collective #2 (all_reduce at faults_rankfns.py:27) on the default group (injected)"
+        f"at collective #2 (all_reduce at {UNTIL}) on the default group (injected)"
     )
 
 
@@ -176,8 +176,7 @@ def test_a_fault_on_a_group_counts_that_groups_collectives(world: harness.World)
         world.run(fns.on_subgroup, faults=[faults.error(0, 1, ValueError("x"), group=(0, 1))])
     # The default group's all_reduce was #1 there; the subgroup's first is #1 of its own.
     assert (
-        "rank 0 raised ValueError('x') at collective #1 (all_reduce at faults_rankfns.py:77) "
-        "on group (0, 1)"
+        f"rank 0 raised ValueError('x') at collective #1 (all_reduce at {SUBGROUP}) on group (0, 1)"
     ) in str(raised.value)
 
 
@@ -200,8 +199,7 @@ def test_harness_run_takes_faults() -> None:
     )
     assert fired(
         survivor,
-        "exited with code 7 before collective #1 (all_reduce at faults_rankfns.py:16) on the "
-        "default group",
+        f"exited with code 7 before collective #1 (all_reduce at {STEPS}) on the default group",
     )
     assert lost == "caught RuntimeError"
 

@@ -42,7 +42,7 @@ def test_exhausted_restarts_raise_the_last_failure_with_the_earlier_attempts() -
     assert len(error.attempts) == 1
     assert error.attempts[0].startswith("attempt 0 (2 ranks): ")
     assert error.attempts[0].endswith(
-        "rank 1 killed (SIGKILL) before collective #1 (all_reduce at faults_rankfns.py:16) on "
+        f"rank 1 killed (SIGKILL) before collective #1 (all_reduce at {fns.line_of('steps')}) on "
         "the default group (injected)"
     )
     assert "---------- attempts ----------" in str(error)
