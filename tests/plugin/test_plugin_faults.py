@@ -43,7 +43,8 @@ def test_a_sweep_is_one_case_per_fault_judged_by_the_survivors(pytester: pytest.
             [
                 f"*_ test_does_not_cope[[]{case}[]] _*",
                 f"RankError: rank * raised RuntimeError: *; rank {rank} killed (SIGKILL) before "
-                f"collective #{at} (all_reduce) on the default group (injected)",
+                f"collective #{at} (all_reduce at test_sweep.py:*) on the default group "
+                "(injected)",
             ]
         )
 
