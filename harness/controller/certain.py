@@ -153,7 +153,8 @@ def _without(trace: RankTrace, fault: Fault) -> RankTrace:
     ``error``) raised in place of."""
     groups = dict(trace.groups)
     for key, history in groups.items():
-        # Placed by what its collective is: the group's first that raised is taken for it.
+        # A fault placed by what its collective is has its number in the rank alone: the
+        # group's first collective that raised is taken for the one it raised in place of.
         placed = fault.at if isinstance(fault.at, int) else history.raised
         if history.ranks == fault.group and history.raised and history.raised == placed:
             groups[key] = replace(history, count=history.raised - 1)

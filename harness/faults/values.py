@@ -228,7 +228,7 @@ def _at(at: object) -> str:
     if _is_int(at) and at >= 1:  # type: ignore[operator]
         return ""
     return (
-        f"at must be an int >= 1 (collectives are counted from 1) or a faults.Collective, "
+        "at must be an int >= 1 (collectives are counted from 1) or a faults.Collective, "
         f"not {at!r}"
     )
 
