@@ -87,7 +87,6 @@ _COUNTED = pytest.StashKey[dict[str, Count]]()
 _FLAGS = ("-p", "-o", "--confcutdir")  # passed on to the counting run
 _OPTIONS = ("--dist-backend", "--dist-timeout", "--dist-gpus")
 _TRANSCRIPT_LINES = 30  # of a counting run that failed without a report of its own
-_RUN_ID = "PYTEST_XDIST_TESTRUNUID"  # the same in every worker of one pytest-xdist run
 
 
 def counted_before(config: pytest.Config, nodeid: str) -> Count | None:
@@ -115,7 +114,7 @@ def count(config: pytest.Config, nodeid: str, world_size: int) -> Issued:
         if found is None:
             found = entry.write(_count_now(config, nodeid, entry.workdir))
     collected = found.get("collected", {})
-    if collected.get("run") and collected.get("run") == os.environ.get(_RUN_ID):
+    if collected.get("run") and collected.get("run") == _run(config):
         counted = Count(_issued(collected["issued"]), "", world_size)
     else:
         counted = Count(_issued(found["issued"]), found["token"], world_size)
@@ -143,13 +142,20 @@ def recount(config: pytest.Config, nodeid: str) -> Count:
             except ValueError as exc:
                 counted.recounted, counted.failure = True, str(exc)
                 return counted
-            run = os.environ.get(_RUN_ID, "")
+            run = _run(config)
             # What this run's cases were made from, for its workers still collecting.
             collected = {"run": run, "issued": counted.issued} if run else None
             found = entry.write(made, collected)
     counted.issued, counted.token = _issued(found["issued"]), found["token"]
     counted.recounted = True
     return counted
+
+
+def _run(config: pytest.Config) -> str:
+    """The pytest-xdist run this worker belongs to, the same in each of its workers ('':
+    no worker of one)."""
+    workerinput: dict[str, Any] = getattr(config, "workerinput", {})
+    return str(workerinput.get("testrunuid", ""))
 
 
 def _issued(loaded: dict[str, Any]) -> Issued:
