@@ -93,10 +93,14 @@ class Fault:
         return f"{kind}-r{self.rank}-{at}{group}{attempt}"
 
     def __repr__(self) -> str:
-        return f"faults.{self}"
+        # What code that imported harness.faults as faults can paste: at=faults.Collective(...).
+        return f"faults.{self._text(repr(self.at))}"
 
     def __str__(self) -> str:
-        details = [f"rank={self.rank}", f"at={self.at}"]
+        return self._text(str(self.at))
+
+    def _text(self, at: str) -> str:
+        details = [f"rank={self.rank}", f"at={at}"]
         details += _DETAILS.get(self.kind, _no_details)(self)
         if self.group is not None:
             details.append(f"group={self.group}")

@@ -102,6 +102,12 @@ def test_how_a_placed_fault_reads() -> None:
     assert str(fault) == (
         "kill(rank=1, at=Collective('all_reduce', 2, site='train.py:34'), when='after')"
     )
+    # What a report offers to paste (an @example(...) line) runs where faults is imported.
+    assert repr(fault) == (
+        "faults.kill(rank=1, at=faults.Collective('all_reduce', 2, site='train.py:34'), "
+        "when='after')"
+    )
+    assert eval(repr(fault), {"faults": faults}) == fault
     assert fault.id == "kill-after-r1-all_reduce2-at-train.py-34"
     assert faults.hang(0, Collective(site="x.py")).id == "hang-r0-any1-at-x.py"
     assert SECOND.text == "the 2nd all_reduce at train.py:34"
