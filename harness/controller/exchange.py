@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from harness import compat
 from harness.controller import spawn, waiting
 from harness.controller.certain import HangWatch
-from harness.controller.classify import classify, desync
+from harness.controller.classify import classify, desync, faults_fired
 from harness.controller.leak_reports import leak_error
 from harness.controller.outcome import Classified, Evidence, Faulted, Reply
 from harness.controller.spawn import RankProcess
@@ -163,6 +163,7 @@ def _judge(
         outcome = desync(outcome, waiting.traces_now(ranks), seen.world_size)
     if outcome.leaks and leaks == "error" and outcome.error is None:
         outcome = leak_error(outcome, what)
+    outcome.fired = faults_fired(seen)
     if options is not None and options.keep_traces and outcome.values is not None:
         kept = {rank: _kept_trace(seen.replies.get(rank)) for rank in range(seen.world_size)}
         outcome.traces = kept

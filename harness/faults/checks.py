@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 from typing import TypeAlias
 
 from harness import validate
+from harness.faults.places import Collective
 from harness.faults.sweeps import InvalidSweep, OpenSweep, Sweep
 from harness.faults.values import Fault
 from harness.protocol.messages import CallOptions
 
-_Place: TypeAlias = tuple[int, int, tuple[int, ...] | None, int]
+_Place: TypeAlias = tuple[int, int | Collective, tuple[int, ...] | None, int]
 """Where a fault acts: its rank, collective, group and attempt."""
 
 
@@ -82,7 +83,7 @@ def _check_alone(fault: Fault, seen: dict[_Place, Fault], where: str) -> None:
     place = (fault.rank, fault.at, fault.group, fault.attempt)
     if place in seen:
         raise ValueError(
-            f"{where}: {seen[place]} and {fault} both act at collective #{fault.at} of "
+            f"{where}: {seen[place]} and {fault} both act at {fault.point} of "
             f"rank {fault.rank} on {fault.group_name}; give one"
         )
     seen[place] = fault

@@ -187,7 +187,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(interrupts.Hooks(config), "harness-interrupts")
     counting = os.environ.get(sweep_count.COUNT_DIR)
     if counting:  # the clean run of a sweep: its failure is what the sweep's case says
-        config.pluginmanager.register(sweep_count.FailureRecorder(counting), "harness-count")
+        config.pluginmanager.register(sweep_count.CountingRun(counting), "harness-count")
     if chosen.mptc:
         from harness.plugin import mptc
 

@@ -1,10 +1,11 @@
 """What follows a distributed test's run on its ranks, before its verdict: a list of steps.
 
 Each step takes what the run left (:class:`Ran`) and passes it on, changed where the step
-changes the outcome (``verify=`` after a sweep's case fails it). A marked test
-(:mod:`harness.plugin.session`), a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) and a
-``@given`` test's last example (:mod:`harness.plugin.properties`) go through the same steps,
-in the order of :data:`STEPS`; a step that does not apply to a test passes it on as it is.
+changes the outcome (``verify=`` after a sweep's case fails it, as does a stale count). A
+marked test (:mod:`harness.plugin.session`), a ``--dist-mptc`` case
+(:mod:`harness.plugin.mptc`) and a ``@given`` test's last example
+(:mod:`harness.plugin.properties`) go through the same steps, in the order of :data:`STEPS`;
+a step that does not apply to a test passes it on as it is.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from harness.plugin import report, sweep_cases
+from harness.plugin import report, sweep_cases, sweep_recount
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -76,6 +77,15 @@ class Ran:
         return f"{self.world.size} ranks, {self.world.backend}"
 
 
+def recount(session: Session, ran: Ran) -> Ran:
+    """A sweep case's run held against its count, counted again where the run contradicts
+    it (see :func:`sweep_recount.after_case`)."""
+    if ran.test is None:
+        return ran
+    outcome = sweep_recount.after_case(ran.item, ran.test, ran.outcome)
+    return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
+
+
 def verify(session: Session, ran: Ran) -> Ran:
     """A sweep case's ``verify=``, on a fresh world (see :func:`sweep_cases.after_case`).
 
@@ -124,13 +134,15 @@ def repro(session: Session, ran: Ran) -> Ran:
 
 
 STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
+    recount,
     verify,
     sweep_note,
     trace_folder,
     report_sections,
     repro,
 )
-"""The steps, in order: ``verify=`` first, since what the others show is its outcome."""
+"""The steps, in order: the count first, then ``verify=``, since what the others show is
+their outcome."""
 
 
 def after_run(session: Session, ran: Ran) -> Ran:

@@ -40,11 +40,12 @@ from harness.plugin import (
     report,
     settings,
     sweep_cases,
+    sweep_recount,
     trace_folders,
 )
 from harness.plugin.leases import Holder, Leases
 from harness.plugin.marker import launched
-from harness.plugin.runner import Runner
+from harness.plugin.runner import Held, Runner
 from harness.plugin.settings import TestSettings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
@@ -230,7 +231,9 @@ class DistSession:
 
             started = time.monotonic()
             try:
-                if test.world.gpus:
+                # A sweep's case whose count a case before it found stale need not run.
+                known = sweep_recount.before_case(item, test)
+                if test.world.gpus and known is None:
                     # Its GPUs first: waiting for them counts against the test's deadline.
                     end = time.monotonic() + seconds
                     holder = Holder(item.nodeid, end)
@@ -238,7 +241,9 @@ class DistSession:
                         self._world(test.world, holder)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
-                if len(test.attempts) > 1:
+                if known is not None:
+                    held = Held(known)
+                elif len(test.attempts) > 1:
                     held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )

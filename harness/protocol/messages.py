@@ -215,6 +215,7 @@ class Fired:
         ends: Whether the rank ends there for the call (killed, exited, hung): the
             controller stops waiting for it, and its peers are the call's verdict.
         at, trace: As in ``Failed``.
+        number, op, site, origin: The collective it acts at, as ``FaultFired`` holds them.
     """
 
     index: int
@@ -222,6 +223,10 @@ class Fired:
     at: float
     ends: bool
     trace: RankTrace | None = None
+    number: int = 0
+    op: str = ""
+    site: str = ""
+    origin: str = ""
 
 
 @dataclass(frozen=True)

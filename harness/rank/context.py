@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
@@ -33,6 +33,9 @@ from harness.rank import (
     output,
     recording,
 )
+
+if TYPE_CHECKING:
+    from harness.rank.inject import Target
 
 
 @dataclass
@@ -112,11 +115,11 @@ class RankContext:
             return  # the call's Failed says it, later
         running.failing = (exc, at)
 
-    def fire(self, index: int, what: str, ends: bool) -> None:
-        """Send ``Fired``: fault ``index`` of the call in progress acts."""
+    def fire(self, index: int, what: str, ends: bool, target: Target) -> None:
+        """Send ``Fired``: fault ``index`` of the call in progress acts, at ``target``."""
         running = self.running
         issued = running.recorder.trace() if running is not None else None
-        self.conn.send(Fired(index, what, time.monotonic(), ends, issued))
+        self.conn.send(Fired(index, what, time.monotonic(), ends, issued, *target))
         flush_std_streams()
 
     def exit(self, code: int) -> NoReturn:

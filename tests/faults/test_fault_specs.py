@@ -52,8 +52,8 @@ def test_a_sweep_is_every_rank_and_collective_pair_in_order() -> None:
         (lambda: faults.kill("1", 1), "rank must be an int >= 0, not '1'"),
         (
             lambda: faults.kill(0, 0),
-            "fault kill(rank=0, at=0): at must be an int >= 1 (collectives are counted from 1), "
-            "not 0",
+            "fault kill(rank=0, at=0): at must be an int >= 1 (collectives are counted from 1) "
+            "or a faults.Collective, not 0",
         ),
         (lambda: faults.kill(0, 1, when="later"), "unknown when 'later'; valid: "),
         (lambda: faults.kill(0, 1, signal=999), "signal must be a signal number"),

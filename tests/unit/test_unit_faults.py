@@ -27,7 +27,7 @@ from harness.faults import Fault, FaultFired, checks
         pytest.param(faults.kill(-1, 1), "rank must be an int >= 0, not -1", id="rank"),
         pytest.param(
             faults.kill(0, 0),
-            "at must be an int >= 1 (collectives are counted from 1), not 0",
+            "at must be an int >= 1 (collectives are counted from 1) or a faults.Collective, not 0",
             id="at",
         ),
         pytest.param(

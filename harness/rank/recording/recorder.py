@@ -197,7 +197,7 @@ class Recorder:
             record = None  # never let recording break the user's call (a bad argument)
         if record is None:
             return fn(*args, **kwargs)
-        placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
+        placed = self.plan.take(record) if self.plan else None
         if placed is not None and not placed[1].enters:
             # The trace then shows what the rank did: it stopped after the one before.
             self.forget(record)
@@ -240,7 +240,7 @@ class Recorder:
 
         if placed[1].kind == "error":
             record.state = RAISED
-        return self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
+        return self.plan.act(placed, record, run, inject.bound(fn, args, kwargs))
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any, group: Any) -> Record | None:
         at = spec.group_at
