@@ -13,6 +13,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
+* :mod:`~harness.rank.memory`       the rank's memory between calls: measured, given back, growth named
 * :mod:`~harness.rank.trace`        which collectives a call issues, per process group, and when
 * :mod:`~harness.rank.records`      a group's record of one call: tables of ops and sites
 * :mod:`~harness.rank.hooks`        collectives below torch.distributed, from torch's group hooks

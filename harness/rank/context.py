@@ -22,7 +22,18 @@ from typing import Any, NoReturn
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
 from harness.protocol.rank_files import RankFiles, flush_std_streams
-from harness.rank import CODE_DIR, coverage, exits, fixtures, importer, leaks, logs, output, trace
+from harness.rank import (
+    CODE_DIR,
+    coverage,
+    exits,
+    fixtures,
+    importer,
+    leaks,
+    logs,
+    memory,
+    output,
+    trace,
+)
 
 
 @dataclass
@@ -66,6 +77,7 @@ class RankContext:
         self.fixtures = fixtures.Scopes()
         self.importer = importer.Importer()
         self.logs = logs.LogState()
+        self.memory = memory.Memory()
         self.running: Running | None = None
         self.last_recorder: trace.Recorder | None = None
         # Held by the thread that ends the process (main or watchdog), so the other cannot
