@@ -111,8 +111,10 @@ class Runner:
                 return Checked(test.attempt(world, True)[1])
         world = self.world(shape, holder)
         earlier = self._history.before(world)
+        generation = world.generation
         verdict, result = test.attempt(world, False)
-        self._history.record(world, test.step)
+        if world.generation == generation:  # else it ran on processes replaced since
+            self._history.record(world, test.step)
         settings = self.settings
         if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
             return Checked(result)
