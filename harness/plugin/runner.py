@@ -5,7 +5,8 @@ behind that no reset covers can change its verdict. :meth:`Runner.run` reads top
 for marked tests and ``--dist-mptc`` cases alike: run the test on fresh processes alone
 where it is isolated; else on the session's world of its shape, noting it in that world's
 history; a failure there (ini ``dist_confirm = fresh``, the default), or any verdict under
-``--dist-verify``, runs again on a fresh world with the same seed and fixture values; where
+``--dist-verify``, runs again on a fresh world with the same seed and fixture values (not a
+leak's failure, ``dist_leaks = error``: it is about the reused ranks themselves); where
 the two verdicts differ, the fresh one stands, the earlier test behind the difference is
 searched for (:func:`harness.plugin.order.bisect`) and the order dependence is reported as a
 warning, or as the test's failure with ini ``dist_order_dependent = fail``.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import pytest
 
 from harness.controller import restarts
-from harness.errors import OrderDependenceWarning
+from harness.errors import OrderDependenceWarning, RankLeak
 from harness.plugin import order, report
 from harness.plugin.replay import FAILED, History, Step, on_fresh
 from harness.plugin.settings import Settings, WorldShape
@@ -116,7 +117,11 @@ class Runner:
         if world.generation == generation:  # else it ran on processes replaced since
             self._history.record(world, test.step)
         settings = self.settings
-        if not earlier or not (settings.verify or (settings.confirm and verdict == FAILED)):
+        if (
+            not earlier
+            or _leaked(result)
+            or not (settings.verify or (settings.confirm and verdict == FAILED))
+        ):
             return Checked(result)
         try:
             fresh, found = on_fresh(fresh_world, (), lambda world: test.attempt(world, True))
@@ -156,3 +161,11 @@ class Runner:
             text = f"OrderDependenceWarning: {text}"
             return Checked(found, failure=pytest.fail.Exception(text, pytrace=False))
         return Checked(found)
+
+
+def _leaked(result: object) -> bool:
+    """Whether a run failed with a leak (``RankLeak``): what the reused ranks kept, which fresh
+    processes that never ran the earlier tests can neither confirm (memory that grew over
+    them) nor refute."""
+    outcome = getattr(result, "outcome", result)  # a --dist-mptc case's ending holds it
+    return isinstance(getattr(outcome, "error", None), RankLeak)

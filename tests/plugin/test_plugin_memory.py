@@ -179,3 +179,21 @@ def test_on_the_controller():
             "hold as they start (rank 0 starts with * MiB, rank 1 starts with * MiB)*"
         ]
     )
+
+
+def test_with_dist_leaks_error_the_test_that_names_the_growth_fails_unconfirmed(
+    pytester: pytest.Pytester,
+) -> None:
+    # Fresh processes never ran the earlier tests, so they cannot judge memory that grew
+    # over them: the leak stands as the failure, with no run on fresh processes.
+    pytester.makepyfile(test_leaky=KEEPS.format(tests=60))
+    result = pytester.runpytest("-p", "no:randomly", "-o", "dist_leaks=error")
+    result.assert_outcomes(passed=59, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "RankLeak: test test_leaky.py::test_keeps[[]*[]] left behind on rank*: resident "
+            "memory grew by * MiB over its last * calls and stayed after a garbage collection*"
+        ]
+    )
+    assert "fresh processes" not in result.stdout.str()
+    assert "OrderDependenceWarning" not in result.stdout.str()
