@@ -39,16 +39,13 @@ DEFAULT_MEMORY_GROWTH = 64 * 2**20
 growth is a leak finding (``World(memory_growth=...)``, ini ``dist_memory_growth``), in bytes;
 see :mod:`harness.rank.memory`."""
 
+# No one-letter units: "2g" is 2 GiB to some tools and 2 GB to others.
 _UNITS = {
     "": 1,
     "b": 1,
-    "k": 1000,
     "kb": 1000,
-    "m": 1000**2,
     "mb": 1000**2,
-    "g": 1000**3,
     "gb": 1000**3,
-    "t": 1000**4,
     "tb": 1000**4,
     "kib": 2**10,
     "mib": 2**20,

@@ -42,7 +42,9 @@ def test_a_size_is_bytes_or_a_number_and_a_unit(given: object, size: int) -> Non
     assert validate.size(given, "limit") == size
 
 
-@pytest.mark.parametrize("given", ["lots", "2XB", "-1", "", "GiB", "2 Gi B", 1.5, True, None])
+@pytest.mark.parametrize(
+    "given", ["lots", "2XB", "-1", "", "GiB", "2 Gi B", "2g", "512M", 1.5, True, None]
+)
 def test_what_is_no_size_is_named_with_what_would_be(given: object) -> None:
     with pytest.raises((TypeError, ValueError)) as raised:
         validate.size(given, "--dist-max-rank-memory")
