@@ -43,6 +43,7 @@ from harness.errors import (  # noqa: E402
 
 if TYPE_CHECKING:
     from harness.controller.fresh import run
+    from harness.controller.memory import RankMemory
     from harness.controller.world import World
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
@@ -60,6 +61,7 @@ _LAZY = {
     "World": "harness.controller.world",
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
+    "RankMemory": "harness.controller.memory",
     "IssuedCollective": "harness.protocol.traces",
     "collectives": "harness.rank.recording.issued",
     "FaultFired": "harness.faults",
@@ -95,6 +97,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "RankMemory",
     "World",
     "WorldHang",
     "WorldTimeout",

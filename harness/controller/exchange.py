@@ -26,15 +26,17 @@ def call_message(
     started: dict[bytes, bytes],
     rendezvous_file: str | None,
     check_leaks: bool,
+    memory_growth: int = 0,
 ) -> Call:
     """The ``Call`` of ``payload`` run as ``options`` say: ``env`` is how ``os.environ``
     changed since the ranks ``started``; ``rendezvous_file``, a private rendezvous for a
-    world without a group."""
+    world without a group; ``check_leaks`` and ``memory_growth``, the world's."""
     rendezvous = None
     if rendezvous_file is not None:
         port = str(spawn.free_port())
         rendezvous = {"MASTER_PORT": port, "INIT_METHOD": "file://" + rendezvous_file}
-    return Call(payload, options, _environ_changes(started), rendezvous, check_leaks)
+    changes = _environ_changes(started)
+    return Call(payload, options, changes, rendezvous, check_leaks, memory_growth)
 
 
 def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:

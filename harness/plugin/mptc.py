@@ -117,6 +117,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     options = CallOptions(
         compat.mptc_timeout(case),
         run.output,
+        name=f"test {item.nodeid}",
         check_collectives=run.check_collectives,
         keep_traces=keep,
     )

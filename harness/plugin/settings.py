@@ -54,7 +54,7 @@ class Settings:
     ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``, ini
     ``dist_no_collective_check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
     (captured, or under ``-s`` to the terminal) and ``randomly_seed`` (pytest-randomly's,
-    when it is active)."""
+    when it is active). Sizes (``memory_growth``, ``max_rank_memory``) are in bytes."""
 
     backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
@@ -75,6 +75,8 @@ class Settings:
     preload: tuple[str, ...] = ()
     trace_dir: str = ""
     trace_all: bool = False
+    memory_growth: int = validate.DEFAULT_MEMORY_GROWTH
+    max_rank_memory: int | None = None
 
 
 def read(config: pytest.Config) -> Settings:
@@ -125,6 +127,11 @@ def read(config: pytest.Config) -> Settings:
             preload=preload_option(config),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
+            memory_growth=validate.size(
+                str(config.getini("dist_memory_growth") or validate.DEFAULT_MEMORY_GROWTH),
+                "ini option dist_memory_growth",
+            ),
+            max_rank_memory=_max_rank_memory(config),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -143,6 +150,15 @@ def _gpus(config: pytest.Config) -> str | None:
 
         gpus.inventory(given, os.environ, lambda: 0, "", where)
     return given
+
+
+def _max_rank_memory(config: pytest.Config) -> int | None:
+    """The limit on a rank's resident memory given, in bytes (None: none)."""
+    given, where = config.getoption("dist_max_rank_memory", None), "--dist-max-rank-memory"
+    if given is None:
+        given = str(config.getini("dist_max_rank_memory") or "").strip() or None
+        where = "ini option dist_max_rank_memory"
+    return None if given is None else validate.size(given, where)
 
 
 def _trace_dir(config: pytest.Config) -> str:

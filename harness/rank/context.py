@@ -30,6 +30,7 @@ from harness.rank import (
     importer,
     leaks,
     logs,
+    memory,
     output,
     recording,
 )
@@ -79,6 +80,7 @@ class RankContext:
         self.fixtures = fixtures.Scopes()
         self.importer = importer.Importer()
         self.logs = logs.LogState()
+        self.memory = memory.Memory()
         self.running: Running | None = None
         self.last_recorder: recording.Recorder | None = None
         # Held by the thread that ends the process (main or watchdog), so the other cannot

@@ -101,6 +101,13 @@ def test_xdist_and_coverage_need_no_configuration(
     )
     result.assert_outcomes(passed=8, failed=1)
     result.stdout.fnmatch_lines(["RankError: rank 1 raised ValueError: rank 1"])
+    # Each kind of world's peak memory per rank: under xdist, the workers' worlds together.
+    result.stdout.fnmatch_lines(
+        [
+            "harness: worlds of 2 ranks (gloo), peak resident memory per rank: * MiB (rank 0), "
+            "* MiB (rank 1); * worlds, 0 replaced for memory"
+        ]
+    )
     if "-n" in options:
         result.stdout.fnmatch_lines(["*worker* [[]9 items[]]*"])
     else:
