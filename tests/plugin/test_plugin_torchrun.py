@@ -26,6 +26,12 @@ def pytest_runtest_logreport(report):
     if report.when == "call" or not report.passed:
         with open(os.path.join(OUT, f"outcomes-{{os.environ['RANK']}}.txt"), "a") as f:
             f.write(f"{{report.nodeid.split('::')[-1]}} {{report.when}} {{report.outcome}}\\n")
+    if report.when == "call" and not report.passed:
+        # Each rank's report whole: the launcher's ranks share one stdout, whose lines
+        # interleave, and pytest cuts the summary's lines to the terminal's width.
+        name = report.nodeid.split("::")[-1]
+        with open(os.path.join(OUT, f"report-{{name}}-{{os.environ['RANK']}}.txt"), "w") as f:
+            f.write(report.longreprtext)
 
 def pytest_sessionfinish(session, exitstatus):
     with open(os.path.join(OUT, f"exit-{{os.environ['RANK']}}.txt"), "w") as f:
@@ -122,10 +128,11 @@ LAUNCHED_EXPECTED = [
 
 def _torchrun(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tests: str, expected: list[str]
-) -> tuple[pytest.RunResult, Path]:
+) -> Path:
     """Run pytest under torchrun on two ranks, on ``tests`` (written as test_launched.py,
-    ``{out}`` filled in), each rank noting its outcomes in the folder ``out`` returned (see
-    LAUNCHED_CONFTEST), which must be ``expected`` on both. Whatever happens, none of its
+    ``{out}`` filled in), each rank noting its outcomes, and its report of each test that did
+    not pass, in the folder returned (see LAUNCHED_CONFTEST); the outcomes must be
+    ``expected`` on both. Whatever happens, none of its
     processes is left running."""
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the launched world is Gloo everywhere
     marker = uuid.uuid4().hex
@@ -154,22 +161,34 @@ def _torchrun(
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     for rank in (0, 1):
         assert (out / f"outcomes-{rank}.txt").read_text().splitlines() == expected, rank
-    return result, out
+    return out
+
+
+def reports(out: Path, name: str) -> list[str]:
+    """Each rank's report of test ``name``, which did not pass, by rank."""
+    return [(out / f"report-{name}-{rank}.txt").read_text() for rank in (0, 1)]
 
 
 def test_under_torchrun_every_rank_reaches_the_same_outcome(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result, out = _torchrun(pytester, monkeypatch, LAUNCHED_TESTS, LAUNCHED_EXPECTED)
+    out = _torchrun(pytester, monkeypatch, LAUNCHED_TESTS, LAUNCHED_EXPECTED)
     assert [(out / f"exit-{rank}.txt").read_text() for rank in (0, 1)] == ["1", "1"]
-    text = result.stdout.str()
-    assert "failed on other ranks: rank 1: AssertionError: assert 1 == 0" in text
-    assert "skipped on ranks 1 only: rank 1 only" in text
-    assert "needs world size 4; the launcher's world has 2" in text
-    assert "needs backend 'nccl'; the launcher's world uses 'gloo'" in text
-    assert "needs ranks without a process group (init=False); under the launcher" in text
-    assert "needs restarts, which end and start the test's ranks; under the launcher" in text
-    assert "needs faults, which end and start the test's ranks; under the launcher" in text
+    first, second = reports(out, "test_fails_on_rank_1")
+    assert "failed on other ranks: rank 1: AssertionError: assert 1 == 0" in first, first
+    assert "test_launched.py:22: AssertionError" in second, second
+    for name, reason in [
+        ("test_skips_on_rank_1", "skipped on ranks 1 only: rank 1 only"),
+        ("test_four", "needs world size 4; the launcher's world has 2"),
+        ("test_nccl", "needs backend 'nccl'; the launcher's world uses 'gloo'"),
+        ("test_initless", "needs ranks without a process group (init=False); under the launcher"),
+        (
+            "test_restarts",
+            "needs restarts, which end and start the test's ranks; under the launcher",
+        ),
+        ("test_faults", "needs faults, which end and start the test's ranks; under the launcher"),
+    ]:
+        assert all(reason in report for report in reports(out, name)), reports(out, name)
 
 
 ALIKE_TESTS = """
@@ -281,16 +300,19 @@ ALIKE_EXPECTED = [
 def test_under_torchrun_a_test_gets_what_a_harness_world_gives(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    result, out = _torchrun(pytester, monkeypatch, ALIKE_TESTS, ALIKE_EXPECTED)
+    out = _torchrun(pytester, monkeypatch, ALIKE_TESTS, ALIKE_EXPECTED)
     shared = [(out / f"tmp_path-{rank}").read_text() for rank in (0, 1)]
     assert shared[0] == shared[1], "the ranks of a distributed test share its tmp_path"
     own = [(out / f"plain-{rank}").read_text() for rank in (0, 1)]
     assert own[0] != own[1], "each rank running a plain test has a tmp_path of its own"
-    text = result.stdout.str()
+
     # Both ranks shrank the same failure to the same minimal example, then went on.
-    failure = "RankError: rank 1 raised AssertionError: assert (1 == 0 or 3 < 3)"
-    assert text.count(failure) == 2, text
-    assert text.count("    n=3,") == 2, text
-    assert "needs a clean run on ranks the harness starts, to count sweep('kill'" in text
-    assert "draws its world size (@given(world_size=...)); the launcher's world has" in text
-    assert "draws faults (@given(fault=...)), which end and start the test's ranks" in text
+    for report in reports(out, "test_property_fails_on_rank_1"):
+        assert "RankError: rank 1 raised AssertionError: assert (1 == 0 or 3 < 3)" in report
+        assert "    n=3," in report, report
+    for name, reason in [
+        ("test_sweep_over_all", "needs a clean run on ranks the harness starts, to count sweep("),
+        ("test_drawn_world_size", "draws its world size (@given(world_size=...)); the launcher"),
+        ("test_drawn_fault", "draws faults (@given(fault=...)), which end and start the test's"),
+    ]:
+        assert all(reason in report for report in reports(out, name)), reports(out, name)
