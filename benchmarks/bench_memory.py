@@ -15,8 +15,9 @@ forkserver before it forks any rank):
   blocks from staying resident;
 * ``off``: no memory step at all (the rank answers as before this feature).
 
-Timed children also have each rank time its memory step (wall and CPU) and its CPU time for
-each test, written outside the timed part.
+Timed children also have each rank time its memory step (wall and CPU; under ``off`` a
+no-op, the floor of that measure) and its CPU time for each test, written outside the timed
+part.
 
 Cases (``--cases``, all by default):
 
@@ -28,8 +29,9 @@ Cases (``--cases``, all by default):
 * ``growth``: ``--tests`` tests that make and drop a 1 MiB tensor without a collective, then
   ``--collective-tests`` that all_reduce it, one world of 2, each test appending a line to a
   file (the pattern that kept freed heap pages on torch 2.13) and, as ``plain``, without the
-  line: resident memory after the first and the last test per rank, ``no-give-back``,
-  ``on`` and ``mmap-threshold``;
+  line: resident memory after the first and the last test per rank, and the most a rank
+  grew, ``on``; ``no-give-back`` and ``mmap-threshold`` with the line, on ``--contrast-tests``
+  (the last sixth with the all_reduce), enough to show the growth without the give-back;
 * ``leak``: ``--leak-tests`` tests that each keep 2 MiB alive: which test the first memory
   finding names;
 * ``limit``: the same under ``--dist-max-rank-memory`` (``--limit``, 400MiB): each rank's
@@ -39,8 +41,11 @@ Cases (``--cases``, all by default):
   default threshold: how many memory findings (none is right).
 
     python benchmarks/bench_memory.py [--cases cost,growth,leak,limit,ordinary]
-        [--tests 5000] [--collective-tests 1000] [--cost-tests 2000] [--rounds 3]
-        [--leak-tests 300] [--limit 400MiB] [--ordinary-tests 300]
+        [--tests 5000] [--collective-tests 1000] [--contrast-tests 1200] [--cost-tests 500]
+        [--rounds 1] [--leak-tests 300] [--limit 400MiB] [--ordinary-tests 300]
+
+Every case runs one pytest child per row (each starts a forkserver and a world: seconds on
+a loaded machine); the defaults take a few minutes on a quiet 2-core machine.
 """
 
 from __future__ import annotations
@@ -256,13 +261,13 @@ def cost(root: Path, tests: int, rounds: int) -> None:
                     seen[mode].setdefault(key, []).extend(found[key][1:])
         for mode in modes:
             got = seen[mode]
-            step = ["-"] * 4
-            if mode != "off":
-                step = [
-                    f"{median(got[key]) * 1e3:.4f}" if last else f"{p95(got[key]) * 1e3:.4f}"
-                    for key in ("step", "step_cpu")
-                    for last in (True, False)
-                ]
+            # Under ``off`` the step is the timing wrapper around a no-op: the floor of the
+            # measure (a call made with the rank's caches cold after the test).
+            step = [
+                f"{median(got[key]) * 1e3:.4f}" if last else f"{p95(got[key]) * 1e3:.4f}"
+                for key in ("step", "step_cpu")
+                for last in (True, False)
+            ]
             rows.append(
                 [
                     body, mode,
@@ -291,20 +296,34 @@ def _first_last(seen: dict) -> str:
     return ", ".join(f"{first[rank] / MiB:.0f} -> {last[rank] / MiB:.0f}" for rank in sorted(first))
 
 
-def growth(root: Path, tests: int, collective: int) -> None:
+def _grew(seen: dict) -> str:
+    """The most any rank's resident memory after the last test exceeds its first (MiB)."""
+    first, last = seen["first"], seen["last"]
+    return f"{max(last[rank] - first[rank] for rank in first) / MiB:+.1f}"
+
+
+def growth(root: Path, tests: int, collective: int, contrast: int) -> None:
     rows = []
-    total = tests + collective
-    for lines in (True, False):
-        for mode in ("no-give-back", "on", "mmap-threshold"):
-            seen = run(root, "tensor", mode, total, collective=collective, lines=lines)
-            peak = ", ".join(f"{seen['peak'][r] / MiB:.0f}" for r in sorted(seen["peak"]))
-            kind = "line appended" if lines else "plain"
-            rows.append([kind, mode, _first_last(seen), peak, str(seen["passed"])])
+    runs = [
+        (True, "on", tests + collective, collective),
+        (False, "on", tests + collective, collective),
+    ]
+    runs += [(True, mode, contrast, contrast // 6) for mode in ("no-give-back", "mmap-threshold")]
+    for lines, mode, total, last in runs:
+        seen = run(root, "tensor", mode, total, collective=last, lines=lines)
+        peak = ", ".join(f"{seen['peak'][r] / MiB:.0f}" for r in sorted(seen["peak"]))
+        kind = "line appended" if lines else "plain"
+        rows.append(
+            [f"{total - last} + {last}", kind, mode, _first_last(seen), _grew(seen), peak,
+             str(seen["passed"])]
+        )  # fmt: skip
     print(
-        f"\n{tests} tests making and dropping a 1 MiB tensor, then {collective} that also "
-        "all_reduce it, one world of 2: resident memory (MiB) per rank"
+        "\nTests making and dropping a 1 MiB tensor, then tests that also all_reduce it, one "
+        "world of 2: resident memory (MiB) per rank after the first and the last test"
     )
-    print(table(["tests", "mode", "first -> last test", "peak", "passed"], rows))
+    print(
+        table(["tests", "body", "mode", "first -> last test", "most grown", "peak", "passed"], rows)
+    )
 
 
 def leak(root: Path, tests: int, limit: str | None) -> None:
@@ -335,8 +354,9 @@ def main() -> None:
     parser.add_argument("--cases", default="cost,growth,leak,limit,ordinary")
     parser.add_argument("--tests", type=int, default=5000)
     parser.add_argument("--collective-tests", type=int, default=1000)
-    parser.add_argument("--cost-tests", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contrast-tests", type=int, default=1200)
+    parser.add_argument("--cost-tests", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--leak-tests", type=int, default=300)
     parser.add_argument("--limit", default="400MiB")
     parser.add_argument("--ordinary-tests", type=int, default=300)
@@ -350,7 +370,7 @@ def main() -> None:
         if "cost" in cases:
             cost(root, options.cost_tests, options.rounds)
         if "growth" in cases:
-            growth(root, options.tests, options.collective_tests)
+            growth(root, options.tests, options.collective_tests, options.contrast_tests)
         if "leak" in cases or "limit" in cases:
             leak(root, options.leak_tests, options.limit if "limit" in cases else None)
         if "ordinary" in cases:
