@@ -32,6 +32,11 @@ Cases (``--cases``, all by default):
   line: resident memory after the first and the last test per rank, and the most a rank
   grew, ``on``; ``no-give-back`` and ``mmap-threshold`` with the line, on ``--contrast-tests``
   (the last sixth with the all_reduce), enough to show the growth without the give-back;
+* ``alternate``: the step's whole cost to a rank, without pytest: one world of 2, blocks of
+  ``--cost-tests`` calls of an empty body and of the 1 MiB tensor, the step ``off`` and ``on``
+  alternating for ``--alternate-rounds`` blocks each; each rank's process CPU time per call
+  (``getrusage``, every thread: what the step makes the rest of the call pay, such as pages
+  faulted in again after a give-back, included);
 * ``leak``: ``--leak-tests`` tests that each keep 2 MiB alive: which test the first memory
   finding names;
 * ``limit``: the same under ``--dist-max-rank-memory`` (``--limit``, 400MiB): each rank's
@@ -40,12 +45,14 @@ Cases (``--cases``, all by default):
   DTensor redistributed, a checkpoint saved and loaded, a subgroup, all_gathers), with the
   default threshold: how many memory findings (none is right).
 
-    python benchmarks/bench_memory.py [--cases cost,growth,leak,limit,ordinary]
+    python benchmarks/bench_memory.py [--cases cost,alternate,growth,leak,limit,ordinary]
         [--tests 5000] [--collective-tests 1000] [--contrast-tests 1200] [--cost-tests 500]
-        [--rounds 1] [--leak-tests 300] [--limit 400MiB] [--ordinary-tests 300]
+        [--rounds 1] [--alternate-rounds 5] [--leak-tests 300] [--limit 400MiB]
+        [--ordinary-tests 300]
 
-Every case runs one pytest child per row (each starts a forkserver and a world: seconds on
-a loaded machine); the defaults take a few minutes on a quiet 2-core machine.
+Every case but ``alternate`` runs one pytest child per row (each starts a forkserver and a
+world: seconds on a loaded machine); the defaults take a few minutes on a quiet 2-core
+machine.
 """
 
 from __future__ import annotations
@@ -53,10 +60,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import struct
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from workload import child_env, fmt, median, python, run_child, table
@@ -121,7 +130,10 @@ import pytest
 from harness.plugin import lazy_session
 
 OUT = os.environ["BENCH_MEMORY_OUT"]
-SEEN = {"first": None, "last": None, "peak": {}, "times": [], "findings": [], "replaced": 0}
+SEEN = {
+    "first": None, "last": None, "peak": {}, "times": [], "findings": [], "replaced": 0,
+    "rank0": [],
+}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -134,6 +146,8 @@ def pytest_runtest_protocol(item, nextitem):
         last = {rank: memory.last for rank, memory in world.memory.items()}
         SEEN["first"] = SEEN["first"] or last
         SEEN["last"] = last
+        if len(SEEN["times"]) % 1000 == 0:
+            SEEN["rank0"].append(last.get(0, 0))
         for rank, memory in world.memory.items():
             SEEN["peak"][rank] = max(SEEN["peak"].get(rank, 0), memory.peak)
         SEEN["replaced"] = world.replaced_for_memory
@@ -291,6 +305,66 @@ def cost(root: Path, tests: int, rounds: int) -> None:
     )  # fmt: skip
 
 
+_STEP: list[Callable[..., object]] = []  # in a rank: the memory step as shipped
+
+
+def _switch(mode: str) -> None:
+    """In a rank: the memory step ``on`` (as shipped) or ``off`` (none at all)."""
+    from harness.rank import memory
+
+    if not _STEP:
+        _STEP.append(memory.Memory.after_call)
+    off = lambda self, growth, transient=0: (None, "")  # noqa: E731
+    memory.Memory.after_call = _STEP[0] if mode == "on" else off  # type: ignore[method-assign]
+
+
+def _cpu() -> float:
+    """In a rank: the CPU time of its process so far (every thread), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _empty() -> None:
+    pass
+
+
+def _tensor() -> None:
+    import torch
+
+    torch.ones(2**18)  # 1 MiB, dropped
+
+
+def alternate(tests: int, rounds: int) -> None:
+    """The step's whole cost to a rank: its process's CPU time per call, blocks of ``tests``
+    calls with the step off and on alternating on one world (no child-to-child noise)."""
+    import harness
+
+    rows = []
+    with harness.World(2, backend="gloo") as world:
+        for body in (_empty, _tensor):
+            per: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(100):
+                world.run(body)  # warm: imports, first-use caches
+            for _ in range(rounds):
+                for mode in per:
+                    world.run(_switch, args=(mode,))
+                    before = world.run(_cpu)
+                    for _ in range(tests):
+                        world.run(body)
+                    after = world.run(_cpu)
+                    per[mode] += [(a - b) / tests for b, a in zip(before, after, strict=True)]
+            off, on = median(per["off"]), median(per["on"])
+            name = body.__name__.strip("_")
+            rows.append([name, f"{off * 1e3:.4f}", f"{on * 1e3:.4f}", f"{(on - off) * 1e3:+.4f}"])
+            world.run(_switch, args=("on",))
+    print(
+        f"\nA rank's process CPU time per World.run (ms), the step off and on alternating in "
+        f"blocks of {tests} calls, {rounds} blocks each, one world of 2 (median over blocks "
+        "and ranks)"
+    )
+    print(table(["body", "step off", "step on", "difference"], rows))
+
+
 def _first_last(seen: dict) -> str:
     first, last = seen["first"], seen["last"]
     return ", ".join(f"{first[rank] / MiB:.0f} -> {last[rank] / MiB:.0f}" for rank in sorted(first))
@@ -309,8 +383,11 @@ def growth(root: Path, tests: int, collective: int, contrast: int) -> None:
         (False, "on", tests + collective, collective),
     ]
     runs += [(True, mode, contrast, contrast // 6) for mode in ("no-give-back", "mmap-threshold")]
+    course = []
     for lines, mode, total, last in runs:
         seen = run(root, "tensor", mode, total, collective=last, lines=lines)
+        sizes = ", ".join(f"{size / MiB:.0f}" for size in seen["rank0"])
+        course.append(f"  {'line appended' if lines else 'plain'}, {mode}: {sizes}")
         peak = ", ".join(f"{seen['peak'][r] / MiB:.0f}" for r in sorted(seen["peak"]))
         kind = "line appended" if lines else "plain"
         rows.append(
@@ -324,6 +401,8 @@ def growth(root: Path, tests: int, collective: int, contrast: int) -> None:
     print(
         table(["tests", "body", "mode", "first -> last test", "most grown", "peak", "passed"], rows)
     )
+    print("Rank 0's resident memory (MiB) after every 1,000th test:")
+    print("\n".join(course))
 
 
 def leak(root: Path, tests: int, limit: str | None) -> None:
@@ -351,7 +430,8 @@ def ordinary(root: Path, tests: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="cost,growth,leak,limit,ordinary")
+    parser.add_argument("--cases", default="cost,alternate,growth,leak,limit,ordinary")
+    parser.add_argument("--alternate-rounds", type=int, default=5)
     parser.add_argument("--tests", type=int, default=5000)
     parser.add_argument("--collective-tests", type=int, default=1000)
     parser.add_argument("--contrast-tests", type=int, default=1200)
@@ -369,6 +449,8 @@ def main() -> None:
         root = Path(temp)
         if "cost" in cases:
             cost(root, options.cost_tests, options.rounds)
+        if "alternate" in cases:
+            alternate(options.cost_tests, options.alternate_rounds)
         if "growth" in cases:
             growth(root, options.tests, options.collective_tests, options.contrast_tests)
         if "leak" in cases or "limit" in cases:
