@@ -15,8 +15,9 @@ forkserver before it forks any rank):
   blocks from staying resident;
 * ``off``: no memory step at all (the rank answers as before this feature).
 
-Timed children also have each rank time its memory step (wall and CPU) and its CPU time for
-each test, written outside the timed part.
+Timed children also have each rank time its memory step (wall and CPU; under ``off`` a
+no-op, the floor of that measure) and its CPU time for each test, written outside the timed
+part.
 
 Cases (``--cases``, all by default):
 
@@ -28,8 +29,14 @@ Cases (``--cases``, all by default):
 * ``growth``: ``--tests`` tests that make and drop a 1 MiB tensor without a collective, then
   ``--collective-tests`` that all_reduce it, one world of 2, each test appending a line to a
   file (the pattern that kept freed heap pages on torch 2.13) and, as ``plain``, without the
-  line: resident memory after the first and the last test per rank, ``no-give-back``,
-  ``on`` and ``mmap-threshold``;
+  line: resident memory after the first and the last test per rank, and the most a rank
+  grew, ``on``; ``no-give-back`` and ``mmap-threshold`` with the line, on ``--contrast-tests``
+  (the last sixth with the all_reduce), enough to show the growth without the give-back;
+* ``alternate``: the step's whole cost to a rank, without pytest: one world of 2, blocks of
+  ``--cost-tests`` calls of an empty body and of the 1 MiB tensor, the step ``off`` and ``on``
+  alternating for ``--alternate-rounds`` blocks each; each rank's process CPU time per call
+  (``getrusage``, every thread: what the step makes the rest of the call pay, such as pages
+  faulted in again after a give-back, included);
 * ``leak``: ``--leak-tests`` tests that each keep 2 MiB alive: which test the first memory
   finding names;
 * ``limit``: the same under ``--dist-max-rank-memory`` (``--limit``, 400MiB): each rank's
@@ -38,9 +45,14 @@ Cases (``--cases``, all by default):
   DTensor redistributed, a checkpoint saved and loaded, a subgroup, all_gathers), with the
   default threshold: how many memory findings (none is right).
 
-    python benchmarks/bench_memory.py [--cases cost,growth,leak,limit,ordinary]
-        [--tests 5000] [--collective-tests 1000] [--cost-tests 2000] [--rounds 3]
-        [--leak-tests 300] [--limit 400MiB] [--ordinary-tests 300]
+    python benchmarks/bench_memory.py [--cases cost,alternate,growth,leak,limit,ordinary]
+        [--tests 5000] [--collective-tests 1000] [--contrast-tests 1200] [--cost-tests 500]
+        [--rounds 1] [--alternate-rounds 5] [--leak-tests 300] [--limit 400MiB]
+        [--ordinary-tests 300]
+
+Every case but ``alternate`` runs one pytest child per row (each starts a forkserver and a
+world: seconds on a loaded machine); the defaults take a few minutes on a quiet 2-core
+machine.
 """
 
 from __future__ import annotations
@@ -48,10 +60,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import struct
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 from workload import child_env, fmt, median, python, run_child, table
@@ -116,7 +130,10 @@ import pytest
 from harness.plugin import lazy_session
 
 OUT = os.environ["BENCH_MEMORY_OUT"]
-SEEN = {"first": None, "last": None, "peak": {}, "times": [], "findings": [], "replaced": 0}
+SEEN = {
+    "first": None, "last": None, "peak": {}, "times": [], "findings": [], "replaced": 0,
+    "rank0": [],
+}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -129,6 +146,8 @@ def pytest_runtest_protocol(item, nextitem):
         last = {rank: memory.last for rank, memory in world.memory.items()}
         SEEN["first"] = SEEN["first"] or last
         SEEN["last"] = last
+        if len(SEEN["times"]) % 1000 == 0:
+            SEEN["rank0"].append(last.get(0, 0))
         for rank, memory in world.memory.items():
             SEEN["peak"][rank] = max(SEEN["peak"].get(rank, 0), memory.peak)
         SEEN["replaced"] = world.replaced_for_memory
@@ -256,13 +275,13 @@ def cost(root: Path, tests: int, rounds: int) -> None:
                     seen[mode].setdefault(key, []).extend(found[key][1:])
         for mode in modes:
             got = seen[mode]
-            step = ["-"] * 4
-            if mode != "off":
-                step = [
-                    f"{median(got[key]) * 1e3:.4f}" if last else f"{p95(got[key]) * 1e3:.4f}"
-                    for key in ("step", "step_cpu")
-                    for last in (True, False)
-                ]
+            # Under ``off`` the step is the timing wrapper around a no-op: the floor of the
+            # measure (a call made with the rank's caches cold after the test).
+            step = [
+                f"{median(got[key]) * 1e3:.4f}" if last else f"{p95(got[key]) * 1e3:.4f}"
+                for key in ("step", "step_cpu")
+                for last in (True, False)
+            ]
             rows.append(
                 [
                     body, mode,
@@ -286,25 +305,104 @@ def cost(root: Path, tests: int, rounds: int) -> None:
     )  # fmt: skip
 
 
+_STEP: list[Callable[..., object]] = []  # in a rank: the memory step as shipped
+
+
+def _switch(mode: str) -> None:
+    """In a rank: the memory step ``on`` (as shipped) or ``off`` (none at all)."""
+    from harness.rank import memory
+
+    if not _STEP:
+        _STEP.append(memory.Memory.after_call)
+    off = lambda self, growth, transient=0: (None, "")  # noqa: E731
+    memory.Memory.after_call = _STEP[0] if mode == "on" else off  # type: ignore[method-assign]
+
+
+def _cpu() -> float:
+    """In a rank: the CPU time of its process so far (every thread), in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _empty() -> None:
+    pass
+
+
+def _tensor() -> None:
+    import torch
+
+    torch.ones(2**18)  # 1 MiB, dropped
+
+
+def alternate(tests: int, rounds: int) -> None:
+    """The step's whole cost to a rank: its process's CPU time per call, blocks of ``tests``
+    calls with the step off and on alternating on one world (no child-to-child noise)."""
+    import harness
+
+    rows = []
+    with harness.World(2, backend="gloo") as world:
+        for body in (_empty, _tensor):
+            per: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(100):
+                world.run(body)  # warm: imports, first-use caches
+            for _ in range(rounds):
+                for mode in per:
+                    world.run(_switch, args=(mode,))
+                    before = world.run(_cpu)
+                    for _ in range(tests):
+                        world.run(body)
+                    after = world.run(_cpu)
+                    per[mode] += [(a - b) / tests for b, a in zip(before, after, strict=True)]
+            off, on = median(per["off"]), median(per["on"])
+            name = body.__name__.strip("_")
+            rows.append([name, f"{off * 1e3:.4f}", f"{on * 1e3:.4f}", f"{(on - off) * 1e3:+.4f}"])
+            world.run(_switch, args=("on",))
+    print(
+        f"\nA rank's process CPU time per World.run (ms), the step off and on alternating in "
+        f"blocks of {tests} calls, {rounds} blocks each, one world of 2 (median over blocks "
+        "and ranks)"
+    )
+    print(table(["body", "step off", "step on", "difference"], rows))
+
+
 def _first_last(seen: dict) -> str:
     first, last = seen["first"], seen["last"]
     return ", ".join(f"{first[rank] / MiB:.0f} -> {last[rank] / MiB:.0f}" for rank in sorted(first))
 
 
-def growth(root: Path, tests: int, collective: int) -> None:
+def _grew(seen: dict) -> str:
+    """The most any rank's resident memory after the last test exceeds its first (MiB)."""
+    first, last = seen["first"], seen["last"]
+    return f"{max(last[rank] - first[rank] for rank in first) / MiB:+.1f}"
+
+
+def growth(root: Path, tests: int, collective: int, contrast: int) -> None:
     rows = []
-    total = tests + collective
-    for lines in (True, False):
-        for mode in ("no-give-back", "on", "mmap-threshold"):
-            seen = run(root, "tensor", mode, total, collective=collective, lines=lines)
-            peak = ", ".join(f"{seen['peak'][r] / MiB:.0f}" for r in sorted(seen["peak"]))
-            kind = "line appended" if lines else "plain"
-            rows.append([kind, mode, _first_last(seen), peak, str(seen["passed"])])
+    runs = [
+        (True, "on", tests + collective, collective),
+        (False, "on", tests + collective, collective),
+    ]
+    runs += [(True, mode, contrast, contrast // 6) for mode in ("no-give-back", "mmap-threshold")]
+    course = []
+    for lines, mode, total, last in runs:
+        seen = run(root, "tensor", mode, total, collective=last, lines=lines)
+        sizes = ", ".join(f"{size / MiB:.0f}" for size in seen["rank0"])
+        course.append(f"  {'line appended' if lines else 'plain'}, {mode}: {sizes}")
+        peak = ", ".join(f"{seen['peak'][r] / MiB:.0f}" for r in sorted(seen["peak"]))
+        kind = "line appended" if lines else "plain"
+        rows.append(
+            [f"{total - last} + {last}", kind, mode, _first_last(seen), _grew(seen), peak,
+             str(seen["passed"])]
+        )  # fmt: skip
     print(
-        f"\n{tests} tests making and dropping a 1 MiB tensor, then {collective} that also "
-        "all_reduce it, one world of 2: resident memory (MiB) per rank"
+        "\nTests making and dropping a 1 MiB tensor, then tests that also all_reduce it, one "
+        "world of 2: resident memory (MiB) per rank after the first and the last test"
     )
-    print(table(["tests", "mode", "first -> last test", "peak", "passed"], rows))
+    print(
+        table(["tests", "body", "mode", "first -> last test", "most grown", "peak", "passed"], rows)
+    )
+    print("Rank 0's resident memory (MiB) after every 1,000th test:")
+    print("\n".join(course))
 
 
 def leak(root: Path, tests: int, limit: str | None) -> None:
@@ -332,11 +430,13 @@ def ordinary(root: Path, tests: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", default="cost,growth,leak,limit,ordinary")
+    parser.add_argument("--cases", default="cost,alternate,growth,leak,limit,ordinary")
+    parser.add_argument("--alternate-rounds", type=int, default=5)
     parser.add_argument("--tests", type=int, default=5000)
     parser.add_argument("--collective-tests", type=int, default=1000)
-    parser.add_argument("--cost-tests", type=int, default=2000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contrast-tests", type=int, default=1200)
+    parser.add_argument("--cost-tests", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--leak-tests", type=int, default=300)
     parser.add_argument("--limit", default="400MiB")
     parser.add_argument("--ordinary-tests", type=int, default=300)
@@ -349,8 +449,10 @@ def main() -> None:
         root = Path(temp)
         if "cost" in cases:
             cost(root, options.cost_tests, options.rounds)
+        if "alternate" in cases:
+            alternate(options.cost_tests, options.alternate_rounds)
         if "growth" in cases:
-            growth(root, options.tests, options.collective_tests)
+            growth(root, options.tests, options.collective_tests, options.contrast_tests)
         if "leak" in cases or "limit" in cases:
             leak(root, options.leak_tests, options.limit if "limit" in cases else None)
         if "ordinary" in cases:

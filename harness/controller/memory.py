@@ -25,7 +25,8 @@ class RankMemory:
 
     Attributes:
         start: Its resident set size as its current process came up.
-        last: Its resident set size after the last call it answered (freed memory given back).
+        last: Its resident set size after the last call it answered (freed memory given
+            back where it had grown by more than a few MiB).
         peak: The largest resident set size any of the World's processes for this rank had
             (the kernel's high-water mark, so also within a call).
         calls: How many calls its current process answered.

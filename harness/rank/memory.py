@@ -82,12 +82,15 @@ class Memory:
         return None if resident is None else self._use(resident)
 
     def after_call(self, growth: int, transient: int = 0) -> tuple[MemoryUse | None, str]:
-        """Give freed memory back where it grew; the rank's memory, and the finding line
-        where more than ``growth`` bytes stayed ('' when not, or ``growth`` is 0: no look).
+        """Give freed memory back where it grew, and say the rank's memory and what stayed.
 
         Args:
-            growth: The world's ``memory_growth``.
+            growth: The world's ``memory_growth`` (0: no look for growth that stays).
             transient: Bytes the rank holds now only for the answer (its pickled value).
+
+        Returns:
+            The rank's memory (None where the platform does not say), and the finding line
+            where more than ``growth`` bytes stayed ('' where none did, or nothing looked).
         """
         resident = self._resident()
         if resident is None:
