@@ -1,0 +1,179 @@
+"""The host of a shadow world: the rank that forks every simulated rank and gathers them.
+
+:func:`simulate` runs in the one rank of a world without a process group (the controller's
+call, :mod:`harness.shadows.entry`). That process has imported torch (it was forked from
+the forkserver) and imports the test's module before it forks anything, so each simulated
+rank (:mod:`harness.shadows.simulate`) starts warm, several at a time, as many as the
+machine has cores. The first rank runs alone: the modules of installed packages it imported
+(what DDP, FSDP or DTensor import on first use) are then imported here, so that the others
+do not each import them again. Ranks run in :func:`~harness.shadows.records.spread` order;
+the run stops early at a rank that fails (raises, dies, skips or does not finish) and, where
+asked, at the first rank whose collectives or groups disagree with those run before it.
+
+Imports: see :mod:`harness.shadows`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib
+import os
+import pickle
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Pipe, wait
+
+from harness.protocol.failures import RankFailure
+from harness.protocol.rank_files import flush_std_streams
+from harness.protocol.traces import Agreement
+from harness.rank import current
+from harness.rank.context import RankContext
+from harness.shadows import simulate as simulated
+from harness.shadows.records import (
+    DIFFERS,
+    FAILED,
+    RAN_ALL,
+    Creation,
+    ShadowJob,
+    ShadowRun,
+    SimulatedRank,
+    spread,
+)
+
+
+@dataclass
+class _Child:
+    """A simulated rank's process, until it is reaped."""
+
+    rank: int
+    pid: int
+    conn: Connection
+    deadline: float
+
+
+def simulate(job: ShadowJob) -> ShadowRun:
+    """Run the ranks of ``job``'s shadow world and gather what each did.
+
+    Returns:
+        The run: every rank's report, unless it stopped early (``ShadowRun.stopped``).
+    """
+    ctx = current.context()
+    ctx.importer.test_module(job.ref)
+    simulated.warm()
+    started = time.monotonic()
+    waiting = deque(spread(job.size))
+    runs = _Runs(job)
+    # The first rank alone: what it imports on first use, the others find imported.
+    first = waiting.popleft()
+    runs.reap(_fork(ctx, job, first, first=True))
+    _import(runs.done[first].imported)
+    gc.freeze()  # the host's objects are never collected in a child: their pages stay shared
+    try:
+        width = _cores()
+        running: dict[Connection, _Child] = {}
+        # After a failure, the ranks already running still finish: the lowest that fails is
+        # the one reported. After a difference, they are stopped.
+        while running or (waiting and not runs.stopped):
+            while waiting and not runs.stopped and len(running) < width:
+                child = _fork(ctx, job, waiting.popleft(), first=False)
+                running[child.conn] = child
+            if runs.stopped == DIFFERS:
+                break
+            bound = min(child.deadline for child in running.values()) - time.monotonic()
+            for conn in wait(list(running), timeout=max(bound, 0.0)):
+                assert isinstance(conn, Connection)
+                runs.reap(running.pop(conn))
+            for child in [c for c in running.values() if c.deadline <= time.monotonic()]:
+                runs.reap(running.pop(child.conn), timed_out=True)
+        for child in running.values():
+            _stop(child)
+    finally:
+        gc.unfreeze()
+    return ShadowRun(job.size, runs.done, runs.stopped, time.monotonic() - started)
+
+
+class _Runs:
+    """The ranks that ran, and whether the run stops."""
+
+    def __init__(self, job: ShadowJob) -> None:
+        self.job = job
+        self.done: dict[int, SimulatedRank] = {}
+        self.stopped = RAN_ALL
+        self._agreement = Agreement()
+        self._creations: tuple[Creation, ...] | None = None
+
+    def reap(self, child: _Child, *, timed_out: bool = False) -> None:
+        """Take what ``child`` said (or how it ended), and reap it."""
+        found = _result(child, self.job.rank_timeout if timed_out else None)
+        self.done[found.rank] = found
+        if found.failure is not None or found.skip:
+            self.stopped = FAILED
+            return
+        if not self.job.stop_at_difference or self.stopped:
+            return
+        made = tuple(c for c in found.creations if not c.local)
+        if self._creations is None:
+            self._creations = made
+        agreed = self._agreement.add(found.rank, found.fingerprint)
+        if not agreed or made != self._creations:
+            self.stopped = DIFFERS
+
+
+def _fork(ctx: RankContext, job: ShadowJob, rank: int, *, first: bool) -> _Child:
+    """Start rank ``rank`` in a process forked from this one."""
+    reader, writer = Pipe(duplex=False)
+    flush_std_streams()  # or the child writes out what this process has buffered
+    pid = os.fork()
+    if pid == 0:
+        reader.close()
+        simulated.run(ctx, job, rank, writer, first)
+    writer.close()
+    return _Child(rank, pid, reader, time.monotonic() + job.rank_timeout)
+
+
+def _result(child: _Child, timeout: float | None) -> SimulatedRank:
+    """What ``child`` said; for one that died or did not finish (``timeout``: it ran past
+    that many seconds), a failure that says so."""
+    if timeout is not None:
+        _stop(child)
+        failure = RankFailure.still_running(child.rank, f"did not finish within {timeout:g} s", "")
+        return SimulatedRank(child.rank, failure=failure)
+    found: SimulatedRank | None
+    try:
+        found = pickle.loads(child.conn.recv_bytes())
+    except (EOFError, OSError):
+        found = None
+    finally:
+        child.conn.close()
+    _, status = os.waitpid(child.pid, 0)
+    if found is None:
+        code = os.waitstatus_to_exitcode(status)
+        return SimulatedRank(child.rank, failure=RankFailure.crash(child.rank, code, ""))
+    return found
+
+
+def _stop(child: _Child) -> None:
+    """Kill ``child`` and reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child.pid, signal.SIGKILL)
+    child.conn.close()
+    os.waitpid(child.pid, 0)
+
+
+def _import(names: tuple[str, ...]) -> None:
+    """Import each of ``names`` here, where it imports (a module may fail outside the rank
+    that imported it: it is then left to each rank)."""
+    for name in names:
+        with contextlib.suppress(Exception):
+            importlib.import_module(name)
+
+
+def _cores() -> int:
+    """How many simulated ranks run at once: one per core this process may use."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
