@@ -15,15 +15,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from harness.plugin import report, sweep_cases
+from harness.controller.outcome import Outcome
+from harness.plugin import interrupts, report, sweep_cases
 
 if TYPE_CHECKING:
-    from harness.controller.outcome import Outcome
     from harness.controller.world import World
     from harness.plugin.leases import Holder
     from harness.plugin.settings import TestSettings, WorldShape
     from harness.plugin.trace_folders import TraceFolders
     from harness.protocol.messages import CallOptions
+    from harness.protocol.pytest_calls import FixturePlan, TestRef
 
 
 class Session(Protocol):
@@ -33,6 +34,9 @@ class Session(Protocol):
 
     def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
         """A new world of ``shape``, its GPUs leased for ``holder``."""
+
+    def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
+        """The session's world of this size, backend and ``init``."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,8 @@ class Ran:
         note: What the runner's check on fresh processes found, for the repro line.
         failure: The test's failure where the runner made one (an order dependence).
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
+        call: What its ranks ran: the test and its rank-side fixtures (None: a
+            ``--dist-mptc`` case).
     """
 
     item: pytest.Function
@@ -61,6 +67,7 @@ class Ran:
     note: str = ""
     failure: BaseException | None = None
     test: TestSettings | None = None
+    call: tuple[TestRef, FixturePlan] | None = None
 
     @property
     def described(self) -> str:
@@ -87,6 +94,35 @@ def verify(session: Session, ran: Ran) -> Ran:
         ran.options,
     )
     return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
+
+
+def shadow(session: Session, ran: Ran) -> Ran:
+    """The test's shadow worlds, once its real run passed (:mod:`harness.shadows`): a
+    difference there, or a failure, fails it; the terminal summary gets its line, and the
+    trace folder the sequences of each shadow world."""
+    test, outcome = ran.test, ran.outcome
+    if test is None or not test.shadow or ran.call is None or ran.failure is not None:
+        return ran
+    if outcome.error is not None or outcome.skip is not None:
+        return ran
+    from harness.shadows import check, worlds  # only a test with shadow worlds loads them
+    from harness.shadows.records import ShadowJob
+
+    job = ShadowJob(
+        *ran.call, test.world_size, test.world_size, test.init, ran.options.seed, test.timeout
+    )
+    host = session.world(1, "gloo", init=False)
+    # Each shadow world's bound: every rank's, one after another, but no more than what is
+    # left of pytest-timeout's limit.
+    bound = test.timeout * (max(test.shadow) + 1)
+    with interrupts.taken_over(ran.item, bound) as deadline:
+        checked = worlds.check(host, job, test.shadow, outcome.traces, deadline.seconds)
+    ran.item.user_properties.append((report.SHADOWS, f"{ran.item.nodeid}: {checked.line}"))
+    texts = {f"shadow-{size}.txt": check.sequences(run) for size, run in checked.runs.items()}
+    session.trace_folders.write_texts(ran.item, texts, checked.error is not None)
+    if checked.error is None:
+        return ran
+    return replace(ran, outcome=Outcome(error=checked.error, outputs=outcome.outputs))
 
 
 def sweep_note(session: Session, ran: Ran) -> Ran:
@@ -120,12 +156,14 @@ def repro(session: Session, ran: Ran) -> Ran:
 
 STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
     verify,
+    shadow,
     sweep_note,
     trace_folder,
     report_sections,
     repro,
 )
-"""The steps, in order: ``verify=`` first, since what the others show is its outcome."""
+"""The steps, in order: ``verify=`` and the shadow worlds first, since what the others show
+is their outcome."""
 
 
 def after_run(session: Session, ran: Ran) -> Ran:

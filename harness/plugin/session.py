@@ -253,7 +253,7 @@ class DistSession:
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
             item, checked.result, test.world, options, holder, option, checked.note,
-            checked.failure, test,
+            checked.failure, test, (ref, plan),
         )  # fmt: skip
         return ran, deadline
 

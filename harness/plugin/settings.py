@@ -7,10 +7,11 @@ Where several places can give a setting, the first of these that gives it wins:
 3. the ini file (``dist_timeout``, ...);
 4. the default.
 
-Two flags only ever add to what a marker says, for every test: ``--dist-isolate`` and
-``--dist-no-collective-check``. pytest-timeout's limit, where one applies to a test, bounds
-its deadline too (:mod:`harness.plugin.interrupts`). The session's settings are read, without
-torch, at configure: a bad value is a usage error at once.
+Three flags only ever add to what a marker says, for every test: ``--dist-isolate``,
+``--dist-no-collective-check`` and ``--dist-shadow`` (a shadow size for every test that can
+have one; ``shadow=False`` in a marker opts a test out). pytest-timeout's limit, where one
+applies to a test, bounds its deadline too (:mod:`harness.plugin.interrupts`). The session's
+settings are read, without torch, at configure: a bad value is a usage error at once.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ class Settings:
     preload: tuple[str, ...] = ()
     trace_dir: str = ""
     trace_all: bool = False
+    shadow: tuple[int, ...] = ()
 
 
 def read(config: pytest.Config) -> Settings:
@@ -124,6 +126,10 @@ def read(config: pytest.Config) -> Settings:
             preload=preload_entries(config.getini("dist_preload")),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
+            shadow=tuple(
+                validate.positive_int(size, "--dist-shadow", text=True)
+                for size in config.getoption("dist_shadow", None) or ()
+            ),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -234,6 +240,8 @@ class TestSettings:
         case: The sweep case it is: its fault, or the clean run that counts the sweep;
             None where it is no sweep's case.
         verify: The marker's ``verify=``, checked (None: none).
+        shadow: The sizes of the shadow worlds its body runs on after its real run, in
+            order (the marker's ``shadow=`` and ``--dist-shadow``'s); empty: none.
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -248,6 +256,7 @@ class TestSettings:
     named_backend: bool = False
     case: Fault | CleanRun | None = None
     verify: Callable[..., Any] | None = None
+    shadow: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -318,7 +327,17 @@ def _settings(
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
     shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-    call = _call_options(session, item, spec, placed)
+    alone = (
+        "faults"  # a sweep's clean run too: it counts the collectives of a run with faults
+        if faults or FAULT_PARAM in params
+        else "restarts"
+        if len(sizes) > 1
+        else "@given examples"  # drawn in the pytest process, one call each
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+        else ""
+    )
+    shadow = validate.shadow_sizes(spec.shadow, session.shadow, world_size, alone)
+    call = _call_options(session, item, spec, placed, bool(shadow))
     backend = validate.backend(backend)
     resolved = resolve(backend)
     return TestSettings(
@@ -337,6 +356,7 @@ def _settings(
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
+        shadow=shadow,
     )
 
 
@@ -359,7 +379,7 @@ def _world_size(size: object) -> int:
 
 
 def _call_options(
-    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...]
+    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...], shadow: bool
 ) -> CallOptions:
     """How a test's ranks run it, from its marker's arguments and the session's settings.
 
@@ -383,7 +403,8 @@ def _call_options(
             validate.flag(spec.check_collectives, "check_collectives") and session.check_collectives
         ),
         faults=faults,
-        keep_traces=keep_traces(session, faults),
+        # A test's shadow of its real size is compared with its real run's traces.
+        keep_traces=keep_traces(session, faults) or shadow,
     )
 
 
