@@ -1,0 +1,149 @@
+"""What a shadow world costs: simulated ranks per second, and a 1,024-rank world's seconds.
+
+Run by hand, never in CI (nothing here asserts on time)::
+
+    python benchmarks/bench_shadow.py [--sizes 64,1024] [--bodies empty,ddp,fsdp2,dtensor]
+
+One host (``harness.World(1, init=False)``, as the plugin's) runs each body's shadow world of
+each size, exactly as the plugin does after a test's real run (``harness.shadows.entry``):
+every simulated rank forked from the host, as many at a time as this machine has cores. The
+bodies, written into a temp module as a test file would hold them:
+
+* ``empty``: a test body that does nothing: the floor, what a simulated rank costs itself
+  (its fork, its world and groups, its report, its exit);
+* ``ddp``: a DDP step (a 2-layer MLP: forward, backward, SGD step);
+* ``fsdp2``: an FSDP2 step (``fully_shard`` on each layer and the model; forward,
+  backward, step);
+* ``dtensor``: a DTensor redistribute on a 2-D mesh (world / 8 x 8, ``dp`` x ``tp``): a
+  tensor distributed ``[Shard(0), Shard(1)]`` and redistributed to ``[Replicate(),
+  Replicate()]``;
+* ``tp``: a tensor-parallel step on that mesh: an MLP parallelized colwise and rowwise on
+  ``tp``, forward and backward (DTensor's sharding propagation, cold in every rank).
+
+Each size of each body runs once after a warm-up run of 16 ranks (the host imports the
+test's module and what the body imports on first use, as it would for a test's shadow of its
+real size); the table shows the seconds of the run, simulated ranks per second, and whether
+every rank agreed (a correct step must).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import textwrap
+import time
+
+BODIES = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+
+
+    def test_empty():
+        pass
+
+
+    def _mlp():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16))
+
+
+    def test_ddp():
+        model = nn.parallel.DistributedDataParallel(_mlp())
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 16)).sum().backward()
+        optimizer.step()
+
+
+    def test_fsdp2():
+        from torch.distributed.fsdp import fully_shard
+
+        model = _mlp()
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.randn(4, 16)).sum().backward()
+        optimizer.step()
+
+
+    def test_dtensor():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+        size = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (size // 8, 8), mesh_dim_names=("dp", "tp"))
+        x = distribute_tensor(torch.randn(64, 16), mesh, [Shard(0), Shard(1)])
+        x.redistribute(mesh, [Replicate(), Replicate()])
+
+
+    def test_tp():
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (
+            ColwiseParallel,
+            RowwiseParallel,
+            parallelize_module,
+        )
+
+        size = dist.get_world_size()
+        mesh = init_device_mesh("cpu", (size // 8, 8), mesh_dim_names=("dp", "tp"))
+        model = parallelize_module(
+            _mlp(), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()}
+        )
+        model(torch.randn(4, 16)).sum().backward()
+    """
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", default="64,1024", help="shadow sizes (64,1024)")
+    parser.add_argument("--bodies", default="empty,ddp,fsdp2,dtensor,tp")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    import torch
+
+    import harness
+    from harness.protocol.pytest_calls import FixturePlan, TestRef
+    from harness.shadows import check, entry
+    from harness.shadows.records import ShadowJob
+
+    cores = len(os.sched_getaffinity(0))
+    load = os.getloadavg()[0]
+    print(f"torch {torch.__version__}, {cores} cores, load average {load:.1f} at the start")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, harness.World(1, init=False) as host:
+        path = os.path.join(tmp, "shadow_bodies.py")
+        with open(path, "w") as file:
+            file.write(BODIES)
+        for body in args.bodies.split(","):
+            ref = TestRef("shadow_bodies", path, None, f"test_{body}", (tmp,), False)
+            base = ShadowJob(ref, FixturePlan(()), 16, 8, rank_timeout=600.0)
+            for size in [16, *sizes]:
+                job = ShadowJob(ref, FixturePlan(()), size, 8, rank_timeout=600.0)
+                print(f"{body}: {size} ranks ...", file=sys.stderr, flush=True)
+                start = time.perf_counter()
+                run = host.run(entry.simulate, args=(job,), timeout=3600)[0]
+                seconds = time.perf_counter() - start
+                if job is base or size == 16:
+                    continue  # the warm-up
+                failed = run.failed
+                verdict = (
+                    f"rank {failed.rank} failed: {failed.failure or failed.skip}"
+                    if failed is not None
+                    else ("agree" if not check.differences(run) else "differ")
+                )
+                rows.append((body, size, seconds, size / seconds, verdict))
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    print(f"{'body':<8} {'ranks':>6} {'seconds':>8} {'ranks/s':>8}  verdict")
+    for body, size, seconds, rate, verdict in rows:
+        print(f"{body:<8} {size:>6} {seconds:>8.1f} {rate:>8.1f}  {str(verdict)[:60]}")
+
+
+if __name__ == "__main__":
+    main()
