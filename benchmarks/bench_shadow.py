@@ -22,8 +22,11 @@ bodies, written into a temp module as a test file would hold them:
 
 Each size of each body runs once after a warm-up run of 16 ranks (the host imports the
 test's module and what the body imports on first use, as it would for a test's shadow of its
-real size); the table shows the seconds of the run, simulated ranks per second, and whether
-every rank agreed (a correct step must).
+real size). The table shows, per run, its wall seconds and simulated ranks per second (what
+a user waits for, at this machine's load), the CPU milliseconds one simulated rank costs
+(its process's and the host's share, read from the kernel's accounting: what the load does
+not change much), what a world of 1,024 would take at that cost on this machine's cores
+alone, and whether every rank agreed (a correct step must).
 """
 
 from __future__ import annotations
@@ -99,6 +102,23 @@ BODIES = textwrap.dedent(
 )
 
 
+def measured(job: object) -> tuple[object, float]:
+    """The host's run of ``job`` (as the plugin calls it), and the CPU seconds it took: the
+    host's and every simulated rank's (each reaped by the host)."""
+    import resource
+
+    from harness.shadows import entry
+
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    run = entry.simulate(job)  # type: ignore[arg-type]
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(
+        (a.ru_utime + a.ru_stime) - (b.ru_utime + b.ru_stime)
+        for a, b in zip(after, before, strict=True)
+    )
+    return run, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="64,1024", help="shadow sizes (64,1024)")
@@ -110,7 +130,7 @@ def main() -> None:
 
     import harness
     from harness.protocol.pytest_calls import FixturePlan, TestRef
-    from harness.shadows import check, entry
+    from harness.shadows import check
     from harness.shadows.records import ShadowJob
 
     cores = len(os.sched_getaffinity(0))
@@ -123,14 +143,13 @@ def main() -> None:
             file.write(BODIES)
         for body in args.bodies.split(","):
             ref = TestRef("shadow_bodies", path, None, f"test_{body}", (tmp,), False)
-            base = ShadowJob(ref, FixturePlan(()), 16, 8, rank_timeout=600.0)
             for size in [16, *sizes]:
                 job = ShadowJob(ref, FixturePlan(()), size, 8, rank_timeout=600.0)
                 print(f"{body}: {size} ranks ...", file=sys.stderr, flush=True)
                 start = time.perf_counter()
-                run = host.run(entry.simulate, args=(job,), timeout=3600)[0]
+                run, cpu = host.run(measured, args=(job,), timeout=3600)[0]
                 seconds = time.perf_counter() - start
-                if job is base or size == 16:
+                if size == 16:
                     continue  # the warm-up
                 failed = run.failed
                 verdict = (
@@ -138,11 +157,18 @@ def main() -> None:
                     if failed is not None
                     else ("agree" if not check.differences(run) else "differ")
                 )
-                rows.append((body, size, seconds, size / seconds, verdict))
+                rows.append((body, size, seconds, cpu / size, verdict))
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
-    print(f"{'body':<8} {'ranks':>6} {'seconds':>8} {'ranks/s':>8}  verdict")
-    for body, size, seconds, rate, verdict in rows:
-        print(f"{body:<8} {size:>6} {seconds:>8.1f} {rate:>8.1f}  {str(verdict)[:60]}")
+    print(
+        f"{'body':<8} {'ranks':>6} {'seconds':>8} {'ranks/s':>8} {'CPU ms/rank':>12} "
+        f"{f'1,024 on {cores} free cores (s)':>26}  verdict"
+    )
+    for body, size, seconds, cpu, verdict in rows:
+        alone = 1024 * cpu / cores
+        print(
+            f"{body:<8} {size:>6} {seconds:>8.1f} {size / seconds:>8.1f} {cpu * 1000:>12.0f} "
+            f"{alone:>26.0f}  {str(verdict)[:50]}"
+        )
 
 
 if __name__ == "__main__":

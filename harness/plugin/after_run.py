@@ -108,13 +108,12 @@ def shadow(session: Session, ran: Ran) -> Ran:
     from harness.shadows import check, worlds  # only a test with shadow worlds loads them
     from harness.shadows.records import ShadowJob
 
-    job = ShadowJob(
-        *ran.call, test.world_size, test.world_size, test.init, ran.options.seed, test.timeout
-    )
+    size = test.world_size
+    job = ShadowJob(*ran.call, size, size, test.init, ran.options.seed, rank_timeout=test.timeout)
     host = session.world(1, "gloo", init=False)
-    # Each shadow world's bound: every rank's, one after another, but no more than what is
-    # left of pytest-timeout's limit.
-    bound = test.timeout * (max(test.shadow) + 1)
+    # A bound that only catches a hang (every rank's own, one after another, the search's
+    # too), or what is left of pytest-timeout's limit.
+    bound = test.timeout * (size + 3 * sum(test.shadow))
     with interrupts.taken_over(ran.item, bound) as deadline:
         checked = worlds.check(host, job, test.shadow, outcome.traces, deadline.seconds)
     ran.item.user_properties.append((report.SHADOWS, f"{ran.item.nodeid}: {checked.line}"))

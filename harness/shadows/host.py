@@ -23,7 +23,6 @@ import pickle
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 
 from harness.protocol.failures import RankFailure
@@ -44,14 +43,42 @@ from harness.shadows.records import (
 )
 
 
-@dataclass
 class _Child:
     """A simulated rank's process, until it is reaped."""
 
-    rank: int
-    pid: int
-    conn: Connection
-    deadline: float
+    def __init__(self, rank: int, pid: int, conn: Connection, deadline: float) -> None:
+        self.rank, self.pid, self.conn, self.deadline = rank, pid, conn, deadline
+
+    def result(self, timeout: float | None) -> SimulatedRank:
+        """What it said (it is then left to exit, :meth:`reaped`); for one that died or did
+        not finish (``timeout``: it ran past that many seconds), a failure that says so."""
+        if timeout is not None:
+            self.stop()
+            what = f"did not finish within {timeout:g} s"
+            return SimulatedRank(self.rank, failure=RankFailure.still_running(self.rank, what, ""))
+        try:
+            return pickle.loads(self.conn.recv_bytes())  # type: ignore[no-any-return]
+        except (EOFError, OSError):
+            _, status = os.waitpid(self.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            self.pid = 0
+            return SimulatedRank(self.rank, failure=RankFailure.crash(self.rank, code, ""))
+        finally:
+            self.conn.close()
+
+    def reaped(self, block: bool = False) -> bool:
+        """Whether it has exited (and is reaped now); with ``block``, once it has."""
+        if self.pid and os.waitpid(self.pid, 0 if block else os.WNOHANG)[0] == 0:
+            return False
+        self.pid = 0
+        return True
+
+    def stop(self) -> None:
+        """Kill it and reap it."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        self.conn.close()
+        self.reaped(block=True)
 
 
 def simulate(job: ShadowJob) -> ShadowRun:
@@ -61,14 +88,17 @@ def simulate(job: ShadowJob) -> ShadowRun:
         The run: every rank's report, unless it stopped early (``ShadowRun.stopped``).
     """
     ctx = current.context()
-    ctx.importer.test_module(job.ref)
+    ctx.importer.test_module(job.ref)  # and the modules of its rank-side fixtures, as ranks do
+    for fixture in job.plan.fixtures:
+        if fixture.function is not None:
+            ctx.importer.fixture_function(fixture.function)
     simulated.warm()
     started = time.monotonic()
     waiting = deque(spread(job.size))
     runs = _Runs(job)
     # The first rank alone: what it imports on first use, the others find imported.
     first = waiting.popleft()
-    runs.reap(_fork(ctx, job, first, first=True))
+    runs.take(_fork(ctx, job, first, first=True))
     _import(runs.done[first].imported)
     gc.freeze()  # the host's objects are never collected in a child: their pages stay shared
     try:
@@ -85,18 +115,19 @@ def simulate(job: ShadowJob) -> ShadowRun:
             bound = min(child.deadline for child in running.values()) - time.monotonic()
             for conn in wait(list(running), timeout=max(bound, 0.0)):
                 assert isinstance(conn, Connection)
-                runs.reap(running.pop(conn))
+                runs.take(running.pop(conn))
             for child in [c for c in running.values() if c.deadline <= time.monotonic()]:
-                runs.reap(running.pop(child.conn), timed_out=True)
+                runs.take(running.pop(child.conn), timed_out=True)
         for child in running.values():
-            _stop(child)
+            child.stop()
     finally:
+        runs.reap_all()
         gc.unfreeze()
     return ShadowRun(job.size, runs.done, runs.stopped, time.monotonic() - started)
 
 
 class _Runs:
-    """The ranks that ran, and whether the run stops."""
+    """The ranks that ran, whether the run stops, and the processes still exiting."""
 
     def __init__(self, job: ShadowJob) -> None:
         self.job = job
@@ -104,10 +135,14 @@ class _Runs:
         self.stopped = RAN_ALL
         self._agreement = Agreement()
         self._creations: tuple[Creation, ...] | None = None
+        # Reaped when they are gone, not waited for: the next rank starts meanwhile.
+        self._exiting: list[_Child] = []
 
-    def reap(self, child: _Child, *, timed_out: bool = False) -> None:
-        """Take what ``child`` said (or how it ended), and reap it."""
-        found = _result(child, self.job.rank_timeout if timed_out else None)
+    def take(self, child: _Child, *, timed_out: bool = False) -> None:
+        """Take what ``child`` said (or how it ended)."""
+        found = child.result(self.job.rank_timeout if timed_out else None)
+        self._exiting = [c for c in self._exiting if not c.reaped()]
+        self._exiting.append(child)
         self.done[found.rank] = found
         if found.failure is not None or found.skip:
             self.stopped = FAILED
@@ -121,6 +156,12 @@ class _Runs:
         if not agreed or made != self._creations:
             self.stopped = DIFFERS
 
+    def reap_all(self) -> None:
+        """Reap every process that is still exiting."""
+        for child in self._exiting:
+            child.reaped(block=True)
+        self._exiting = []
+
 
 def _fork(ctx: RankContext, job: ShadowJob, rank: int, *, first: bool) -> _Child:
     """Start rank ``rank`` in a process forked from this one."""
@@ -132,35 +173,6 @@ def _fork(ctx: RankContext, job: ShadowJob, rank: int, *, first: bool) -> _Child
         simulated.run(ctx, job, rank, writer, first)
     writer.close()
     return _Child(rank, pid, reader, time.monotonic() + job.rank_timeout)
-
-
-def _result(child: _Child, timeout: float | None) -> SimulatedRank:
-    """What ``child`` said; for one that died or did not finish (``timeout``: it ran past
-    that many seconds), a failure that says so."""
-    if timeout is not None:
-        _stop(child)
-        failure = RankFailure.still_running(child.rank, f"did not finish within {timeout:g} s", "")
-        return SimulatedRank(child.rank, failure=failure)
-    found: SimulatedRank | None
-    try:
-        found = pickle.loads(child.conn.recv_bytes())
-    except (EOFError, OSError):
-        found = None
-    finally:
-        child.conn.close()
-    _, status = os.waitpid(child.pid, 0)
-    if found is None:
-        code = os.waitstatus_to_exitcode(status)
-        return SimulatedRank(child.rank, failure=RankFailure.crash(child.rank, code, ""))
-    return found
-
-
-def _stop(child: _Child) -> None:
-    """Kill ``child`` and reap it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(child.pid, signal.SIGKILL)
-    child.conn.close()
-    os.waitpid(child.pid, 0)
 
 
 def _import(names: tuple[str, ...]) -> None:

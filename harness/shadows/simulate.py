@@ -15,6 +15,7 @@ Imports: see :mod:`harness.shadows`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import functools
@@ -25,7 +26,7 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch.distributed as dist
 
@@ -82,15 +83,16 @@ def _simulated(host: RankContext, job: ShadowJob, rank: int, first: bool) -> Sim
     """Set this process up as the rank, run the body, and say what it did."""
     loop.die_with_parent()
     _quiet()
+    if host.cov is not None:  # not measured: each of a thousand ranks would write its data
+        with contextlib.suppress(Exception):
+            host.cov.stop()
     before = set(sys.modules) if first else set()
-    os.environ.update(_environment(job, rank))
+    env = _environment(job, rank)
+    os.environ.update(env)
     os.environ.pop("TORCH_DIST_INIT_BARRIER", None)  # a barrier through the store: none here
-    setup = dataclasses.replace(
-        host.setup, rank=rank, world_size=job.size, init=job.init, env=_environment(job, rank)
-    )
-    ctx = RankContext(setup, host.conn, host.files)
+    setup = dataclasses.replace(host.setup, rank=rank, world_size=job.size, init=job.init, env=env)
+    ctx = RankContext(setup, cast(Connection, _Unheard()), host.files)
     ctx.importer = host.importer  # the test's module is imported already
-    ctx.conn = _Unheard()  # type: ignore[assignment]
     current.replace(ctx)
     if job.seed is not None:
         reset.seed_all(job.seed)
@@ -179,35 +181,38 @@ def _make_shadow_groups(job: ShadowJob, rank: int, ranks: _Ranks) -> None:
 def _noting(make: Callable[..., Any], ranks: _Ranks) -> Callable[..., Any]:
     """``make`` (what every ``new_group`` calls) on the default group's backend, noting each
     group made and where."""
-    signature = _signature(make)
+    names = _parameters(make)
 
     @functools.wraps(make)
     def making(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        given = bound.arguments["ranks"]
-        members = None if given is None else tuple(sorted(given))
+        given = dict(zip(names, args, strict=False))  # the rest by name
+        given.update(kwargs)
+        members = given.get("ranks")
         file, line = sites.call_site(compat.frame(1))
-        local = bool(bound.arguments["use_local_synchronization"])
-        ranks.creations.append(Creation(members, f"{os.path.basename(file)}:{line}", local))
+        ranks.creations.append(
+            Creation(
+                None if members is None else tuple(sorted(members)),
+                f"{os.path.basename(file)}:{line}",
+                bool(given.get("use_local_synchronization")),
+            )
+        )
         # A backend the body names (gloo, nccl) would connect for real: the shadow's instead.
-        bound.arguments["backend"] = None
-        bound.arguments["backend_options"] = None
-        return make(*bound.args, **bound.kwargs)
+        given["backend"] = given["backend_options"] = None
+        return make(**given)
 
     return making
 
 
 @functools.cache
-def _signature(make: Callable[..., Any]) -> inspect.Signature:
-    """``make``'s signature, read once in the host (:func:`warm`)."""
-    return inspect.signature(make)
+def _parameters(make: Callable[..., Any]) -> tuple[str, ...]:
+    """The names of ``make``'s parameters, in order, read once in the host (:func:`warm`)."""
+    return tuple(inspect.signature(make).parameters)
 
 
 def warm() -> None:
     """What every simulated rank needs, done once in the host before it forks them."""
     backend.register()
-    _signature(compat.group_maker())
+    _parameters(compat.group_maker())
 
 
 def _installed(names: set[str]) -> tuple[str, ...]:

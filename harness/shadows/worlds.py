@@ -66,7 +66,7 @@ def check(
     job: ShadowJob,
     sizes: Sequence[int],
     real: Mapping[int, RankTrace | None],
-    timeout: float | None,
+    timeout: float,
 ) -> Checked:
     """Run ``job``'s shadow worlds on ``world``'s rank, for each of ``sizes``.
 
@@ -75,13 +75,15 @@ def check(
         job: The shadow world of the real world's size (``job.size``).
         sizes: The sizes asked for, each at least the real world's.
         real: The real run's traces, by rank.
-        timeout: The bound on each shadow world in seconds (None: the simulated ranks' own).
+        timeout: The bound on them all, in seconds.
     """
     started = time.monotonic()
     found = Checked()
-    host = _Host(world, job, timeout)
+    host = _Host(world, job, started + timeout)
     try:
         _check(host, job, sizes, real, found)
+    except DistributedError as exc:  # the host's own: it timed out, or died
+        found.error = exc
     finally:
         found.seconds = time.monotonic() - started
     return found
@@ -136,8 +138,8 @@ def _check(
 class _Host:
     """The host's world, and how a shadow world of a size is asked of it."""
 
-    def __init__(self, world: World, job: ShadowJob, timeout: float | None) -> None:
-        self.world, self.job, self.timeout = world, job, timeout
+    def __init__(self, world: World, job: ShadowJob, end: float) -> None:
+        self.world, self.job, self.end = world, job, end
 
     def run(self, size: int, *, stop_at_difference: bool = False) -> ShadowRun:
         """The shadow world of ``size``.
@@ -147,7 +149,7 @@ class _Host:
         """
         job = dataclasses.replace(self.job, size=size, stop_at_difference=stop_at_difference)
         options = CallOptions(
-            timeout=self.timeout,
+            timeout=max(self.end - time.monotonic(), 0.1),
             output=OUTPUT_CAPTURE,
             seed=self.job.seed,
             name=f"the shadow world of {size} ranks",
@@ -200,10 +202,11 @@ def _mismatch(host: _Host, run: ShadowRun, lines: list[str], agrees: int) -> Sha
     if unusable:
         left += f"; the body cannot run at {', '.join(map(str, unusable))} ranks"
     smallest = search.differs
+    what = "groups" if lines[0].startswith("group creation") else "collectives"
     error = ShadowMismatch(
-        f"in a shadow world of {run.size} ranks the ranks' collectives do not match (the "
-        f"smallest shadow world that shows it has {smallest} ranks; {search.agrees} ranks "
-        f"agree{left}): {lines[0]}",
+        f"in a shadow world of {run.size} ranks their {what} do not match, so a real world of "
+        f"that size would hang or compute wrong results (the smallest shadow world that shows "
+        f"it has {smallest} ranks; {search.agrees} ranks agree{left}): {lines[0]}",
         run.size,
         smallest,
     )

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import re
 import zlib
-from array import array
 
 import pytest
+from verdict_testutil import history
 
 from harness import validate
 from harness.controller import verdicts
 from harness.protocol.failures import RankFailure
-from harness.protocol.traces import DEFAULT_GROUP, Agreement, GroupHistory, Op, RankTrace
+from harness.protocol.traces import DEFAULT_GROUP, Agreement, Op, RankTrace
 from harness.shadows import check
 from harness.shadows.records import Creation, ShadowRun, SimulatedRank, spread
 from harness.shadows.search import AGREES, DIFFERS, UNUSABLE, Search
@@ -26,19 +26,6 @@ BCAST = Op(
 HOOKED = Op("all_reduce", "all_reduce(float32[4]) in backward (DDP)", "all_reduce(float32[4])")
 
 
-def _history(ops: list[Op], group: str = DEFAULT_GROUP, ranks: tuple[int, ...] | None = None):
-    distinct = list(dict.fromkeys(ops))
-    return GroupHistory(
-        group,
-        ranks,
-        len(ops),
-        tuple(distinct),
-        array("I", [distinct.index(op) for op in ops]).tobytes(),
-        (("/src/test_x.py", 10),),
-        array("I", [0] * len(ops)).tobytes(),
-    )
-
-
 def _rank(
     rank: int,
     groups: dict[str, tuple[tuple[int, ...] | None, list[Op]]],
@@ -46,7 +33,9 @@ def _rank(
     below: dict[str, tuple[int, ...]] | None = None,
 ) -> SimulatedRank:
     """A simulated rank that issued ``groups`` (id -> members, ops)."""
-    histories = {g: _history(ops, g, members) for g, (members, ops) in groups.items()}
+    histories = {
+        g: history(ops, g, members, lines=[10] * len(ops)) for g, (members, ops) in groups.items()
+    }
     prints = tuple(
         (g, members, len(ops), zlib.crc32("\0".join(op.key for op in ops).encode()))
         for g, (members, ops) in groups.items()
