@@ -42,12 +42,16 @@ from harness.shadows.records import (
     spread,
 )
 
+OUTPUT_SHOWN = 8192
+"""How many bytes of its output's end a rank that died or did not finish shows."""
+
 
 class _Child:
     """A simulated rank's process, until it is reaped."""
 
-    def __init__(self, rank: int, pid: int, conn: Connection, deadline: float) -> None:
-        self.rank, self.pid, self.conn, self.deadline = rank, pid, conn, deadline
+    def __init__(self, rank: int, pid: int, conn: Connection, output: str, deadline: float) -> None:
+        self.rank, self.pid, self.conn, self.output = rank, pid, conn, output
+        self.deadline = deadline
 
     def result(self, timeout: float | None) -> SimulatedRank:
         """What it said (it is then left to exit, :meth:`reaped`); for one that died or did
@@ -55,16 +59,29 @@ class _Child:
         if timeout is not None:
             self.stop()
             what = f"did not finish within {timeout:g} s"
-            return SimulatedRank(self.rank, failure=RankFailure.still_running(self.rank, what, ""))
+            failure = RankFailure.still_running(self.rank, what, self._shown())
+            return SimulatedRank(self.rank, failure=failure)
         try:
             return pickle.loads(self.conn.recv_bytes())  # type: ignore[no-any-return]
         except (EOFError, OSError):
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)
             self.pid = 0
-            return SimulatedRank(self.rank, failure=RankFailure.crash(self.rank, code, ""))
+            failure = RankFailure.crash(self.rank, code, self._shown())
+            return SimulatedRank(self.rank, failure=failure)
         finally:
             self.conn.close()
+
+    def _shown(self) -> str:
+        """The end of its output (its fatal error's stacks among it), and the file gone."""
+        try:
+            with open(self.output, "rb") as file:
+                file.seek(max(os.fstat(file.fileno()).st_size - OUTPUT_SHOWN, 0))
+                shown = file.read().decode(errors="replace")
+            os.unlink(self.output)
+        except OSError:
+            return ""
+        return shown
 
     def reaped(self, block: bool = False) -> bool:
         """Whether it has exited (and is reaped now); with ``block``, once it has."""
@@ -166,13 +183,14 @@ class _Runs:
 def _fork(ctx: RankContext, job: ShadowJob, rank: int, *, first: bool) -> _Child:
     """Start rank ``rank`` in a process forked from this one."""
     reader, writer = Pipe(duplex=False)
+    output = os.path.join(ctx.setup.workdir, f"shadow-{job.size}-{rank}.out")
     flush_std_streams()  # or the child writes out what this process has buffered
     pid = os.fork()
     if pid == 0:
         reader.close()
-        simulated.run(ctx, job, rank, writer, first)
+        simulated.run(ctx, job, rank, writer, output, first)
     writer.close()
-    return _Child(rank, pid, reader, time.monotonic() + job.rank_timeout)
+    return _Child(rank, pid, reader, output, time.monotonic() + job.rank_timeout)
 
 
 def _import(names: tuple[str, ...]) -> None:

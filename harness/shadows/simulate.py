@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import faulthandler
 import functools
 import inspect
 import os
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn, cast
 
+import torch
 import torch.distributed as dist
 
 from harness import compat
@@ -57,7 +59,9 @@ class _Ranks:
             self.below.setdefault(record.group.id, []).append(record.seq)
 
 
-def run(host: RankContext, job: ShadowJob, rank: int, conn: Connection, first: bool) -> NoReturn:
+def run(
+    host: RankContext, job: ShadowJob, rank: int, conn: Connection, output: str, first: bool
+) -> NoReturn:
     """Be rank ``rank`` of ``job``'s shadow world, send what it did on ``conn``, and exit.
 
     Args:
@@ -65,16 +69,20 @@ def run(host: RankContext, job: ShadowJob, rank: int, conn: Connection, first: b
         job: The shadow world.
         rank: This process's rank in it.
         conn: Where the :class:`SimulatedRank` goes.
+        output: The file its output goes to, removed once it said what it did: what the
+            host shows of a rank that died.
         first: Whether this is the first rank the host runs: it also reports the modules
             of installed packages it imported, for the host to import before the others.
     """
     try:
+        _output_to(output)
         done = _simulated(host, job, rank, first)
     except BaseException as exc:  # the harness's own, before the body ran
         context = f"could not start rank {rank} of a shadow world of {job.size}"
         done = SimulatedRank(rank, failure=_failure(exc, rank, context))
     try:
         conn.send_bytes(pickle.dumps(done))
+        os.unlink(output)
     finally:
         os._exit(0)
 
@@ -82,7 +90,9 @@ def run(host: RankContext, job: ShadowJob, rank: int, conn: Connection, first: b
 def _simulated(host: RankContext, job: ShadowJob, rank: int, first: bool) -> SimulatedRank:
     """Set this process up as the rank, run the body, and say what it did."""
     loop.die_with_parent()
-    _quiet()
+    # After a fork torch makes its thread pool again on first use, and the autograd engine's
+    # threads race to (torch 2.15 aborts: "Invalid thread pool!"): made here, on one thread.
+    torch.set_num_threads(torch.get_num_threads())
     if host.cov is not None:  # not measured: each of a thousand ranks would write its data
         with contextlib.suppress(Exception):
             host.cov.stop()
@@ -154,12 +164,14 @@ def _environment(job: ShadowJob, rank: int) -> dict[str, str]:
     }
 
 
-def _quiet() -> None:
-    """Send the rank's output nowhere: a thousand ranks print a thousand copies."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
+def _output_to(path: str) -> None:
+    """Send the rank's output, and the stacks of a fatal error, to ``path`` (a thousand
+    ranks would print a thousand copies to the test's output)."""
+    out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     for fd in (1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
+        os.dup2(out, fd)
+    os.close(out)
+    faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
 def _make_shadow_groups(job: ShadowJob, rank: int, ranks: _Ranks) -> None:

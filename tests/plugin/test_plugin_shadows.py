@@ -47,6 +47,8 @@ def test_empty_shard(rank, world_size):
 @pytest.mark.distributed(world_size=4, shadow=[32])
 def test_tp_above_8(world_size):
     tp = 8 if world_size > 8 else 1
+    if world_size % tp:
+        raise ValueError(f"{world_size} ranks do not make whole tp groups of {tp}")
     mesh = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
     grad = torch.ones(2)
     dist.all_reduce(grad, group=mesh.get_group("dp"))
