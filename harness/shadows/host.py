@@ -45,20 +45,27 @@ from harness.shadows.records import (
 OUTPUT_SHOWN = 8192
 """How many bytes of its output's end a rank that died or did not finish shows."""
 
+STOP_GRACE_S = 10.0
+"""How long past its own bound (where it writes its stacks and leaves) a rank is given
+before it is killed: one stuck where no thread of it runs."""
+
+_TIMED_OUT = "Timeout ("  # how faulthandler's dump_traceback_later starts what it writes
+
 
 class _Child:
     """A simulated rank's process, until it is reaped."""
 
-    def __init__(self, rank: int, pid: int, conn: Connection, output: str, deadline: float) -> None:
+    def __init__(self, rank: int, pid: int, conn: Connection, output: str, timeout: float) -> None:
         self.rank, self.pid, self.conn, self.output = rank, pid, conn, output
-        self.deadline = deadline
+        self.timeout = timeout
+        self.deadline = time.monotonic() + timeout + STOP_GRACE_S
 
-    def result(self, timeout: float | None) -> SimulatedRank:
+    def result(self, stopped: bool = False) -> SimulatedRank:
         """What it said (it is then left to exit, :meth:`reaped`); for one that died or did
-        not finish (``timeout``: it ran past that many seconds), a failure that says so."""
-        if timeout is not None:
+        not finish (``stopped``: it ran past its deadline), a failure that says so."""
+        if stopped:
             self.stop()
-            what = f"did not finish within {timeout:g} s"
+            what = f"did not finish within {self.timeout:g} s"
             failure = RankFailure.still_running(self.rank, what, self._shown())
             return SimulatedRank(self.rank, failure=failure)
         try:
@@ -67,7 +74,13 @@ class _Child:
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)
             self.pid = 0
-            failure = RankFailure.crash(self.rank, code, self._shown())
+            shown = self._shown()
+            if code == 1 and _TIMED_OUT in shown:  # it reached its bound, and said where
+                stacks = shown[shown.rindex(_TIMED_OUT) :]
+                what = f"did not finish within {self.timeout:g} s"
+                failure = RankFailure.still_running(self.rank, what, stacks)
+            else:
+                failure = RankFailure.crash(self.rank, code, shown)
             return SimulatedRank(self.rank, failure=failure)
         finally:
             self.conn.close()
@@ -157,7 +170,7 @@ class _Runs:
 
     def take(self, child: _Child, *, timed_out: bool = False) -> None:
         """Take what ``child`` said (or how it ended)."""
-        found = child.result(self.job.rank_timeout if timed_out else None)
+        found = child.result(timed_out)
         self._exiting = [c for c in self._exiting if not c.reaped()]
         self._exiting.append(child)
         self.done[found.rank] = found
@@ -190,7 +203,7 @@ def _fork(ctx: RankContext, job: ShadowJob, rank: int, *, first: bool) -> _Child
         reader.close()
         simulated.run(ctx, job, rank, writer, output, first)
     writer.close()
-    return _Child(rank, pid, reader, output, time.monotonic() + job.rank_timeout)
+    return _Child(rank, pid, reader, output, job.rank_timeout)
 
 
 def _import(names: tuple[str, ...]) -> None:

@@ -76,6 +76,8 @@ def run(
     """
     try:
         _output_to(output)
+        # At its bound the rank writes every thread's stack there, and leaves (exit code 1).
+        faulthandler.dump_traceback_later(job.rank_timeout, exit=True, file=sys.stderr)
         done = _simulated(host, job, rank, first)
     except BaseException as exc:  # the harness's own, before the body ran
         context = f"could not start rank {rank} of a shadow world of {job.size}"

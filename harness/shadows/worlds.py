@@ -170,7 +170,8 @@ def _failed(run: ShadowRun, failed: SimulatedRank) -> DistributedError:
     """The test's failure for a rank that raised, died or did not finish in ``run``."""
     failure = failed.failure
     assert failure is not None
-    summary = f"in a shadow world of {run.size} ranks, rank {failed.rank} {failure.what_happened()}"
+    what = failure.message if failure.exc_type == "WorldTimeout" else failure.what_happened()
+    summary = f"in a shadow world of {run.size} ranks, rank {failed.rank} {what}"
     failures = {failed.rank: failure}
     if failure.exc_type == "RankCrash":
         return RankCrash(summary, failures)

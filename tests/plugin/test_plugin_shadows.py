@@ -192,6 +192,7 @@ def test_correct_ddp_fsdp2_and_dtensor_steps_pass(pytester: pytest.Pytester) -> 
 
 ODD = """
 import os
+import time
 import pytest
 import torch
 import torch.distributed as dist
@@ -211,6 +212,19 @@ def test_raises_in_the_shadow(rank, world_size):
     dist.barrier()
     if world_size > 2 and rank in (3, 6):
         raise ValueError(f"rank {rank} has no data")
+
+
+@pytest.mark.distributed(world_size=2, shadow=[8])
+def test_dies_in_the_shadow(rank, world_size):
+    if world_size > 2 and rank == 5:
+        print("rank 5 about to abort")
+        os.abort()
+
+
+@pytest.mark.distributed(world_size=2, shadow=[4], timeout=10)
+def test_hangs_in_the_shadow(rank, world_size):
+    if world_size > 2 and rank == 3:
+        time.sleep(3600)
 
 
 @pytest.mark.distributed(world_size=2, shadow=[8])
@@ -247,21 +261,30 @@ def test_with_faults():
 def test_what_is_no_desync_reads_as_what_it_is(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_odd=ODD)
     result = pytester.runpytest("-p", "no:randomly")
-    result.assert_outcomes(passed=2, failed=5)
+    result.assert_outcomes(passed=2, failed=7)
     found = failures(result)
     assert found["test_data_dependent"].startswith(
         "ShadowUnfaithful: the shadow of the real world (2 ranks) did not issue what the "
         "real run did, so no larger shadow can say anything true of this test: rank 0's "
-        "collective #2 was barrier() at test_odd.py:13 in the real run, none in the shadow "
+        "collective #2 was barrier() at test_odd.py:15 in the real run, none in the shadow "
         "of the same size."
     )
     raised = found["test_raises_in_the_shadow"]
     assert raised.startswith(
         "RankError: in a shadow world of 8 ranks, rank 3 raised ValueError: rank 3 has no data"
     )
-    assert 'test_odd.py", line 20, in test_raises_in_the_shadow' in raised
+    assert 'test_odd.py", line 22, in test_raises_in_the_shadow' in raised
     assert_no_internal_frames(raised)
     assert "harness/shadows/" not in raised
+    died = found["test_dies_in_the_shadow"]
+    assert died.startswith(
+        "RankCrash: in a shadow world of 8 ranks, rank 5 was killed by SIGABRT (exit code -6)"
+    )
+    assert "rank 5 about to abort" in died  # its output's end, and its stack
+    assert 'test_odd.py", line 29 in test_dies_in_the_shadow' in died
+    hung = found["test_hangs_in_the_shadow"]
+    assert hung.startswith("WorldTimeout: in a shadow world of 4 ranks, rank 3 did not finish")
+    assert 'test_odd.py", line 35 in test_hangs_in_the_shadow' in hung  # where it was
     assert "test_own_group" not in found  # a group of its own, on the shadow's backend
     assert "shadow size 1 is smaller than the test's world (2 ranks)" in found["test_too_small"]
     assert "each shadow size must be an int >= 1, not '64'" in found["test_not_an_int"]
