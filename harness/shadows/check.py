@@ -218,7 +218,8 @@ def sequences(run: ShadowRun) -> str:
         for issued in shapes:
             ranks = by_group[groups[0]][issued]
             history = histories[issued]
-            lines.append(f"  {ranks_phrase(ranks)}: {history.count} collectives")
+            count = history.count
+            lines.append(f"  {ranks_phrase(ranks)}: {count} collective{'s' if count != 1 else ''}")
             lines += [f"    {text}" for text in _runs(history)]
     lines += _creations(run.ranks)
     return "\n".join(lines)

@@ -155,7 +155,7 @@ def test_sequences_fold_members_groups_and_runs():
         "  ranks 0-3: 2 collectives",
         "    #1-#2 all_reduce(SUM, float32[4]) at test_x.py:10",
         "2 groups of 2 ranks like the group of ranks 0, 1:",
-        "  ranks 0, 1: 1 collectives",
+        "  ranks 0, 1: 1 collective",
         "    #1 broadcast(src=0, float32[4]) at test_x.py:10",
         "groups made:",
         "  ranks 0-3: 2 groups",
