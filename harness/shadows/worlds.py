@@ -98,9 +98,7 @@ def _check(
 ) -> None:
     same = host.run(job.size)
     found.runs[job.size] = same
-    if same.failed is not None:
-        found.error = _failed(same, same.failed)
-        found.checked.append(f"{job.size} (as the real run): failed")
+    if _ended(same, f"{job.size} (as the real run)", found):
         return
     differs = checks.unfaithful(real, same, compat.collective_hooks_available())
     if differs:
@@ -118,14 +116,10 @@ def _check(
     for size in sorted(set(sizes) - {job.size}):
         shadow = host.run(size)
         found.runs[size] = shadow
-        failed = shadow.failed
-        if failed is not None and failed.skip:
-            found.checked.append(f"{size}: skipped ({failed.skip})")
+        if _ended(shadow, str(size), found):
+            if found.error is not None:
+                return
             continue
-        if failed is not None:
-            found.error = _failed(shadow, failed)
-            found.checked.append(f"{size}: failed")
-            return
         lines = checks.differences(shadow)
         if lines:
             found.error = _mismatch(host, shadow, lines, agrees)
@@ -164,6 +158,19 @@ class _Host:
         shadow = values[0] if values else None
         assert isinstance(shadow, ShadowRun)
         return shadow
+
+
+def _ended(run: ShadowRun, size: str, found: Checked) -> bool:
+    """Whether a rank of ``run`` skipped (noted) or failed (the test's failure, noted)."""
+    failed = run.failed
+    if failed is None:
+        return False
+    if failed.failure is None:
+        found.checked.append(f"{size}: skipped ({failed.skip})")
+    else:
+        found.error = _failed(run, failed)
+        found.checked.append(f"{size}: failed")
+    return True
 
 
 def _failed(run: ShadowRun, failed: SimulatedRank) -> DistributedError:

@@ -196,6 +196,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+import harness
 from harness import faults
 
 
@@ -233,6 +234,12 @@ def test_skips_in_the_shadow(world_size):
         pytest.skip("not at this size")
 
 
+@pytest.mark.distributed(world_size=2, shadow=[8])
+def test_skips_in_every_shadow():
+    if harness.shadow():
+        pytest.skip("not in a shadow")
+
+
 @pytest.mark.distributed(world_size=2, init=False, shadow=[8])
 def test_own_group(rank):
     dist.init_process_group("gloo")
@@ -261,12 +268,12 @@ def test_with_faults():
 def test_what_is_no_desync_reads_as_what_it_is(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_odd=ODD)
     result = pytester.runpytest("-p", "no:randomly")
-    result.assert_outcomes(passed=2, failed=7)
+    result.assert_outcomes(passed=3, failed=7)
     found = failures(result)
     unfaithful = (
         "ShadowUnfaithful: the shadow of the real world (2 ranks) did not issue what the "
         "real run did, so no larger shadow can say anything true of this test: rank 0's "
-        "collective #2 was barrier() at test_odd.py:14 in the real run, none in the shadow "
+        "collective #2 was barrier() at test_odd.py:15 in the real run, none in the shadow "
         "of the same size."
     )
     assert found["test_data_dependent"][: len(unfaithful)] == unfaithful
@@ -274,7 +281,7 @@ def test_what_is_no_desync_reads_as_what_it_is(pytester: pytest.Pytester) -> Non
     assert raised.startswith(
         "RankError: in a shadow world of 8 ranks, rank 3 raised ValueError: rank 3 has no data"
     )
-    assert 'test_odd.py", line 21, in test_raises_in_the_shadow' in raised
+    assert 'test_odd.py", line 22, in test_raises_in_the_shadow' in raised
     assert_no_internal_frames(raised)
     assert "harness/shadows/" not in raised
     died = found["test_dies_in_the_shadow"]
@@ -282,10 +289,10 @@ def test_what_is_no_desync_reads_as_what_it_is(pytester: pytest.Pytester) -> Non
         "RankCrash: in a shadow world of 8 ranks, rank 5 was killed by SIGABRT (exit code -6)"
     )
     assert "rank 5 about to abort" in died  # its output's end, and its stack
-    assert 'test_odd.py", line 28 in test_dies_in_the_shadow' in died
+    assert 'test_odd.py", line 29 in test_dies_in_the_shadow' in died
     hung = found["test_hangs_in_the_shadow"]
     assert hung.startswith("WorldTimeout: in a shadow world of 4 ranks, rank 3 did not finish")
-    assert 'test_odd.py", line 34 in test_hangs_in_the_shadow' in hung  # where it was
+    assert 'test_odd.py", line 35 in test_hangs_in_the_shadow' in hung  # where it was
     assert "test_own_group" not in found  # a group of its own, on the shadow's backend
     assert "shadow size 1 is smaller than the test's world (2 ranks)" in found["test_too_small"]
     assert "each shadow size must be an int >= 1, not '64'" in found["test_not_an_int"]
@@ -295,6 +302,8 @@ def test_what_is_no_desync_reads_as_what_it_is(pytester: pytest.Pytester) -> Non
             "test_odd.py::test_data_dependent: shadow worlds: 2 (as the real run): not faithful*",
             "test_odd.py::test_skips_in_the_shadow: shadow worlds: 2 (as the real run): "
             "agrees; 8: skipped (not at this size)*",
+            "test_odd.py::test_skips_in_every_shadow: shadow worlds: 2 (as the real run): "
+            "skipped (not in a shadow)*",
         ]
     )
 
