@@ -31,16 +31,11 @@ from harness.protocol.traces import Agreement
 from harness.rank import current
 from harness.rank.context import RankContext
 from harness.shadows import simulate as simulated
-from harness.shadows.records import (
-    DIFFERS,
-    FAILED,
-    RAN_ALL,
-    Creation,
-    ShadowJob,
-    ShadowRun,
-    SimulatedRank,
-    spread,
-)
+from harness.shadows.records import Creation, ShadowJob, ShadowRun, SimulatedRank, spread
+
+RAN_ALL, DIFFERS, FAILED = "", "differs", "failed"
+"""Why a run stopped before every rank ran: it did not; the members of a group disagreed
+(where the job says to stop there); a rank raised, died, skipped or did not finish."""
 
 OUTPUT_SHOWN = 8192
 """How many bytes of its output's end a rank that died or did not finish shows."""
@@ -115,7 +110,7 @@ def simulate(job: ShadowJob) -> ShadowRun:
     """Run the ranks of ``job``'s shadow world and gather what each did.
 
     Returns:
-        The run: every rank's report, unless it stopped early (``ShadowRun.stopped``).
+        The run: every rank's report, unless it stopped early.
     """
     ctx = current.context()
     ctx.importer.test_module(job.ref)  # and the modules of its rank-side fixtures, as ranks do
@@ -123,22 +118,16 @@ def simulate(job: ShadowJob) -> ShadowRun:
         if fixture.function is not None:
             ctx.importer.fixture_function(fixture.function)
     simulated.warm()
-    started = time.monotonic()
     waiting = deque(spread(job.size))
     runs = _Runs(job)
-    # The first rank alone: what it imports on first use, the others find imported.
-    first = waiting.popleft()
-    runs.take(_fork(ctx, job, first, first=True))
-    _import(runs.done[first].imported)
-    gc.freeze()  # the host's objects are never collected in a child: their pages stay shared
+    running: dict[Connection, _Child] = {}
+    width = 1  # the first rank alone: what it imports on first use, the others find imported
     try:
-        width = _cores()
-        running: dict[Connection, _Child] = {}
         # After a failure, the ranks already running still finish: the lowest that fails is
         # the one reported. After a difference, they are stopped.
         while running or (waiting and not runs.stopped):
             while waiting and not runs.stopped and len(running) < width:
-                child = _fork(ctx, job, waiting.popleft(), first=False)
+                child = _fork(ctx, job, waiting.popleft(), first=not runs.done)
                 running[child.conn] = child
             if runs.stopped == DIFFERS:
                 break
@@ -148,12 +137,16 @@ def simulate(job: ShadowJob) -> ShadowRun:
                 runs.take(running.pop(conn))
             for child in [c for c in running.values() if c.deadline <= time.monotonic()]:
                 runs.take(running.pop(child.conn), timed_out=True)
+            if width == 1 and runs.done:
+                _import(next(iter(runs.done.values())).imported)
+                gc.freeze()  # the host's objects are never collected in a child: pages stay shared
+                width = _cores()
         for child in running.values():
             child.stop()
     finally:
         runs.reap_all()
         gc.unfreeze()
-    return ShadowRun(job.size, runs.done, runs.stopped, time.monotonic() - started)
+    return ShadowRun(job.size, runs.done)
 
 
 class _Runs:

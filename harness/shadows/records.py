@@ -21,13 +21,6 @@ SHADOW_VARIABLE = "HARNESS_SHADOW_WORLD"
 """Set in a simulated rank's environment to the shadow world's size (``harness.shadow()``
 reads it; so does any process the body starts)."""
 
-RAN_ALL = ""
-"""``ShadowRun.stopped`` of a run whose every rank ran."""
-DIFFERS = "differs"
-"""``ShadowRun.stopped``: the members of a group disagreed, and the rest were not run."""
-FAILED = "failed"
-"""``ShadowRun.stopped``: a rank raised, died, skipped or did not finish."""
-
 
 @dataclass(frozen=True)
 class ShadowJob:
@@ -116,16 +109,12 @@ class ShadowRun:
 
     Attributes:
         size: The shadow world's size.
-        ranks: What each rank run did, by rank: every rank, unless the run stopped early.
-        stopped: Why the run stopped before every rank ran: ``RAN_ALL`` (it did not),
-            ``DIFFERS`` or ``FAILED``.
-        seconds: How long it took, forks and all.
+        ranks: What each rank run did, by rank: every rank, unless the run stopped early (a
+            rank failed, or, where asked, the ranks disagreed).
     """
 
     size: int
     ranks: dict[int, SimulatedRank]
-    stopped: str = RAN_ALL
-    seconds: float = 0.0
 
     @property
     def failed(self) -> SimulatedRank | None:
