@@ -327,15 +327,7 @@ def _settings(
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
     shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-    alone = (
-        "faults"  # a sweep's clean run too: it counts the collectives of a run with faults
-        if faults or FAULT_PARAM in params
-        else "restarts"
-        if len(sizes) > 1
-        else "@given examples"  # drawn in the pytest process, one call each
-        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
-        else ""
-    )
+    alone = _shadowless(item, bool(faults) or FAULT_PARAM in params, len(sizes) > 1)
     shadow = validate.shadow_sizes(spec.shadow, session.shadow, world_size, alone)
     call = _call_options(session, item, spec, placed, bool(shadow))
     backend = validate.backend(backend)
@@ -358,6 +350,19 @@ def _settings(
         verify=check_verify(spec.verify),
         shadow=shadow,
     )
+
+
+def _shadowless(item: pytest.Item, faults: bool, restarts: bool) -> str:
+    """Why a test cannot have shadow worlds, which run its body once per rank without faults
+    or restarts ('' where it can)."""
+    if faults:  # a sweep's clean run too: it counts the collectives of a run with faults
+        return "faults"
+    if restarts:
+        return "restarts"
+    # Its examples are drawn in the pytest process, each one call of the ranks.
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        return "@given examples"
+    return ""
 
 
 def _world_size(size: object) -> int:

@@ -37,6 +37,7 @@ class TraceFolders:
         """Write ``item``'s trace folder where its outcome (the run whose verdict stands) calls
         for one, and note the report's line; a folder that cannot be written is said there."""
         settings = self._settings
+        texts = self._texts.pop(item.nodeid, [])
         report.set_trace_line(item, "")
         if not settings.trace_dir or outcome.skip is not None:
             return
@@ -68,7 +69,7 @@ class TraceFolders:
             report.set_trace_line(item, line)
             return
         files = [name for name in folder.FILES if name not in problems]
-        files += self._texts.pop(item.nodeid, [])
+        files += texts
         shown = ", ".join(name + ("/" if name == "fr" else "") for name in files)
         line = f"trace folder: {written}{os.sep}" + (f" ({shown})" if shown else "")
         if problems:
