@@ -177,7 +177,8 @@ def _output_to(path: str) -> None:
 
 
 def _make_shadow_groups(job: ShadowJob, rank: int, ranks: _Ranks) -> None:
-    """Make every process group of this process a shadow one, and note each group made."""
+    """Make every process group of this process a shadow one, note each group made, and
+    name the groups' backend Gloo's."""
     start = dist.init_process_group
 
     @functools.wraps(start)
@@ -187,8 +188,18 @@ def _make_shadow_groups(job: ShadowJob, rank: int, ranks: _Ranks) -> None:
         store.set_timeout(STORE_TIMEOUT)
         start(backend.BACKEND, rank=rank, world_size=job.size, store=store)
 
+    named = dist.get_backend
+
+    @functools.wraps(named)
+    def get_backend(group: Any = None) -> Any:
+        # A shadow rank is a CPU rank with Gloo's semantics: code that branches on the
+        # backend (monitored_barrier, the device of object collectives) goes Gloo's way.
+        found = named(group)
+        return dist.Backend.GLOO if found == backend.BACKEND else found
+
     for module in (dist, dist.distributed_c10d):
         module.init_process_group = init_process_group  # type: ignore[attr-defined]
+        module.get_backend = get_backend  # type: ignore[attr-defined]
     compat.set_group_maker(_noting(compat.group_maker(), ranks))
 
 

@@ -167,6 +167,12 @@ def test_what_a_shadow_rank_sees(rank, world_size):
         assert [g.item() for g in gathered] == [float(rank)] * world_size
     work = dist.all_reduce(torch.ones(1), async_op=True)
     assert work.wait() and work.get_future().value()[0].item() == world_size
+    assert dist.get_backend() == "gloo"
+    dist.monitored_barrier()  # Gloo's alone
+    objects = [None] * world_size
+    dist.all_gather_object(objects, {"rank": rank})
+    if harness.shadow():
+        assert objects == [{"rank": rank}] * world_size
 
 
 @pytest.mark.distributed(world_size=2)
