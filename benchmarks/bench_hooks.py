@@ -26,11 +26,12 @@ during a call (the harness's recorder active), a loop of ``--collectives`` colle
   * **plain torch**: the hooks off (on torch < 2.14: the unwrapped function);
   * **recorded**: the hooks on (on torch < 2.14: the functional wrapper).
 
-The hooks are taken off and put back by the benchmark itself (``harness.rank.hooks.detach``
-/ ``attach`` on the default group, private names of the harness): the same torch, process,
-group and loop measured both ways, interleaved round by round so that load that comes and
-goes hits every variant alike; each variant's figure is its best round (the least disturbed).
-Comparing against torch 2.13 instead would change torch itself along with the hooks.
+The hooks are taken off and put back by the benchmark itself
+(``harness.rank.recording.hooks.detach`` / ``attach`` on the default group, private names of
+the harness): the same torch, process, group and loop measured both ways, interleaved round
+by round so that load that comes and goes hits every variant alike; each variant's figure is
+its best round (the least disturbed). Comparing against torch 2.13 instead would change
+torch itself along with the hooks.
 
 With ``--flight-recorder``, instead: where torch has no process-group hooks (< 2.14), what
 torch's flight recorder costs, the only one to see DDP's collectives there (on by default
@@ -78,7 +79,7 @@ def hooks_available() -> bool:
 def set_hooks(on: bool) -> int:
     """In a rank: put the harness's hooks on the default group or take them off; how many
     groups have them now."""
-    from harness.rank import hooks
+    from harness.rank.recording import hooks
 
     group = dist.group.WORLD
     if on:
@@ -193,12 +194,13 @@ def count(workload: str, variant: str, n: int) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from harness import compat
-    from harness.rank import hooks, trace
+    from harness.rank import recording
+    from harness.rank.recording import hooks, recorder
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(20000 + os.getpid() % 20000))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    trace.install()
+    recorder.install()  # the wrapper alone: each variant adds its hooks itself
     group, tensor = dist.group.WORLD, torch.ones(1)
     model, batch = DDP(torch.nn.Linear(4, 2)), torch.ones(3, 4)
     loops: dict[str, Callable[[], Any]] = {
@@ -210,7 +212,7 @@ def count(workload: str, variant: str, n: int) -> None:
         hooks.install()
     elif variant == "empty":
         compat.add_collective_hooks(group, hooks.HOOK_ID, lambda args: None, lambda args: None)
-    with contextlib.nullcontext() if variant == "plain" else trace.Recorder():
+    with contextlib.nullcontext() if variant == "plain" else recording.Recorder():
         for _ in range(n):
             loops[workload]()
     dist.destroy_process_group()

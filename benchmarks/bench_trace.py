@@ -57,7 +57,8 @@ def rate(count: int, traced: bool) -> float:
 def wrapper_cost(count: int) -> float:
     """Microseconds the recording adds to one ``all_reduce`` call, with a no-op in place of
     torch's function: the wrapper alone, free of the collective's own noise."""
-    from harness.rank import describe, trace
+    from harness.rank import recording
+    from harness.rank.recording import describe
 
     spec = describe.spec("all_reduce", dist.all_reduce.__harness_traced__)
     tensor = torch.ones(1)
@@ -67,7 +68,7 @@ def wrapper_cost(count: int) -> float:
 
     best = float("inf")
     for _ in range(5):
-        with trace.Recorder() as recorder:
+        with recording.Recorder() as recorder:
             start = time.perf_counter()
             for _ in range(count):
                 recorder.call(spec, noop, (tensor,), {})

@@ -46,12 +46,13 @@ from harness.errors import (  # noqa: E402
 
 if TYPE_CHECKING:
     from harness.controller.fresh import run
+    from harness.controller.memory import RankMemory
     from harness.controller.world import World
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
     from harness.protocol.traces import IssuedCollective
-    from harness.rank.issued import collectives
+    from harness.rank.recording.issued import collectives
 
 
 # Where each name imported on first use lives. World and run need torch; reading them
@@ -63,8 +64,9 @@ _LAZY = {
     "World": "harness.controller.world",
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
+    "RankMemory": "harness.controller.memory",
     "IssuedCollective": "harness.protocol.traces",
-    "collectives": "harness.rank.issued",
+    "collectives": "harness.rank.recording.issued",
     "FaultFired": "harness.faults",
     "fixture": "harness.plugin.rank_fixtures",
 }
@@ -111,6 +113,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "RankMemory",
     "ShadowMismatch",
     "ShadowUnfaithful",
     "World",

@@ -116,6 +116,21 @@ def test_no_module_imports_itself_back() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_a_type_checking_import_that_closes_a_cycle_is_found(tmp_path: Path) -> None:
+    for package in ("harness", "fhelium"):
+        shutil.copytree(ROOT / package, tmp_path / package)
+    # harness.plugin.runner imports harness.plugin.order: a type named back is a circle.
+    order = tmp_path / "harness" / "plugin" / "order.py"
+    order.write_text(
+        order.read_text()
+        + "\n\nif TYPE_CHECKING:\n    from harness.plugin.runner import Runner  # noqa: F401\n"
+    )
+    result = _import_cycles(tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "counting TYPE_CHECKING imports" in result.stdout, result.stdout
+    assert "harness.plugin.runner" in result.stdout, result.stdout
+
+
 def test_a_deferred_import_that_closes_a_cycle_is_found(tmp_path: Path) -> None:
     for package in ("harness", "fhelium"):
         shutil.copytree(ROOT / package, tmp_path / package)

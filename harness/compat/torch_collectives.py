@@ -2,14 +2,16 @@
 groups.
 
 These are what the rank side's recording of collectives issued below
-``torch.distributed``'s functions relies on (:mod:`harness.rank.hooks`,
-:mod:`harness.rank.functional`).
+``torch.distributed``'s functions relies on (:mod:`harness.rank.recording.hooks`,
+:mod:`harness.rank.recording.functional`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from harness import versions
 
 __all__ = [
     "add_collective_hooks",
@@ -23,22 +25,12 @@ __all__ = [
 def collective_hooks_available() -> bool:
     """Whether this torch calls hooks around each collective a process group issues.
 
-    ``ProcessGroup.register_pre_hook`` / ``register_post_hook`` (torch >= 2.14) see every
-    collective the group issues, from Python or C++ (DDP's reducer, functional collectives,
-    compiled graphs); older torch has nothing like it.
+    ``ProcessGroup.register_pre_hook`` / ``register_post_hook`` (torch >= 2.14:
+    :data:`harness.versions.COLLECTIVE_HOOKS`) see every collective the group issues, from
+    Python or C++ (DDP's reducer, functional collectives, compiled graphs); older torch has
+    nothing like it. Its probe checks that a torch that has them still names them so.
     """
-    import torch.distributed as dist
-
-    group_type = getattr(dist, "ProcessGroup", None)
-    return all(
-        hasattr(group_type, name)
-        for name in (
-            "register_pre_hook",
-            "register_post_hook",
-            "unregister_pre_hook",
-            "unregister_post_hook",
-        )
-    )
+    return versions.has(versions.COLLECTIVE_HOOKS)
 
 
 def add_collective_hooks(
@@ -107,6 +99,15 @@ def _probe_collective_hooks() -> object:
     if not collective_hooks_available():
         return None  # torch < 2.14: the recorder wraps the Python functions alone
     import importlib
+
+    import torch.distributed as dist
+
+    methods = ("register_pre_hook", "register_post_hook", "unregister_pre_hook")
+    gone = [
+        name for name in (*methods, "unregister_post_hook") if not hasattr(dist.ProcessGroup, name)
+    ]
+    if gone:
+        raise AttributeError(f"ProcessGroup has no {', '.join(gone)}")
 
     c10d: Any = importlib.import_module("torch._C._distributed_c10d")
     fields = {

@@ -14,7 +14,7 @@ from harness.controller.outcome import Outcome
 from harness.controller.restarts import run_attempts
 from harness.controller.world import World
 from harness.faults import Fault
-from harness.faults.checks import checked
+from harness.faults.checks import plan
 from harness.protocol.messages import CallOptions
 
 
@@ -80,8 +80,8 @@ def run(
     # Before the ranks start: a mistake here needs no world to be found.
     args, kwargs = validate.call_args(args), validate.call_kwargs(kwargs)
     size = validate.positive_int(world_size, "world_size")
-    sizes = validate.attempt_sizes(restarts, size)
-    placed = checked(faults, sizes)
+    options = CallOptions(check_collectives=check_collectives)
+    planned = plan(options, faults, restarts, size)
     worlds: dict[int, World] = {}
 
     def attempt(size: int, options: CallOptions) -> Outcome:
@@ -91,8 +91,7 @@ def run(
         return world.call(fn, args, kwargs, options)
 
     try:
-        options = CallOptions(check_collectives=check_collectives, faults=placed)
-        outcome, _ = run_attempts(attempt, options, sizes)
+        outcome, _ = run_attempts(attempt, planned.options, planned.sizes)
     finally:
         for world in worlds.values():
             world.close()

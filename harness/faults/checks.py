@@ -5,19 +5,24 @@ The makers record a fault without checking it, so that a bad one made at the imp
 test module fails that test alone. Every entry point hands the list it was given (the
 marker, ``harness.run``, ``World.run``, ``World.call``'s options, a drawn example) to
 :func:`checked` where it makes the call's record (``CallOptions``) of them: the one place a
-fault list is checked.
+fault list is checked. :func:`plan` does it for a call that may restart: its attempts'
+sizes, then its faults checked against them.
 """
 
 from __future__ import annotations
 
 import pickle
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TypeAlias
 
-from harness.faults.sweeps import OpenSweep, Sweep
+from harness import validate
+from harness.faults.places import Collective
+from harness.faults.sweeps import InvalidSweep, OpenSweep, Sweep
 from harness.faults.values import Fault
+from harness.protocol.messages import CallOptions
 
-_Place: TypeAlias = tuple[int, int, tuple[int, ...] | None, int]
+_Place: TypeAlias = tuple[int, int | Collective, tuple[int, ...] | None, int]
 """Where a fault acts: its rank, collective, group and attempt."""
 
 
@@ -36,11 +41,12 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
     Raises:
         TypeError: ``faults`` is not a list or tuple of faults, is a sweep (meant one fault
-            at a time), or a fault does not pickle (to travel to the ranks).
+            at a time), or a fault does not pickle (to travel to the ranks); or an invalid
+            sweep says so.
         ValueError: A fault's own argument is not valid (``at=0``: collectives are counted
             from 1), a fault does not fit the world, two act at the same collective of the
             same rank, or a fault acts in an attempt the run does not have; the message
-            names the fault.
+            names the fault. Or an invalid sweep (:class:`InvalidSweep`) says why.
     """
     placed = _faults(faults, where)
     largest = sizes if isinstance(sizes, int) else max(sizes)
@@ -57,6 +63,8 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
 def _faults(faults: object, where: str) -> tuple[Fault, ...]:
     """``faults`` as a tuple, where it is a list or tuple of faults."""
+    if isinstance(faults, InvalidSweep):
+        faults.fail()
     if isinstance(faults, (Sweep, OpenSweep)):
         raise TypeError(
             f"{where}: a sweep of faults is meant one fault at a time: run each "
@@ -75,7 +83,7 @@ def _check_alone(fault: Fault, seen: dict[_Place, Fault], where: str) -> None:
     place = (fault.rank, fault.at, fault.group, fault.attempt)
     if place in seen:
         raise ValueError(
-            f"{where}: {seen[place]} and {fault} both act at collective #{fault.at} of "
+            f"{where}: {seen[place]} and {fault} both act at {fault.point} of "
             f"rank {fault.rank} on {fault.group_name}; give one"
         )
     seen[place] = fault
@@ -100,3 +108,29 @@ def _check_attempt(fault: Fault, sizes: Sequence[int]) -> None:
             f"{restarts} restart{'' if restarts == 1 else 's'} (attempts 0 to {restarts})"
         )
     fault.check(sizes[fault.attempt])
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A call's attempts, planned before the first starts.
+
+    Attributes:
+        options: The call's options, with every attempt's faults, checked against them.
+        sizes: The world size of each attempt, the first included.
+    """
+
+    options: CallOptions
+    sizes: tuple[int, ...]
+
+
+def plan(options: CallOptions, faults: object, restarts: object, world_size: int) -> Planned:
+    """Plan a call's attempts: their world sizes (``restarts`` on a world of
+    ``world_size``: :func:`harness.validate.attempt_sizes`), and ``faults``, as given,
+    checked against them (:func:`checked`) into ``options``.
+
+    Raises:
+        TypeError, ValueError: ``restarts`` or ``faults`` is not valid, naming it.
+    """
+    sizes = validate.attempt_sizes(restarts, world_size)
+    # Checked before the record is made of them: a bad value is named as it was given.
+    return Planned(replace(options, faults=checked(faults, sizes)), sizes)

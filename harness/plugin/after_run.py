@@ -1,10 +1,11 @@
 """What follows a distributed test's run on its ranks, before its verdict: a list of steps.
 
 Each step takes what the run left (:class:`Ran`) and passes it on, changed where the step
-changes the outcome (``verify=`` after a sweep's case fails it). A marked test
-(:mod:`harness.plugin.session`) and a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) go
-through the same steps, in the order of :data:`STEPS`; a step that does not apply to a test
-passes it on as it is.
+changes the outcome (``verify=`` after a sweep's case fails it, as does a stale count). A
+marked test (:mod:`harness.plugin.session`), a ``--dist-mptc`` case
+(:mod:`harness.plugin.mptc`) and a ``@given`` test's last example
+(:mod:`harness.plugin.properties`) go through the same steps, in the order of :data:`STEPS`;
+a step that does not apply to a test passes it on as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import pytest
 
 from harness.controller.outcome import Outcome
-from harness.plugin import interrupts, report, sweep_cases
+from harness.plugin import interrupts, report, sweep_cases, sweep_recount
 
 if TYPE_CHECKING:
     from harness.controller.world import World
@@ -54,8 +55,11 @@ class Ran:
         note: What the runner's check on fresh processes found, for the repro line.
         failure: The test's failure where the runner made one (an order dependence).
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
+        call_phase: Whether it ran in pytest's call phase (a ``@given`` test's example,
+            which ran its ``verify=`` itself), not whole in the setup phase.
+        seconds: How long the run took, as pytest's process measured it.
         call: What its ranks ran: the test and its rank-side fixtures (None: a
-            ``--dist-mptc`` case).
+            ``--dist-mptc`` case or a ``@given`` test's example).
     """
 
     item: pytest.Function
@@ -67,6 +71,8 @@ class Ran:
     note: str = ""
     failure: BaseException | None = None
     test: TestSettings | None = None
+    call_phase: bool = False
+    seconds: float = 0.0
     call: tuple[TestRef, FixturePlan] | None = None
 
     @property
@@ -78,13 +84,22 @@ class Ran:
         return f"{self.world.size} ranks, {self.world.backend}"
 
 
+def recount(session: Session, ran: Ran) -> Ran:
+    """A sweep case's run held against its count, counted again where the run contradicts
+    it (see :func:`sweep_recount.after_case`)."""
+    if ran.test is None:
+        return ran
+    outcome = sweep_recount.after_case(ran.item, ran.test, ran.outcome)
+    return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
+
+
 def verify(session: Session, ran: Ran) -> Ran:
     """A sweep case's ``verify=``, on a fresh world (see :func:`sweep_cases.after_case`).
 
     Raises:
         pytest.fail.Exception: ``verify`` names an argument the test has no value for.
     """
-    if ran.test is None:
+    if ran.test is None or ran.call_phase:
         return ran
     outcome = sweep_cases.after_case(
         ran.item,
@@ -141,8 +156,8 @@ def report_sections(session: Session, ran: Ran) -> Ran:
     """The ranks' output and log records as report sections; for a marked test, whose
     ranks ran it whole in pytest's setup phase, the times of its phases there."""
     report.add_output_sections(ran.item, ran.outcome.outputs)
-    if ran.test is not None:
-        report.keep_times(ran.item, _rank_times(ran.outcome))
+    if ran.test is not None and not ran.call_phase:
+        report.keep_times(ran.item, _phase_times(ran))
     return ran
 
 
@@ -154,6 +169,7 @@ def repro(session: Session, ran: Ran) -> Ran:
 
 
 STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
+    recount,
     verify,
     shadow,
     sweep_note,
@@ -161,8 +177,8 @@ STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
     report_sections,
     repro,
 )
-"""The steps, in order: ``verify=`` and the shadow worlds first, since what the others show
-is their outcome."""
+"""The steps, in order: the count first, then ``verify=`` and the shadow worlds, since what
+the others show is their outcome."""
 
 
 def after_run(session: Session, ran: Ran) -> Ran:
@@ -174,6 +190,19 @@ def after_run(session: Session, ran: Ran) -> Ran:
     for step in STEPS:
         ran = step(session, ran)
     return ran
+
+
+def _phase_times(ran: Ran) -> tuple[float, float, float] | None:
+    """The setup, call and teardown times of a test's run: the ranks' (see
+    :func:`_rank_times`); where no rank said them (the ranks hung, or died) and the failure
+    is its call's, the whole run's, as its call's: the phase that reports it."""
+    said = _rank_times(ran.outcome)
+    error = ran.outcome.error
+    if said is None and error is not None:
+        root = next(iter(error.failures.values()), None)
+        if root is None or root.phase == "call":
+            return (0.0, ran.seconds, 0.0)
+    return said
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:

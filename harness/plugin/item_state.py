@@ -3,20 +3,18 @@
 A distributed test runs on its ranks in pytest's setup phase; what that run leaves for the
 later phases and their reports (the call phase's failure, the ranks' times and logs, the
 repro line...) is kept here, as are the answers each hook would otherwise ask again (the
-test's marker, which of its fixtures run in the ranks). :func:`of` gives an item's record,
-made on first use.
+test's marker). It holds plain values and callables, never a type of the modules that
+write it, so that it imports none of them. :func:`of` gives an item's record, made on first
+use.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
-
-if TYPE_CHECKING:
-    from harness.plugin.properties import PropertyTest
-    from harness.plugin.rank_fixtures import RankSide
 
 _STATE = pytest.StashKey["ItemState"]()
 
@@ -28,11 +26,11 @@ class ItemState:
     Attributes:
         mark: The plugin's marker the test runs with, in a tuple once looked up (None is
             an answer: a test without one).
-        side: Which of its fixtures run in the ranks (:mod:`harness.plugin.rank_fixtures`).
         armed: pytest-timeout's settings for it and when its timer started
             (:mod:`harness.plugin.interrupts`).
         call: What its call phase raises: a failure, or a skip's reason.
-        property: A ``@given`` test, run in its call phase.
+        call_phase: What runs in its call phase in place of raising ``call``: a ``@given``
+            test's examples (:mod:`harness.plugin.properties`).
         moved: The seconds of the ranks' call and teardown that the setup phase's duration
             holds, for those phases' reports.
         logs: The ranks' log records of the test's call and teardown, by phase.
@@ -43,10 +41,9 @@ class ItemState:
     """
 
     mark: tuple[pytest.Mark | None] | None = None
-    side: RankSide | None = None
     armed: tuple[Any, float] | None = None
     call: BaseException | str | None = None
-    property: PropertyTest | None = None
+    call_phase: Callable[[], None] | None = None
     moved: tuple[float, float] | None = None
     logs: dict[str, str] | None = None
     repro: str = ""

@@ -117,6 +117,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     options = CallOptions(
         compat.mptc_timeout(case),
         run.output,
+        name=f"test {item.nodeid}",
         check_collectives=run.check_collectives,
         keep_traces=keep,
     )
@@ -132,14 +133,14 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # native processes have it: it runs on fresh ranks.
     isolate = run.isolate or any(v in call.environ for v in compat.FLIGHT_RECORDER_VARIABLES)
     test = _CaseTest(step, case, fn, world_size)
-    checked = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
-    if checked.failure is not None:
-        raise checked.failure
-    ended = checked.result
+    held = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
+    if held.failure is not None:
+        raise held.failure
+    ended = held.result
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
     named = replace(shape, backend=backend if isinstance(backend, str) else "gloo")
-    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", checked.note)
+    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", held.note)
     _settle(item, ended, after_run.after_run(session, ran).outcome.error)
 
 
@@ -237,7 +238,7 @@ class _Ended:
         if error is not None:
             exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
             for rank, failure in error.failures.items():
-                if failure.exc_type == "WorldTimeout":
+                if failure.exc_type in ("WorldTimeout", "WorldHang"):
                     ended[rank] = (None, [])
                 elif failure.exc_type == "RankCrash":
                     ended[rank] = (exitcodes.get(rank, _TERMINATED), [])

@@ -109,12 +109,19 @@ def message(
     if finding is not None and not finding.why:
         culprit = finding.tests[0]
         runs = f"{finding.runs} run" + ("s" if finding.runs != 1 else "")
+        # A @given test's earlier example is the test itself: run alone, it replays it.
+        after = "an earlier example of it" if culprit == nodeid else _name(culprit)
         return (
-            f"{test} {_REUSED[reused]} after {_name(culprit)} on a reused world and "
+            f"{test} {_REUSED[reused]} after {after} on a reused world and "
             f"{_FRESH[fresh]} on fresh processes (found in {runs}); run: "
-            f"{command(item.config, [culprit, nodeid], option)}"
+            f"{command(item.config, list(dict.fromkeys([culprit, nodeid])), option)}"
         )
     count = f"{len(earlier)} earlier test" + ("s" if len(earlier) != 1 else "")
+    if not earlier:  # a @given test's minimal example, after the test's other examples
+        return (
+            f"{test} {_REUSED[reused]} on a reused world after its earlier examples and "
+            f"{_FRESH[fresh]} on fresh processes; run: {command(item.config, [nodeid], option)}"
+        )
     if finding is None:
         among, where, why = list(earlier), f" ({_names(earlier)})", ""
     else:
@@ -126,12 +133,13 @@ def message(
     return (
         f"{test} {_REUSED[reused]} on a reused world after {count}{where} and "
         f"{_FRESH[fresh]} on fresh processes{why}; run: "
-        f"{command(item.config, [*among, nodeid], option)}"
+        f"{command(item.config, list(dict.fromkeys([*among, nodeid])), option)}"
     )
 
 
 def _names(nodeids: Sequence[str]) -> str:
-    """``test_a, test_b, ...``: the first five by name."""
+    """``test_a, test_b, ...``: the first five by name (a @given test's examples once)."""
+    nodeids = list(dict.fromkeys(nodeids))
     shown = ", ".join(_name(nodeid) for nodeid in nodeids[:5])
     return shown + (", ..." if len(nodeids) > 5 else "")
 

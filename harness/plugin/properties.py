@@ -6,40 +6,49 @@ pytest process, and the function it calls for each example (``.hypothesis.inner_
 which Hypothesis lets other libraries replace) is, for the duration of the test, one that
 sends the drawn arguments to every rank of a reused world and runs the body there
 (:mod:`harness.rank.property_body`). A failure on any rank is raised back into Hypothesis:
-a failing example, which it shrinks as any other; the last one it runs is the minimal one,
-and the report names it (world size and arguments) with an ``@example(...)`` to paste.
+a failing example, which it shrinks as any other; the last one it runs is the minimal one.
+
+What differs from a marked test is only what runs on the ranks (an example, its drawn
+arguments added to the test's plan, then the marker's ``verify=``) and when: each example
+runs through the session's runner (:mod:`harness.plugin.runner`) on its world, and the last
+one, the minimal example where the test failed, is held against fresh processes and goes
+through the steps after a run (:mod:`harness.plugin.after_run`) as any test does: its
+confirmation, ``--dist-verify``, the bisection of an order dependence, its trace folder and
+its repro, which names it (world size and arguments) with an ``@example(...)`` to paste.
 
 A drawn ``world_size`` (``@given(world_size=st.integers(1, 4))``) is the size of the world
 the example runs on; what the strategy can draw is checked against ini
-``dist_max_world_size`` before any example runs. The worlds of drawn sizes are kept warm
-across the examples and closed after the test (the marker's own size is the session's world,
-kept as for any test).
+``dist_max_world_size`` before any example runs. The worlds of drawn sizes are the session's,
+kept warm across the examples; those the test started are closed after it (the marker's own
+size is kept as for any test).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-import warnings
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
 
 from harness import compat, validate
 from harness.controller.pickling import pickle_problem
-from harness.errors import DistributedError, OrderDependenceWarning
+from harness.errors import DistributedError
 from harness.faults import Fault
-from harness.plugin import interrupts, property_checks, report, settings, sweep_cases
-from harness.plugin.replay import Step
+from harness.plugin import after_run, interrupts, property_checks, settings, sweep_cases
+from harness.plugin.leases import Holder
+from harness.plugin.replay import Step, verdict_of
+from harness.plugin.runner import Held, Reused, Runnable, Runner
 from harness.protocol.pytest_calls import ARG_VALUE, Arg, FixturePlan, TestRef
 from harness.rank.property_body import run_example
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
-    from harness.plugin.settings import WorldShape
+    from harness.plugin.settings import TestSettings, WorldShape
+    from harness.protocol.messages import CallOptions
 
 _DRAWN = "\x1fdrawn "  # a drawn argument's key among the plan's values: never a fixture's
 
@@ -60,16 +69,23 @@ def is_property(item: pytest.Function) -> bool:
     return bool(getattr(item.obj, "is_hypothesis_test", False))
 
 
+class Session(after_run.Session, Protocol):
+    """What a property test needs of the plugin's session."""
+
+    runner: Runner
+
+    def runnable(
+        self, item: pytest.Function, plan: FixturePlan, step: Step, timeout: float
+    ) -> Runnable[Outcome]:
+        """``step`` as the runner runs a marked test: under the harness's warnings, its
+        wider-scoped fixtures kept with the world (``timeout``: the test's own)."""
+
+    def worlds_of_one_test(self, keep: WorldShape) -> contextlib.AbstractContextManager[None]:
+        """Close, as the block ends, the worlds it started, but the one of ``keep``."""
+
+
 def prepare(
-    item: pytest.Function,
-    test: settings.TestSettings,
-    ref: TestRef,
-    plan: FixturePlan,
-    session: settings.Settings,
-    worlds: Mapping[WorldShape, World],
-    world: Callable[[WorldShape], World],
-    new_world: Callable[[WorldShape], World],
-    call: Callable[[World, Step, bool], Outcome],
+    item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan, session: Session
 ) -> PropertyTest:
     """A ``@given`` test as its call phase runs it, checked before any example runs.
 
@@ -78,12 +94,7 @@ def prepare(
         test: Its settings (its marker's, else the session's), its world among them.
         ref: Where the ranks find the test.
         plan: Its fixture plan.
-        session: The session's settings (``dist_confirm``, ``dist_order_dependent``).
-        worlds: The session's worlds, by shape (read only: a warm one is used).
-        world: The session's world of a shape, started on first use.
-        new_world: A fresh world of a shape.
-        call: Runs one step on a world (``True``: a fresh one), under the harness's
-            warnings and its wider-scoped fixtures' bookkeeping.
+        session: The plugin's session: its runner, worlds and the steps' needs.
 
     Returns:
         The test, for :meth:`PropertyTest.run`.
@@ -92,36 +103,47 @@ def prepare(
         pytest.fail.Exception: Its ``world_size`` strategy can draw outside 1 to ini
             ``dist_max_world_size``, or ini ``dist_max_world_size`` is not an int >= 1.
     """
-    bound = property_checks.max_world_size(item.config)
+    bound = settings.max_world_size(item.config)
     property_checks.check_bounds(item, bound)
-
-    def warm(wanted: WorldShape) -> World | None:
-        found = worlds.get(wanted)
-        return found if found is not None and not found.closed else None
-
-    return PropertyTest(
-        item=item,
-        test=test,
-        ref=ref,
-        plan=plan,
-        option=f"--dist-backend={test.world.backend}",
-        bound=bound,
-        session_world=world,
-        warm=warm,
-        new_world=new_world,
-        call=call,
-        confirm=session.confirm,
-        order_dependent=session.order_dependent,
-    )
+    return PropertyTest(item, test, ref, plan, session, bound)
 
 
 @dataclass
-class _Failed:
-    """The last failing example: its world size, drawn arguments and what the ranks did."""
+class _Example:
+    """One example as the runner runs it: the test's step with the drawn arguments, then
+    the marker's ``verify=`` on a fresh world where it passed."""
 
-    size: int
+    test: PropertyTest
+    marked: Runnable[Outcome]
     drawn: dict[str, Any]
+    size: int
+
+    @property
+    def step(self) -> Step:
+        return self.marked.step
+
+    def attempt(self, world: World, fresh: bool) -> tuple[str, Outcome]:
+        outcome = self.marked.attempt(world, fresh)[1]
+        prop, fault = self.test, self.drawn.get(property_checks.FAULT_ARG)
+        outcome = sweep_cases.after_case(
+            prop.item,
+            prop.test,
+            outcome,
+            lambda n: prop.session.fresh_world(prop.test.world.sized(n), prop.holder),
+            self.step.options,
+            fault=fault if isinstance(fault, Fault) else None,
+            values=self.drawn,
+        )
+        return verdict_of(outcome), outcome
+
+
+@dataclass
+class _Ran:
+    """An example's run: what ran, and on which world (``reused``: None where fresh)."""
+
+    example: _Example
     outcome: Outcome
+    reused: Reused[Outcome] | None
 
 
 @dataclass
@@ -136,39 +158,53 @@ class PropertyTest:
             example runs on fresh ranks.
         ref: Where the ranks find the test.
         plan: Its fixture plan, to which each example adds its drawn arguments.
-        option: What the repro command needs besides the test's id (``--dist-backend=gloo``).
+        session: The plugin's session.
         bound: The largest drawn world size (ini ``dist_max_world_size``).
-        session_world: The session's world of the marker's shape, started on first use.
-        warm: The session's started world of a shape, if it has one.
-        new_world: A fresh world of a shape.
-        call: Runs one example's step on a world (``True``: a fresh one), under the
-            harness's warnings and its wider-scoped fixtures' bookkeeping.
-        confirm: Whether the minimal example runs again on fresh processes (ini
-            ``dist_confirm``).
-        order_dependent: What a minimal example that passes there gets (ini
-            ``dist_order_dependent``): ``"warn"`` or ``"fail"``.
+        holder: Whose GPUs its worlds lease.
+        examples: How many examples ran.
     """
 
     item: pytest.Function
-    test: settings.TestSettings
+    test: TestSettings
     ref: TestRef
     plan: FixturePlan
-    option: str
+    session: Session
     bound: int
-    session_world: Callable[[WorldShape], World]
-    warm: Callable[[WorldShape], World | None]
-    new_world: Callable[[WorldShape], World]
-    call: Callable[[World, Step, bool], Outcome]
-    confirm: bool = True
-    order_dependent: str = "warn"
+    holder: Holder = field(init=False)
     examples: int = 0
-    _own: dict[WorldShape, World] = field(default_factory=dict)
-    _failed: _Failed | None = None
+    _last: _Ran | None = None
+
+    def __post_init__(self) -> None:
+        self.holder = Holder(self.item.nodeid)
+
+    @property
+    def option(self) -> str:
+        """What the repro command needs besides the test's id (``--dist-backend=gloo``)."""
+        return f"--dist-backend={self.test.world.backend}"
 
     def run(self) -> None:
         """Run Hypothesis's wrapper here, each example on the ranks; close the worlds it
-        started. A failure is the minimal example's, confirmed on fresh processes, its
-        report naming it."""
+        started; take its last example through the steps after a run.
+
+        Raises:
+            BaseException: The test's failure: the minimal example's, held against fresh
+                processes, or an order dependence where one fails the test.
+        """
+        with self.session.worlds_of_one_test(self.test.world):
+            try:
+                self._examples()
+            except DistributedError as error:
+                if self._last is None or self._last.outcome.error is not error:
+                    raise
+                failed = True
+            else:
+                failed = False
+            last = self._last
+            if last is not None:
+                self._settle(last, self._minimal(last) if failed else "")
+
+    def _examples(self) -> None:
+        """Hypothesis's wrapper, each example it draws sent to :meth:`example`."""
         function = self.item.obj
         handle = function.hypothesis
         original = handle.inner_test
@@ -189,13 +225,8 @@ class PropertyTest:
         try:
             params = inspect.signature(function).parameters
             function(**{name: self.item.funcargs.get(name, RANK_SIDE) for name in params})
-        except DistributedError as error:
-            confirmed = self._confirmed(error)
-            if confirmed is not None:
-                raise confirmed from None
         finally:
             handle.inner_test = original
-            self.close()
 
     def example(self, drawn: dict[str, Any]) -> None:
         """Run one example on every rank of the world of its size, with its faults, then
@@ -218,128 +249,72 @@ class PropertyTest:
                     f"drawn argument {name!r} cannot be sent to the ranks: its value "
                     f"{validate.short_repr(value)} does not pickle ({problem})"
                 )
-        outcome = self._outcome(drawn, size, placed, self.test.isolate)
+        timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
+        with interrupts.taken_over(self.item, timeout) as deadline:
+            options = replace(self.test.call, timeout=deadline.seconds, faults=placed)
+            example = self._example(dict(drawn), size, options)
+            shape = self.test.world.sized(size)
+            runner = self.session.runner
+            if self.test.isolate:
+                self._last = _Ran(example, runner.alone(example, shape, self.holder), None)
+            else:
+                reused = runner.reused(example, shape, self.holder)
+                # Its earlier examples are the test itself, not an earlier test to search.
+                earlier = [step for step in reused.earlier if step.nodeid != self.item.nodeid]
+                self._last = _Ran(example, reused.result, replace(reused, earlier=earlier))
+            outcome = self._last.outcome
+            deadline.explain(outcome.error)
         self.examples += 1
         if outcome.skip is not None:  # Hypothesis lets pytest's skip through: the test's
             compat.skip_at_test(outcome.skip.reason)
         if outcome.error is not None:
-            self._failed = _Failed(size, dict(drawn), outcome)
             raise outcome.error
 
-    def _outcome(
-        self, drawn: dict[str, Any], size: int, placed: tuple[Any, ...], fresh: bool
-    ) -> Outcome:
-        """One example's run on its world (``fresh``: a world of its own), then ``verify=``."""
+    def _example(self, drawn: dict[str, Any], size: int, options: CallOptions) -> _Example:
+        """An example's run on the ranks: the test's plan with the drawn arguments."""
         plan = replace(
             self.plan,
             args=(*self.plan.args, *((name, Arg(ARG_VALUE, _DRAWN + name)) for name in drawn)),
             values={**self.plan.values, **{_DRAWN + n: v for n, v in drawn.items()}},
         )
-        shape = self.test.world.sized(size)
-        timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
-        with interrupts.taken_over(self.item, timeout) as deadline:
-            options = replace(self.test.call, timeout=deadline.seconds, faults=placed)
-            step = Step(self.item.nodeid, run_example, (self.ref, plan), options)
-            if fresh:
-                with self.new_world(shape) as world:
-                    outcome = self.call(world, step, True)
-            else:
-                outcome = self.call(self._world(shape), step, False)
-            fault = drawn.get(property_checks.FAULT_ARG)
-            outcome = sweep_cases.after_case(
-                self.item,
-                self.test,
-                outcome,
-                lambda n: self.new_world(self.test.world.sized(n)),
-                options,
-                fault=fault if isinstance(fault, Fault) else None,
-                values=drawn,
-            )
-            deadline.explain(outcome.error)
-        return outcome
+        step = Step(self.item.nodeid, run_example, (self.ref, plan), options)
+        marked = self.session.runnable(self.item, plan, step, self.test.timeout)
+        return _Example(self, marked, drawn, size)
 
-    def close(self) -> None:
-        """Close the worlds this test started for drawn sizes."""
-        worlds, self._own = list(self._own.values()), {}
-        for world in worlds:
-            world.close()
-
-    def _world(self, shape: WorldShape) -> World:
-        """The marker's size: the session's world; another: the session's where it has
-        one started, else this test's own, kept until the test ends."""
-        if shape == self.test.world:
-            return self.session_world(shape)
-        world = self.warm(shape) or self._own.get(shape)
-        if world is None or world.closed:
-            world = self._own[shape] = self.new_world(shape)
-        return world
-
-    def _confirmed(self, error: DistributedError) -> BaseException | None:
-        """The test's failure: the minimal example's, run once more on fresh processes
-        (ini ``dist_confirm = fresh``), its report naming it; None where it passed there
-        and the order dependence is a warning.
-
-        Shrinking runs many examples, so only the minimal one is confirmed: one world start
-        per failing test, as for any test.
-        """
-        failed = self._failed
-        if failed is None or failed.outcome.error is not error:
-            return error
-        note = ""
-        if self.confirm and not self.test.isolate:
-            drawn, size = failed.drawn, failed.size
-            try:
-                placed = property_checks.drawn_faults(drawn, self.test.call.faults, size)
-                fresh = self._outcome(drawn, size, placed, True)
-            except Exception as exc:  # the fresh world did not start
-                note = f"not confirmed on fresh processes ({exc}); "
-            else:
-                if fresh.error is None and fresh.skip is None:
-                    return self._order_dependent(failed)
-                if fresh.error is not None:
-                    # The fresh run's account: what the example shows on ranks of its own.
-                    failed.outcome, error = fresh, fresh.error
-                    note = "confirmed on fresh processes; "
-        self._report(failed, note)
-        return error
-
-    def _order_dependent(self, failed: _Failed) -> BaseException | None:
-        """The minimal example failed after earlier examples on the same ranks and passed
-        on fresh ones: a warning at the test, or its failure (ini ``dist_order_dependent``)."""
-        text = (
-            f"{self.item.nodeid}: the minimal example {self._call_text(failed)} failed on "
-            f"ranks that ran earlier examples ({self.examples} examples run) and passed on "
-            "fresh processes: an example leaves state in its ranks that a later one "
-            "depends on"
-        )
-        if self.order_dependent == "fail":
-            return pytest.fail.Exception(text, pytrace=False)
-        path, lineno, _ = self.item.location
-        try:  # a warning located at the test
-            warnings.warn_explicit(
-                OrderDependenceWarning(text),
-                OrderDependenceWarning,
-                str(self.item.config.rootpath / path),
-                (lineno or 0) + 1,
-            )
-        except OrderDependenceWarning:  # -W error: the test's failure, not a plugin error
-            return pytest.fail.Exception(f"OrderDependenceWarning: {text}", pytrace=False)
-        return None
-
-    def _call_text(self, failed: _Failed) -> str:
-        args = ", ".join(f"{name}={value!r}" for name, value in failed.drawn.items())
-        return f"{self.item.originalname}({args})"
-
-    def _report(self, failed: _Failed, note: str) -> None:
-        """End the failure's report with the minimal example and how to replay it."""
-        args = ", ".join(f"{name}={value!r}" for name, value in failed.drawn.items())
-        ranks = f"{failed.size} rank" + ("" if failed.size == 1 else "s")
-        lines = (
+    def _minimal(self, last: _Ran) -> str:
+        """The report's lines on the minimal example, before the repro command."""
+        drawn, size = last.example.drawn, last.example.size
+        args = ", ".join(f"{name}={value!r}" for name, value in drawn.items())
+        ranks = f"{size} rank" + ("" if size == 1 else "s")
+        return (
             f"minimal example ({ranks}, {self.examples} examples run): "
-            f"{self._call_text(failed)}\n"
+            f"{self.item.originalname}({args})\n"
             f"to replay it first, add above @given: @example({args})\n"
         )
-        report.set_repro(
-            self.item, lines + note, f"{ranks}, {self.test.world.backend}", self.option
-        )
-        report.add_output_sections(self.item, failed.outcome.outputs)
+
+    def _settle(self, last: _Ran, lines: str) -> None:
+        """Hold the last example against fresh processes and take it through the steps
+        after a run (:mod:`harness.plugin.after_run`); raise the test's failure.
+
+        Shrinking runs many examples, so only the last one (the minimal one, where the test
+        failed) is held: one world start per failing test, as for any test.
+        """
+        example = last.example
+        timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
+        with interrupts.taken_over(self.item, timeout) as deadline:
+            held: Held[Outcome] = Held(last.outcome)
+            if last.reused is not None:
+                held = self.session.runner.held(
+                    self.item, example, last.reused, self.option, always=True
+                )
+            ran = after_run.Ran(
+                self.item, held.result, self.test.world.sized(example.size),
+                example.step.options, self.holder, self.option, lines + held.note,
+                held.failure, self.test, call_phase=True,
+            )  # fmt: skip
+            ran = after_run.after_run(self.session, ran)
+            deadline.explain(ran.outcome.error)
+        if ran.failure is not None:
+            raise ran.failure
+        if ran.outcome.error is not None:
+            raise ran.outcome.error

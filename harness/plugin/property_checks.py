@@ -15,31 +15,13 @@ from typing import Any
 
 import pytest
 
-from harness import compat, validate
+from harness import compat
 from harness.faults import Fault
 from harness.faults.checks import checked
-
-MAX_WORLD_SIZE_INI = "dist_max_world_size"
-DEFAULT_MAX_WORLD_SIZE = 8
-"""The largest world a drawn ``world_size`` may ask for, where ini ``dist_max_world_size``
-does not say: Gloo ranks share the machine's cores, and a world larger than this is more
-likely a strategy's mistake than a test's intent."""
+from harness.plugin.settings import MAX_WORLD_SIZE_INI
 
 FAULT_ARG = "fault"
 """The drawn argument whose value (a fault, a list of them, or None) each example injects."""
-
-
-def max_world_size(config: pytest.Config) -> int:
-    """The largest world a drawn ``world_size`` may ask for (ini ``dist_max_world_size``).
-
-    Raises:
-        pytest.fail.Exception: The ini value is not an int >= 1.
-    """
-    value = config.getini(MAX_WORLD_SIZE_INI) or DEFAULT_MAX_WORLD_SIZE
-    try:
-        return validate.positive_int(value, f"ini option {MAX_WORLD_SIZE_INI}", text=True)
-    except (TypeError, ValueError) as exc:
-        raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def check_bounds(item: pytest.Function, bound: int) -> None:

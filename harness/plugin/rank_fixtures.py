@@ -25,7 +25,7 @@ import pytest
 
 from harness import compat
 from harness.controller.pickling import picklable
-from harness.plugin import item_state, refs
+from harness.plugin import refs
 from harness.protocol.pytest_calls import (
     ARG_FIXTURE,
     ARG_REQUEST,
@@ -194,6 +194,10 @@ class RankSide:
                 yield arg, dependency
 
 
+_SIDE = pytest.StashKey[RankSide]()
+"""An item's :class:`RankSide`, kept by :func:`split` for :func:`plan`."""
+
+
 def split(item: pytest.Function) -> None:
     """Decide which of the test's fixtures run in the ranks (once: a rerun finds pytest's
     part already trimmed); leave only the others in ``item.fixturenames`` for pytest to set
@@ -203,7 +207,7 @@ def split(item: pytest.Function) -> None:
         pytest.fail.Exception: A fixture that must run in the ranks cannot (defined inside a
             function, where a rank cannot import it).
     """
-    if item_state.of(item).side is not None:
+    if _SIDE in item.stash:
         return
     defs = compat.fixture_defs(item)
     side = RankSide(defs)
@@ -223,7 +227,7 @@ def split(item: pytest.Function) -> None:
     side.wants_request = "request" in argnames or any(
         "request" in fixturedef.argnames for fixturedef in side.fixtures
     )
-    item_state.of(item).side = side
+    item.stash[_SIDE] = side
 
 
 def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
@@ -233,8 +237,7 @@ def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
     Raises:
         pytest.fail.Exception: A controller fixture's value does not pickle (naming it).
     """
-    side = item_state.of(item).side
-    assert side is not None
+    side = item.stash[_SIDE]
     values: dict[str, Any] = {}
 
     def source(name: str, requester: Any | None) -> Arg:

@@ -12,10 +12,12 @@ or teardown error, as it would be in-process. Under an external launcher the tes
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NoReturn
 
@@ -25,12 +27,14 @@ from harness import compat, validate
 from harness.controller import forkserver
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.gpus import LeaseError
+from harness.controller.memory import LimitBelowStart
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import (
     after_run,
     interrupts,
     item_state,
+    memory_report,
     properties,
     rank_fixtures,
     refs,
@@ -38,11 +42,12 @@ from harness.plugin import (
     report,
     settings,
     sweep_cases,
+    sweep_recount,
     trace_folders,
 )
 from harness.plugin.leases import Holder, Leases
 from harness.plugin.marker import launched
-from harness.plugin.runner import Runner
+from harness.plugin.runner import Held, Runner
 from harness.plugin.settings import TestSettings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
@@ -80,6 +85,9 @@ class DistSession:
         self._unavailable = functools.cache(unavailable_reason)
         # Scopes (node ids) whose wider-scoped rank fixtures live in these worlds.
         self._scopes: dict[str, set[World]] = {}
+        # Why worlds of a shape cannot start under --dist-max-rank-memory: found once, it
+        # fails each later test of that shape without starting its world again.
+        self._below_start: dict[WorldShape, str] = {}
 
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
@@ -93,17 +101,33 @@ class DistSession:
         return world
 
     def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
-        """A new world of ``shape``, its GPUs leased for ``holder``."""
+        """A new world of ``shape``, its GPUs leased for ``holder``.
+
+        Raises:
+            pytest.fail.Exception: ``--dist-max-rank-memory`` is below what its ranks hold
+                as they start.
+        """
+        if shape in self._below_start:
+            raise pytest.fail.Exception(self._below_start[shape], pytrace=False)
         lease = None
         if shape.gpus:
             lease = self.leases.take(shape.gpus.count(shape.size), holder, self.give_back_gpus)
-        world = World(
-            shape.size,
-            backend=shape.backend,
-            init=shape.init,
-            leaks=self.settings.leaks,
-            gpus=lease,
-        )
+        try:
+            world = World(
+                shape.size,
+                backend=shape.backend,
+                init=shape.init,
+                leaks=self.settings.leaks,
+                gpus=lease,
+                memory_growth=self.settings.memory_growth,
+                max_rank_memory=self.settings.max_rank_memory,
+            )
+        except LimitBelowStart as exc:
+            problem = self._below_start[shape] = (
+                f"usage error: --dist-max-rank-memory (or ini dist_max_rank_memory): {exc}"
+            )
+            raise pytest.fail.Exception(problem, pytrace=False) from None
+        memory_report.of(self.config).add(world)
         if self._preload_failed is None:
             # The server has run the warm-up by now: it did before it forked these ranks.
             problems = forkserver.preload_problems()
@@ -145,6 +169,7 @@ class DistSession:
         worlds, self._worlds = list(self._worlds.values()), {}
         for world in worlds:
             world.close()
+        memory_report.of(self.config).close(self.config)
         self.trace_folders.close()
         if self.launcher is not None:
             self.launcher.close()
@@ -158,7 +183,7 @@ class DistSession:
         try:
             test, ref, plan = self._prepare(item)
             if properties.is_property(item):  # its examples run in its call phase
-                state.property = self._property(item, test, ref, plan)
+                state.call_phase = properties.prepare(item, test, ref, plan, self).run
                 return
             ran, deadline = self._run(item, test, ref, plan)
             ran = after_run.after_run(self, ran)
@@ -190,26 +215,22 @@ class DistSession:
         ref = refs.reference(item, item.originalname, state=True)
         return test, ref, rank_fixtures.plan(item, self._logs)
 
-    def _property(
-        self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
-    ) -> properties.PropertyTest:
-        """A ``@given`` test, checked, for its call phase to run."""
-        holder = Holder(item.nodeid)
+    def runnable(
+        self, item: pytest.Function, plan: FixturePlan, step: replay.Step, timeout: float
+    ) -> _MarkedTest:
+        """``step`` of a marked test as the runner runs it (``timeout``: the test's own)."""
+        return _MarkedTest(step, self, item, plan, timeout)
 
-        def call(world: World, step: replay.Step, fresh: bool) -> Outcome:
-            return _MarkedTest(step, self, item, plan, test.timeout).attempt(world, fresh)[1]
-
-        return properties.prepare(
-            item,
-            test,
-            ref,
-            plan,
-            self.settings,
-            self._worlds,
-            functools.partial(self._world, holder=holder),
-            functools.partial(self.fresh_world, holder=holder),
-            call,
-        )
+    @contextlib.contextmanager
+    def worlds_of_one_test(self, keep: WorldShape) -> Iterator[None]:
+        """Close, as the block ends, the worlds it started, but the one of ``keep``: those
+        of a ``@given`` test's drawn sizes."""
+        before = set(self._worlds)
+        try:
+            yield
+        finally:
+            for shape in set(self._worlds) - before - {keep}:
+                self._worlds.pop(shape).close()
 
     def _run(
         self, item: pytest.Function, test: TestSettings, ref: TestRef, plan: FixturePlan
@@ -228,10 +249,13 @@ class DistSession:
             def marked(options: CallOptions) -> _MarkedTest:
                 body, args = sweep_cases.body(item, test, run_test, (ref, plan))
                 step = replay.Step(item.nodeid, body, args, options)
-                return _MarkedTest(step, self, item, plan, test.timeout)
+                return self.runnable(item, plan, step, test.timeout)
 
+            started = time.monotonic()
             try:
-                if test.world.gpus:
+                # A sweep's case whose count a case before it found stale need not run.
+                known = sweep_recount.before_case(item, test)
+                if test.world.gpus and known is None:
                     # Its GPUs first: waiting for them counts against the test's deadline.
                     end = time.monotonic() + seconds
                     holder = Holder(item.nodeid, end)
@@ -239,12 +263,14 @@ class DistSession:
                         self._world(test.world, holder)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
-                if len(test.attempts) > 1:
-                    checked = self.runner.run_attempts(
+                if known is not None:
+                    held = Held(known)
+                elif len(test.attempts) > 1:
+                    held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
                 else:
-                    checked = self.runner.run(
+                    held = self.runner.run(
                         item, marked(options), test.world, holder, test.isolate, option
                     )
             except LeaseError as exc:  # waited in vain for GPUs, or no lease directory
@@ -252,8 +278,8 @@ class DistSession:
             if self._preload_failure():  # found as its first world started
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
-            item, checked.result, test.world, options, holder, option, checked.note,
-            checked.failure, test, (ref, plan),
+            item, held.result, test.world, options, holder, option, held.note,
+            held.failure, test, seconds=time.monotonic() - started, call=(ref, plan),
         )  # fmt: skip
         return ran, deadline
 
@@ -261,13 +287,15 @@ class DistSession:
         """Raise what :meth:`run_item` kept for a test (under a launcher: run it here); run
         a ``@given`` test's examples."""
         state = item_state.of(item)
-        if state.property is not None:
-            prop, state.property = state.property, None
-            prop.run()
+        if state.call_phase is not None:
+            run, state.call_phase = state.call_phase, None
+            run()
             return
         if self.launcher is not None:
-            test = settings.for_test(self.settings, item, self.resolve_backend)
-            self.launcher.run_item(item, test)
+            self.launcher.run_item(
+                item,
+                functools.partial(settings.for_test, self.settings, item, self.resolve_backend),
+            )
         elif state.call is not None:
             kept, state.call = state.call, None
             if isinstance(kept, str):

@@ -26,7 +26,7 @@ import pytest
 
 from harness import validate
 from harness.faults import Fault
-from harness.faults.checks import checked
+from harness.faults.checks import plan
 from harness.plugin import gpu_needs
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.marker import (
@@ -37,6 +37,7 @@ from harness.plugin.marker import (
     MarkSpec,
     Unresolved,
     check_verify,
+    drawn_world_size,
     parse_mark,
     run_mark,
 )
@@ -54,7 +55,7 @@ class Settings:
     ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``, ini
     ``dist_no_collective_check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
     (captured, or under ``-s`` to the terminal) and ``randomly_seed`` (pytest-randomly's,
-    when it is active)."""
+    when it is active). Sizes (``memory_growth``, ``max_rank_memory``) are in bytes."""
 
     backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
@@ -75,6 +76,8 @@ class Settings:
     preload: tuple[str, ...] = ()
     trace_dir: str = ""
     trace_all: bool = False
+    memory_growth: int = validate.DEFAULT_MEMORY_GROWTH
+    max_rank_memory: int | None = None
     shadow: tuple[int, ...] = ()
 
 
@@ -98,7 +101,7 @@ def read(config: pytest.Config) -> Settings:
                 f"search for an order dependence may start), got {bisect_runs!r}"
             )
         found = config.stash[_SETTINGS] = Settings(
-            backend=config.getoption("dist_backend") or "auto",
+            backend=backend_option(config),
             timeout=validate.seconds(timeout, where, text=True),
             isolate=bool(config.getoption("dist_isolate", False)),
             check_collectives=not (
@@ -123,9 +126,14 @@ def read(config: pytest.Config) -> Settings:
             require_gpus=bool(
                 config.getoption("dist_require_gpus", False) or config.getini("dist_require_gpus")
             ),
-            preload=preload_entries(config.getini("dist_preload")),
+            preload=preload_option(config),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
+            memory_growth=validate.size(
+                str(config.getini("dist_memory_growth") or validate.DEFAULT_MEMORY_GROWTH),
+                "ini option dist_memory_growth",
+            ),
+            max_rank_memory=_max_rank_memory(config),
             shadow=tuple(
                 validate.positive_int(size, "--dist-shadow", text=True)
                 for size in config.getoption("dist_shadow", None) or ()
@@ -150,6 +158,15 @@ def _gpus(config: pytest.Config) -> str | None:
     return given
 
 
+def _max_rank_memory(config: pytest.Config) -> int | None:
+    """The limit on a rank's resident memory given, in bytes (None: none)."""
+    given, where = config.getoption("dist_max_rank_memory", None), "--dist-max-rank-memory"
+    if given is None:
+        given = str(config.getini("dist_max_rank_memory") or "").strip() or None
+        where = "ini option dist_max_rank_memory"
+    return None if given is None else validate.size(given, where)
+
+
 def _trace_dir(config: pytest.Config) -> str:
     """The trace directory given, absolute, made and checked writable; '' when none is."""
     given, where = config.getoption("dist_trace_dir", None), "--dist-trace-dir"
@@ -170,6 +187,43 @@ def _trace_dir(config: pytest.Config) -> str:
     else:
         base = config.inipath.parent if config.inipath is not None else config.rootpath
     return str(check_writable(os.path.join(base, os.path.expanduser(str(given))), where))
+
+
+# The options read before the session's record, or per test: here too, with the others.
+
+
+def backend_option(config: pytest.Config) -> str:
+    """``--dist-backend`` as given (``"auto"`` where not)."""
+    return str(config.getoption("dist_backend", None) or "auto")
+
+
+def preload_option(config: pytest.Config) -> tuple[str, ...]:
+    """Ini ``dist_preload``'s entries (see :func:`preload_entries`).
+
+    Raises:
+        ValueError: An entry is not valid, naming it.
+    """
+    return preload_entries(config.getini("dist_preload"))
+
+
+MAX_WORLD_SIZE_INI = "dist_max_world_size"
+DEFAULT_MAX_WORLD_SIZE = 8
+"""The largest world a drawn ``world_size`` may ask for, where ini ``dist_max_world_size``
+does not say: Gloo ranks share the machine's cores, and a world larger than this is more
+likely a strategy's mistake than a test's intent."""
+
+
+def max_world_size(config: pytest.Config) -> int:
+    """The largest world a drawn ``world_size`` may ask for (ini ``dist_max_world_size``).
+
+    Raises:
+        pytest.fail.Exception: The ini value is not an int >= 1 (the test's failure).
+    """
+    value = config.getini(MAX_WORLD_SIZE_INI) or DEFAULT_MAX_WORLD_SIZE
+    try:
+        return validate.positive_int(value, f"ini option {MAX_WORLD_SIZE_INI}", text=True)
+    except (TypeError, ValueError) as exc:
+        raise pytest.fail.Exception(str(exc), pytrace=False) from None
 
 
 def preload_entries(value: object) -> tuple[str, ...]:
@@ -317,19 +371,26 @@ def _settings(
     named = params.get(BACKEND_PARAM, spec.backend)
     auto = isinstance(named, str) and named.lower() == "auto"
     backend: Any = session.backend if auto else named
+    drawn = drawn_world_size(getattr(item, "obj", None))
+    if drawn is not None and isinstance(spec.world_size, (list, tuple)):
+        raise ValueError(
+            f"world_size={spec.world_size!r} in the marker and @given(world_size={drawn!r}) "
+            "both give the world size: keep one (a list in the marker runs the test once "
+            "per size; a drawn world_size is each example's)"
+        )
     world_size = _world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
     # A sweep's case has its one fault; a clean run that counts a sweep none.
     faults = [case] if FAULT_PARAM in params else spec.faults
     faults = [] if isinstance(case, CleanRun) else faults
-    sizes = validate.attempt_sizes(spec.restarts, world_size)
-    placed = checked(faults, sizes)
+    planned = plan(_call_options(session, item, spec, faults), faults, spec.restarts, world_size)
+    alone = _shadowless(item, bool(faults) or FAULT_PARAM in params, len(planned.sizes) > 1)
+    shadow = validate.shadow_sizes(spec.shadow, session.shadow, world_size, alone)
+    # A test's shadow of its real size is compared with its real run's traces.
+    call = replace(planned.options, keep_traces=True) if shadow else planned.options
     per_rank = spec.gpus_per_rank
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
     shared = gpu_needs.ranks_per_gpu(spec.ranks_per_gpu, session.ranks_per_gpu, named, per_rank)
-    alone = _shadowless(item, bool(faults) or FAULT_PARAM in params, len(sizes) > 1)
-    shadow = validate.shadow_sizes(spec.shadow, session.shadow, world_size, alone)
-    call = _call_options(session, item, spec, placed, bool(shadow))
     backend = validate.backend(backend)
     resolved = resolve(backend)
     return TestSettings(
@@ -344,7 +405,7 @@ def _settings(
         gpus_per_rank=per_rank,
         call=call,
         ranks_per_gpu=shared,
-        attempts=sizes,
+        attempts=planned.sizes,
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
@@ -384,9 +445,10 @@ def _world_size(size: object) -> int:
 
 
 def _call_options(
-    session: Settings, item: pytest.Item, spec: MarkSpec, faults: tuple[Fault, ...], shadow: bool
+    session: Settings, item: pytest.Item, spec: MarkSpec, faults: Sequence[object]
 ) -> CallOptions:
-    """How a test's ranks run it, from its marker's arguments and the session's settings.
+    """How a test's ranks run it, from its marker's arguments and the session's settings
+    (its ``faults``, as given, are placed by :func:`harness.faults.checks.plan`).
 
     Raises:
         TypeError, ValueError: The marker's ``timeout`` or ``check_collectives`` is not
@@ -407,9 +469,7 @@ def _call_options(
         check_collectives=(
             validate.flag(spec.check_collectives, "check_collectives") and session.check_collectives
         ),
-        faults=faults,
-        # A test's shadow of its real size is compared with its real run's traces.
-        keep_traces=keep_traces(session, faults) or shadow,
+        keep_traces=keep_traces(session, faults),
     )
 
 

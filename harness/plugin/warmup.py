@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.plugin.marker import choose_marker, launcher_world
-from harness.plugin.settings import preload_entries
+from harness.plugin import settings
+from harness.plugin.marker import choose_marker, launcher_world, marker_option
 
 _STARTED_EARLY = pytest.StashKey[bool]()
 """Set on the config when :func:`before_conftests` started the server."""
@@ -58,7 +58,7 @@ def before_conftests(early_config: pytest.Config) -> None:
     # starts its server at configure instead.
     if _runs_no_tests(options, xdist_worker=False) or _may_deselect(options):
         return
-    dist_marker = str(early_config.getini("dist_marker") or "").strip()
+    dist_marker = marker_option(early_config)
     if dist_marker and not dist_marker.isidentifier():
         return  # a usage error, reported at configure
     name = choose_marker(dist_marker, early_config.getini("markers"))
@@ -136,7 +136,7 @@ def _start(config: pytest.Config) -> bool:
     from harness.controller import forkserver
 
     try:
-        forkserver.preload_also(preload_entries(config.getini("dist_preload")))
+        forkserver.preload_also(settings.preload_option(config))
     except ValueError:
         pass  # a usage error, reported at configure
     return forkserver.warm_up()

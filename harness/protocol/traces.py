@@ -1,9 +1,9 @@
 """What a rank records of the collectives it issues during a call, as plain data both sides use.
 
 A rank records every collective and point-to-point op its call issues through
-``torch.distributed``'s public functions (:mod:`harness.rank.trace`) and reports them as a
-:class:`RankTrace` (in ``Failed``, ``Skipped`` or its ``trace`` file), or, after a passing
-call, as a :data:`Fingerprint`. The controller compares the ranks' traces
+``torch.distributed``'s public functions (:mod:`harness.rank.recording.recorder`) and
+reports them as a :class:`RankTrace` (in ``Failed``, ``Skipped`` or its ``trace`` file), or,
+after a passing call, as a :data:`Fingerprint`. The controller compares the ranks' traces
 (:mod:`harness.controller.verdicts`) and shows them (:func:`render`).
 
 Per process group, a trace holds the full sequence of what was issued (as ids into a table
@@ -390,6 +390,23 @@ def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None
             )
         lines += recorded
     return "\n".join(lines)
+
+
+def where(file: str, line: int) -> str:
+    """A call site as reports show it, ``test_x.py:14`` (its file's name, not its path).
+
+    '' where it is unknown (``("?", 0)``).
+    """
+    return "" if (file, line) == ("?", 0) else f"{_basename(file)}:{line}"
+
+
+def call_text(op: str, site: str, origin: str = "") -> str:
+    """How a collective reads where a fault or a sweep names it, each part known.
+
+    ``all_reduce at train.py:34``, ``all_reduce in backward (DDP) at train.py:40``.
+    """
+    text = op + (f" in {origin}" if origin else "")
+    return text + (f" at {site}" if site else "")
 
 
 def _ids(data: bytes) -> array[int]:

@@ -13,14 +13,8 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
-* :mod:`~harness.rank.trace`        which collectives a call issues, per process group, and when
-* :mod:`~harness.rank.records`      a group's record of one call: tables of ops and sites
-* :mod:`~harness.rank.hooks`        collectives below torch.distributed, from torch's group hooks
-* :mod:`~harness.rank.hook_ops`     how a collective the hooks saw reads: its op, what issued it
-* :mod:`~harness.rank.functional`   functional collectives, wrapped where torch has no hooks
-* :mod:`~harness.rank.issued`       the ``collectives`` fixture's value, read from the recording
-* :mod:`~harness.rank.describe`     how a recorded call reads (its op)
-* :mod:`~harness.rank.flight_recorder` what torch's flight recorder saw that the recording did not
+* :mod:`~harness.rank.memory`       memory between calls: measured, given back, growth named
+* :mod:`~harness.rank.recording`    the collectives a call issues, from every source (a package)
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
@@ -51,7 +45,7 @@ modules are preloaded into the forkserver, so none may touch CUDA at import time
 What a rank keeps lives on its :class:`~harness.rank.context.RankContext`, reached through
 :mod:`~harness.rank.current` by code that is handed no context: that is the rank side's
 module-level state. Besides it, modules keep only constants, caches of what does not change
-in a process, and :mod:`~harness.rank.hooks`' own (the groups its hooks are on, the
+in a process, and :mod:`~harness.rank.recording.hooks`' own (the groups its hooks are on, the
 collectives between their two hooks, the warnings it gave once).
 """
 

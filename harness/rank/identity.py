@@ -51,7 +51,7 @@ def rank_value(name: str) -> Any:
     if name == "world_size":
         return dist.get_world_size() if grouped else int(os.environ.get("WORLD_SIZE", "1"))
     if name == "collectives":
-        from harness.rank import issued
+        from harness.rank.recording import issued
 
         return issued.Issued()
     if name == "restart_count":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -46,18 +47,16 @@ from harness.rank import (
     coverage,
     current,
     exits,
-    flight_recorder,
-    functional,
-    hooks,
     identity,
     inject,
     leaks,
     output,
+    recording,
     reset,
     sites,
-    trace,
 )
 from harness.rank.context import RankContext, Running, failure, skip_kind
+from harness.rank.recording import flight_recorder
 
 # Variables a controller running under torchrun inherits that would point a rank's own
 # env:// rendezvous at the launcher's agent instead of at this world.
@@ -82,7 +81,9 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         except BaseException as exc:
             conn.send(Failed(failure(exc, setup.rank), time.monotonic()))
             ctx.exit(1)
-    ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
+    ready = Ready(
+        threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR, ctx.memory.now()
+    )
     # What every call starts from: the rank's state once it is up (see harness.rank.reset).
     _serve(ctx, reset.ProcessState.capture(), ready)
 
@@ -111,13 +112,11 @@ def _start_process(setup: RankSetup) -> RankFiles:
 
 def _install_recording() -> None:
     """Record every collective the rank's calls issue, however they issue it."""
+    # First: the recording's hooks ride on the registry of groups this replaces.
+    leaks.note_group_sites()
     # Before any user module is imported here: one that does `from torch.distributed import
     # all_reduce` then holds the recording wrapper.
-    trace.install()
-    leaks.note_group_sites()
-    # After note_group_sites: the hooks ride on the same registry of groups.
-    hooks.install()
-    functional.install()  # where the hooks cannot see functional collectives
+    recording.install()
 
 
 def _take_environment(setup: RankSetup) -> None:
@@ -146,6 +145,8 @@ def _serve(ctx: RankContext, state: reset.ProcessState, ready: Ready) -> NoRetur
             reply = _regroup(ctx, message, ready)
         else:
             reply = _call(ctx, message)
+            if isinstance(reply, (Done, Skipped)):
+                reply = _measured(ctx, message, reply)
         # Plain pickle, which recv reads alike: Connection.send builds a ForkingPickler
         # carrying torch's many reducers for each message, and an answer needs none of them.
         conn.send_bytes(pickle.dumps(reply))
@@ -185,6 +186,18 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
         redirection.stop()
 
 
+def _measured(ctx: RankContext, call: Call, reply: Done | Skipped) -> Done | Skipped:
+    """The answer with the rank's memory after the call, freed memory given back first; with
+    growth that stayed among a ``Done``'s leaks."""
+    # After the call's own frames are gone (what it allocated is freed), before the answer
+    # goes out: it carries the measure, and the controller acts on it before the next call.
+    if not isinstance(reply, Done):
+        return dataclasses.replace(reply, memory=ctx.memory.after_call(0)[0])
+    use, found = ctx.memory.after_call(call.memory_growth, len(reply.value))
+    leaks = (*reply.leaks, found) if found else reply.leaks
+    return dataclasses.replace(reply, memory=use, leaks=leaks)
+
+
 def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -> RankMessage:
     """Unpickle and run the call's function, watched for leaks and recorded; the answer."""
     rank = ctx.rank
@@ -195,7 +208,7 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
-    recorder = trace.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
+    recorder = recording.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
     running = Running(recorder, watch)
     try:
         # The call's warning filters end with it; so do the watch on its threads, the
@@ -275,7 +288,7 @@ def _watch(ctx: RankContext, lifeline: Connection) -> NoReturn:
             break
         # Where this fails, the controller reads no trace for this rank, and says so.
         with contextlib.suppress(Exception):
-            ctx.files.write_trace(trace.snapshot(threading.main_thread().ident or 0))
+            ctx.files.write_trace(recording.snapshot(threading.main_thread().ident or 0))
     ctx.exit(0)
 
 

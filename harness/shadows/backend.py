@@ -10,11 +10,12 @@ reduce-scatter or all-to-all gives this rank's part in the shapes a real one giv
 ``Work`` is done and its future holds the tensors, as DDP's hooks and FSDP2 expect.
 
 A collective issued through ``torch.distributed``'s functions is recorded by their wrapper
-(:mod:`harness.rank.trace`), as on a real rank; one torch issued below them is recorded here,
-as torch's process-group hooks would record it (:func:`harness.rank.hooks.note_below`), and
-noted as seen here alone (:func:`noting`). torch's own fake process group is not used: before
-torch 2.15 its collectives leave the data as it is and its ``Work``'s future holds no tensors
-(DDP's backward fails on it), and before 2.14 nothing records what it runs from C++.
+(:mod:`harness.rank.recording.recorder`), as on a real rank; one torch issued below them is
+recorded here, as torch's process-group hooks would record it
+(:func:`harness.rank.recording.hooks.note_below`), and noted as seen here alone
+(:func:`noting`). torch's own fake process group is not used: before torch 2.15 its
+collectives leave the data as it is and its ``Work``'s future holds no tensors (DDP's
+backward fails on it), and before 2.14 nothing records what it runs from C++.
 
 Imports: see :mod:`harness.shadows`.
 """
@@ -30,9 +31,10 @@ import torch.distributed as dist
 
 from harness import compat
 from harness.protocol.traces import COMPLETED
-from harness.rank import hooks, trace
-from harness.rank.hook_ops import KINDS
-from harness.rank.records import Record, returned
+from harness.rank import recording
+from harness.rank.recording import hooks
+from harness.rank.recording.hook_ops import KINDS
+from harness.rank.recording.records import Record, returned
 
 BACKEND = "shadow"
 """The backend's name (``torch.distributed.get_backend()`` says it in a simulated rank)."""
@@ -103,7 +105,7 @@ class ShadowGroup(_ProcessGroup):
     def _issue(self, name: str, tensors: Sequence[Any], root: int = -1, opts: Any = None) -> None:
         """Record a collective issued below ``torch.distributed``'s functions (one they
         issued is their wrapper's record)."""
-        recorder = trace.current()
+        recorder = recording.current()
         if recorder is None or (recorder.busy and threading.get_ident() in recorder.busy):
             return
         async_op = bool(getattr(opts, "asyncOp", False))

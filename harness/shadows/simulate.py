@@ -6,7 +6,7 @@ a :class:`~harness.shadows.backend.ShadowGroup` (the default group the harness m
 the body makes with ``init_process_group`` whatever its backend and rendezvous, and every
 ``new_group``, whose creation is noted as a :class:`~harness.shadows.records.Creation`). The
 test body then runs as on a real rank (:mod:`harness.rank.pytest_body`), its collectives
-recorded as there (:mod:`harness.rank.trace`), and what the rank did goes back to the host
+recorded as there (:mod:`harness.rank.recording`), and what the rank did goes back to the host
 through a pipe as a :class:`~harness.shadows.records.SimulatedRank`. The process then leaves
 at once: it never returns into the host's code.
 
@@ -34,9 +34,10 @@ import torch.distributed as dist
 
 from harness import compat
 from harness.protocol.failures import RankFailure
-from harness.rank import current, hooks, loop, pytest_body, reset, sites, trace
+from harness.rank import current, loop, pytest_body, recording, reset, sites
 from harness.rank.context import RankContext, Running, skip_kind
-from harness.rank.records import Record
+from harness.rank.recording import hooks
+from harness.rank.recording.records import Record
 from harness.shadows import backend
 from harness.shadows.records import SHADOW_VARIABLE, Creation, ShadowJob, SimulatedRank
 
@@ -112,7 +113,7 @@ def _simulated(host: RankContext, job: ShadowJob, rank: int, first: bool) -> Sim
     backend.noting(ranks.noted)
     hooks.record_only()  # this rank's groups record what torch issues below its functions
     _make_shadow_groups(job, rank, ranks)
-    recorder = trace.Recorder()
+    recorder = recording.Recorder()
     skip, problem = "", None
     with recorder, ctx.calling(Running(recorder)):
         try:

@@ -40,7 +40,7 @@ def _make(store: Any, rank: int, size: int, timeout: timedelta) -> Relay:
 def on_a_custom_backend() -> tuple[list[float], list[float], list[tuple[Any, ...]], list[str]]:
     """A functional and a plain all_reduce on a group of the custom backend: their results,
     what the call recorded (op, origin, reduce op) and the warnings."""
-    from harness.rank import trace
+    from harness.rank import recording
 
     if RELAY not in dist.Backend.backend_list:
         dist.Backend.register_backend(RELAY, _make, devices=["cpu"])
@@ -50,7 +50,7 @@ def on_a_custom_backend() -> tuple[list[float], list[float], list[tuple[Any, ...
         functional = funcol.all_reduce(torch.ones(2), "sum", group).tolist()
         plain = torch.ones(2)
         dist.all_reduce(plain, group=group)
-    recorder = trace.current()
+    recorder = recording.current()
     assert recorder is not None
     seen = [(c.op, c.origin, c.reduce_op) for c in recorder.issued(dist.get_world_size())]
     dist.destroy_process_group(group)
@@ -63,7 +63,7 @@ class _NoHooks:
 
 def groups_without_hooks() -> list[str]:
     """Two groups that take no hooks, one after the other: the warnings."""
-    from harness.rank import hooks
+    from harness.rank.recording import hooks
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

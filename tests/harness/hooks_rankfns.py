@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 def groups_with_hooks() -> tuple[int, int]:
     """Make a group and issue a collective on it, then destroy it: how many groups the hooks
     are on, before and after."""
-    from harness.rank import hooks
+    from harness.rank.recording import hooks
 
     group = dist.new_group([0, 1])
     dist.all_reduce(torch.ones(1), group=group)
@@ -28,7 +28,7 @@ def groups_with_hooks() -> tuple[int, int]:
 
 def recording_that_fails() -> tuple[list[float], list[str]]:
     """A functional all_reduce whose recording raises: its result, and the warnings."""
-    from harness.rank import hooks
+    from harness.rank.recording import hooks
 
     def broken(*args: object) -> None:
         raise ValueError("a broken description")
@@ -46,7 +46,7 @@ def recording_that_fails() -> tuple[list[float], list[str]]:
 
 def ddp_step() -> list[float]:
     """Make a DDP model and take one step (collectives #1-#3 construct it, #4 is backward's)."""
-    model = DDP(torch.nn.Linear(4, 2))
+    model = DDP(torch.nn.Linear(4, 2))  # made
     model(torch.ones(3, 4)).sum().backward()  # step
     return [p.grad.sum().item() for p in model.parameters() if p.grad is not None]
 
@@ -66,9 +66,9 @@ def one_all_reduce_two_ways() -> list[float]:
 
 def _states() -> list[tuple[str, str]]:
     """The op and state of each collective this call recorded so far."""
-    from harness.rank import trace
+    from harness.rank import recording
 
-    recorder = trace.current()
+    recorder = recording.current()
     assert recorder is not None
     return [(c.op.name, c.state) for c in recorder.trace().recent]
 
@@ -123,7 +123,7 @@ def line_of(marker: str) -> str:
 
 def hooks_reinstalled() -> tuple[int, int, int]:
     """How many groups the hooks are on: now, once uninstalled, and installed again."""
-    from harness.rank import hooks
+    from harness.rank.recording import hooks
 
     before = hooks.attached()
     hooks.uninstall()

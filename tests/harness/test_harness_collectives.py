@@ -32,7 +32,8 @@ from harness.protocol.traces import (
     RankTrace,
     render,
 )
-from harness.rank import describe, trace
+from harness.rank import recording
+from harness.rank.recording import describe
 
 HANG_S = 3.0
 """Bound on a run that hangs on purpose: the ranks reach their collective long before."""
@@ -348,7 +349,7 @@ def _raise(*args: object, **kwargs: object) -> None:
 
 
 def _record(
-    recorder: trace.Recorder, name: str, *args: Any, fn: Any = _noop, **kwargs: Any
+    recorder: recording.Recorder, name: str, *args: Any, fn: Any = _noop, **kwargs: Any
 ) -> None:
     original = getattr(dist, name)
     spec = describe.spec(name, getattr(original, "__harness_traced__", original))
@@ -356,7 +357,7 @@ def _record(
 
 
 def _described(name: str, *args: Any, **kwargs: Any) -> Op:
-    with trace.Recorder() as recorder:
+    with recording.Recorder() as recorder:
         _record(recorder, name, *args, **kwargs)
     (recorded,) = recorder.trace().recent
     return recorded.op
@@ -476,7 +477,7 @@ def test_what_an_op_says_besides_its_text() -> None:
 
 
 def test_a_call_site_is_the_callers_line() -> None:
-    with trace.Recorder() as recorder:
+    with recording.Recorder() as recorder:
         _record(recorder, "all_reduce", _T)
     (recorded,) = recorder.trace().recent
     assert recorded.where.startswith("test_harness_collectives.py:")
@@ -484,7 +485,7 @@ def test_a_call_site_is_the_callers_line() -> None:
 
 
 def _fingerprint(*calls: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Fingerprint:
-    with trace.Recorder() as recorder:
+    with recording.Recorder() as recorder:
         for name, args, kwargs in calls:
             _record(recorder, name, *args, **kwargs)
     return recorder.fingerprint()
@@ -512,7 +513,7 @@ def test_fingerprints_leave_point_to_point_ops_out() -> None:
 
 
 def test_a_fingerprint_stops_before_the_collective_that_raised() -> None:
-    with trace.Recorder() as recorder:
+    with recording.Recorder() as recorder:
         _record(recorder, "all_reduce", _T)
         with pytest.raises(RuntimeError):
             _record(recorder, "broadcast", _T, 0, fn=_raise)

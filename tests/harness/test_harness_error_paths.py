@@ -21,7 +21,8 @@ import harness
 from harness.controller import verdicts
 from harness.controller.stacks import format_dump
 from harness.protocol.traces import DEFAULT_GROUP, GroupHistory, Op, RankTrace
-from harness.rank import sites, trace
+from harness.rank import sites
+from harness.rank.recording import recorder
 
 
 def test_a_collective_that_raised_and_was_handled_passes(world2: harness.World) -> None:
@@ -81,7 +82,7 @@ _TORCH = os.path.dirname(os.path.abspath(torch.__file__))
             False,
             id="multiprocessing",
         ),
-        pytest.param(trace.__file__, False, id="harness"),
+        pytest.param(recorder.__file__, False, id="harness"),
         pytest.param(__file__, True, id="user-test"),
     ],
 )

@@ -58,7 +58,7 @@ def test_the_collectives_fixture_lists_each_ranks_collectives(pytester: pytest.P
 
 
 def test_collectives_outside_a_rank_say_where_they_are_recorded() -> None:
-    from harness.rank import issued
+    from harness.rank.recording import issued
 
     with pytest.raises(RuntimeError, match="collectives are recorded while a test or a World"):
         issued.collectives()

@@ -28,9 +28,10 @@ from harness.protocol.messages import (
     Skipped,
 )
 from harness.protocol.rank_files import RankFiles
-from harness.rank import current, inject, loop, trace
+from harness.rank import current, inject, loop, recording
 from harness.rank.context import RankContext, Running, skip_kind
-from harness.rank.trace import Recorder
+from harness.rank.inject import Target
+from harness.rank.recording.recorder import Recorder
 
 
 @pytest.fixture
@@ -148,7 +149,7 @@ def test_report_failing_outside_a_call_sends_nothing(
 def test_a_process_that_is_no_rank_has_no_rank_context(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(current, "_context", None)
     assert current.context_or_none() is None
-    assert trace.current() is None
+    assert recording.current() is None
     with pytest.raises(RuntimeError, match="inside a rank process only"):
         current.context()
 
@@ -165,20 +166,20 @@ def test_a_process_installs_one_rank_context(
 
 def _records_into_the_call_in_progress() -> bool:
     running = current.context().running
-    return running is not None and trace.current() is running.recorder
+    return running is not None and recording.current() is running.recorder
 
 
 def test_the_recorder_of_the_call_in_progress_is_the_context_one(
     ctx: RankContext, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(current, "_context", ctx)
-    assert trace.current() is None
+    assert recording.current() is None
     reply = loop._call(ctx, _call(_records_into_the_call_in_progress))
     assert isinstance(reply, Done)
     assert pickle.loads(reply.value) is True
-    assert trace.current() is None  # between calls
+    assert recording.current() is None  # between calls
     assert ctx.last_recorder is not None
-    assert trace.snapshot(0) == ctx.last_recorder.trace()
+    assert recording.snapshot(0) == ctx.last_recorder.trace()
 
 
 def test_a_call_sees_the_call_env_under_the_rank_own_variables(
@@ -241,12 +242,18 @@ def test_plan_is_none_without_faults_of_this_rank(ctx: RankContext) -> None:
 def test_fire_tells_the_controller_with_the_trace_so_far(
     ctx: RankContext, pipe: tuple[Connection, Connection]
 ) -> None:
-    ctx.fire(0, "was delayed", False)
+    ctx.fire(0, "was delayed", False, Target(3, "all_reduce", "x.py:4", "backward (DDP)"))
     sent = pipe[1].recv()
     assert isinstance(sent, Fired)
     assert (sent.index, sent.what, sent.ends, sent.trace) == (0, "was delayed", False, None)
+    assert (sent.number, sent.op, sent.site, sent.origin) == (
+        3,
+        "all_reduce",
+        "x.py:4",
+        "backward (DDP)",
+    )
     ctx.running = Running(Recorder())
-    ctx.fire(1, "hung", True)
+    ctx.fire(1, "hung", True, Target(1, "barrier", "", ""))
     assert pipe[1].recv().trace is not None
 
 

@@ -104,10 +104,11 @@ def _failed() -> Outcome:
     return Outcome(error=RankError("rank 1 raised RuntimeError: boom", {1: failure}))
 
 
-def test_the_steps_run_verify_first() -> None:
-    assert after_run.STEPS[0] is after_run.verify
-    assert after_run.STEPS[1] is after_run.shadow  # what the later steps show is its outcome
+def test_the_steps_hold_the_count_then_run_verify_first() -> None:
+    assert after_run.STEPS[:2] == (after_run.recount, after_run.verify)
+    assert after_run.STEPS[2] is after_run.shadow  # what the later steps show is its outcome
     assert set(after_run.STEPS) == {
+        after_run.recount,
         after_run.verify,
         after_run.shadow,
         after_run.sweep_note,

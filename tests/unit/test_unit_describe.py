@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from harness.protocol.traces import Op
-from harness.rank import describe
+from harness.rank.recording import describe
 
 
 def _op(name: str, *args: Any, **kwargs: Any) -> Op:

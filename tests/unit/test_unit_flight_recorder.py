@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from harness import compat
-from harness.rank import flight_recorder
+from harness.rank.recording import flight_recorder
 
 STARTED = 1_000
 

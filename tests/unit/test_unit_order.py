@@ -408,7 +408,7 @@ class Session:
         self.shapes.append(shape)
         return self.reused
 
-    def run(self, test: FakeTest, isolate: bool = False) -> runner.Checked[str]:
+    def run(self, test: FakeTest, isolate: bool = False) -> runner.Held[str]:
         return self.runner.run(_item(test.name), test, SHAPE, HOLDER, isolate, "--o")
 
     def earlier(self, names: str) -> None:
@@ -433,7 +433,7 @@ def test_an_isolated_test_runs_on_a_fresh_world_alone_and_is_not_history() -> No
     session = Session(bisect_runs=0)
     session.earlier("a")
     isolated = session.run(FakeTest("b", ("a",)), isolate=True)
-    assert isolated == runner.Checked(f"fresh {PASSED}")
+    assert isolated == runner.Held(f"fresh {PASSED}")
     assert session.worlds.shapes == [SHAPE]
     assert session.worlds.runs() == [["b"]]
     assert session.worlds.made[0].exited
@@ -456,13 +456,13 @@ def test_nothing_is_checked_unless_the_settings_ask(verdict: str, settings: dict
     session = Session(**settings)
     session.earlier("abcd")
     test = _target(verdict=verdict, otherwise=verdict)
-    assert session.run(test) == runner.Checked(f"reused {verdict}")
+    assert session.run(test) == runner.Held(f"reused {verdict}")
     assert session.worlds.made == []
 
 
 def test_a_test_that_ran_first_on_its_world_is_not_checked() -> None:
     session = Session(verify=True)
-    assert session.run(_target(otherwise=FAILED)) == runner.Checked(f"reused {FAILED}")
+    assert session.run(_target(otherwise=FAILED)) == runner.Held(f"reused {FAILED}")
     assert session.worlds.made == []
 
 
@@ -470,7 +470,7 @@ def test_a_failure_fresh_processes_confirm_keeps_the_fresh_account() -> None:
     session = Session()
     session.earlier("abcd")
     checked = session.run(_target(otherwise=FAILED))
-    assert checked == runner.Checked(f"fresh {FAILED}", "confirmed on fresh processes; ")
+    assert checked == runner.Held(f"fresh {FAILED}", "confirmed on fresh processes; ")
     assert session.worlds.runs() == [["target"]]
 
 
@@ -487,7 +487,7 @@ def test_verify_checks_passing_tests_too_and_notes_whether_they_agree() -> None:
 def test_a_fresh_world_that_does_not_start_leaves_the_verdict_unconfirmed() -> None:
     session = Session(Worlds(fail_at=1))
     session.earlier("abcd")
-    assert session.run(_target()) == runner.Checked(
+    assert session.run(_target()) == runner.Held(
         f"reused {FAILED}", "not confirmed on fresh processes (no free port); "
     )
 
@@ -516,7 +516,7 @@ def test_an_order_dependence_warns_at_the_test_by_default() -> None:
     session.earlier("abcd")
     with pytest.warns(OrderDependenceWarning) as caught:
         checked = session.run(_target())
-    assert checked == runner.Checked(f"fresh {PASSED}")
+    assert checked == runner.Held(f"fresh {PASSED}")
     (found,) = caught
     assert (found.filename, found.lineno) == (str(ROOT / "tests/test_x.py"), 42)
     assert str(found.message).startswith("target failed after c on a reused world")
@@ -538,7 +538,7 @@ def test_a_test_that_fails_only_on_fresh_processes_warns_even_under_fail() -> No
     session.earlier("abcd")
     with pytest.warns(OrderDependenceWarning, match="target passed after c"):
         checked = session.run(_target(verdict=PASSED, otherwise=FAILED))
-    assert checked == runner.Checked(f"fresh {FAILED}")
+    assert checked == runner.Held(f"fresh {FAILED}")
 
 
 def test_no_search_without_fresh_worlds_to_spend() -> None:

@@ -24,7 +24,7 @@ from harness.protocol.traces import (
     Op,
     RankTrace,
 )
-from harness.rank import describe, hook_ops
+from harness.rank.recording import describe, hook_ops
 
 SUM = Op("all_reduce", "all_reduce(SUM, float32[4])", "all_reduce(SUM, float32[4])", "SUM")
 MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce(MAX, float32[4])", "MAX")

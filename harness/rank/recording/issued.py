@@ -1,5 +1,5 @@
 """The ``collectives`` fixture's value: what this rank's call in progress has issued so far,
-read from its recorder (:mod:`harness.rank.trace`) at each use."""
+read from its recorder (:mod:`harness.rank.recording.recorder`) at each use."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import overload
 import torch.distributed as dist
 
 from harness.protocol.traces import IssuedCollective
-from harness.rank import trace
+from harness.rank.recording.recorder import current
 
 
 def collectives() -> list[IssuedCollective]:
@@ -18,7 +18,7 @@ def collectives() -> list[IssuedCollective]:
     Raises:
         RuntimeError: No call is in progress (outside a rank, or between calls).
     """
-    recorder = trace.current()
+    recorder = current()
     if recorder is None:
         raise RuntimeError(
             "collectives are recorded while a test or a World.run call runs in a rank; "

@@ -282,7 +282,7 @@ def spec(name: str, fn: Callable[..., Any], described: tuple[OpArg, ...] | None 
 
     ``fn`` is the function of ``torch.distributed`` named ``name`` (one of :data:`TRACED`),
     or another that reads as ``name`` with the arguments ``described`` (a functional
-    collective: :mod:`harness.rank.functional`).
+    collective: :mod:`harness.rank.recording.functional`).
     """
     signature = list(inspect.signature(fn).parameters.values())
     position = {p.name: i for i, p in enumerate(signature)}

@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from harness import compat
-from harness.rank.describe import tensor_text
+from harness.rank.recording.describe import tensor_text
 from harness.rank.sites import library
 
 BUFFER = "2000"

@@ -1,26 +1,28 @@
 """Which collectives a call issues, recorded per process group.
 
 :func:`install` replaces ``torch.distributed``'s public collective functions (all-reduce to
-``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a test
-module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
+``batch_isend_irecv``, object collectives included) with thin wrappers, once per rank (a
+test module that did ``from torch.distributed import all_reduce`` holds the wrapper too), in
 ``torch.distributed`` and ``distributed_c10d`` alike (torch checks ``P2POp(op=...)`` against
 the latter's ``isend``/``irecv``). Between calls a wrapper costs a look at the rank's
 context. During a call (:class:`Recorder`) it records, before calling torch, the
-collective's group, its number there, its op (:mod:`harness.rank.describe`) and call site
-(:mod:`harness.rank.sites`), as ids into per-call tables (:mod:`harness.rank.records`), and
-when it started (``time.monotonic()``, shared by the machine's processes); once torch
-returns, when, and whether it completed, was issued (a ``Work``) or raised. A collective
-called by another on the same thread (``all_gather_object`` calls ``all_gather``) is not
-recorded again; those of other threads are, in the order they start.
+collective's group, its number there, its op (:mod:`harness.rank.recording.describe`) and
+call site (:mod:`harness.rank.sites`), as ids into per-call tables
+(:mod:`harness.rank.recording.records`), and when it started (``time.monotonic()``, shared
+by the machine's processes); once torch returns, when, and whether it completed, was issued
+(a ``Work``) or raised. A collective called by another on the same thread
+(``all_gather_object`` calls ``all_gather``) is not recorded again; those of other threads
+are, in the order they start.
 
 Collectives torch issues below these functions (DDP's bucket all-reduces, functional
-collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's process-group
-hooks where torch has them (:mod:`harness.rank.hooks`, torch >= 2.14), and on older torch from
-wrappers of the functional collectives (:mod:`harness.rank.functional`). What this still does
-not see, on older torch: collectives issued in C++ alone (DDP), and code that kept the
-unwrapped functions from before the rank started (modules preloaded in the forkserver).
-torch's flight recorder sees those: a trace adds what it holds of them
-(``RankTrace.recorded``, :mod:`harness.rank.flight_recorder`).
+collectives, DTensor, compiled graphs) reach :meth:`Recorder.note` from torch's
+process-group hooks where torch has them (:mod:`harness.rank.recording.hooks`, torch >=
+2.14), and on older torch from wrappers of the functional collectives
+(:mod:`harness.rank.recording.functional`). What this still does not see, on older torch:
+collectives issued in C++ alone (DDP), and code that kept the unwrapped functions from
+before the rank started (modules preloaded in the forkserver). torch's flight recorder sees
+those: a trace adds what it holds of them (``RankTrace.recorded``,
+:mod:`harness.rank.recording.flight_recorder`).
 
 Imports: see :mod:`harness.rank`.
 """
@@ -33,7 +35,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -53,10 +56,11 @@ from harness.protocol.traces import (
     RankTrace,
     issued,
 )
-from harness.rank import describe, flight_recorder, inject, sites
+from harness.rank import inject, sites
 from harness.rank.current import context_or_none
-from harness.rank.describe import Spec
-from harness.rank.records import Group, Record, failed, returned
+from harness.rank.recording import describe, flight_recorder
+from harness.rank.recording.describe import Spec
+from harness.rank.recording.records import Awaited, Group, Record, failed, returned
 
 if TYPE_CHECKING:
     from harness.faults import Fault
@@ -148,6 +152,14 @@ class Recorder:
             found.append(issued(op, ranks, f"{os.path.basename(file)}:{line}"))
         return found
 
+    def awaited(self, tensor: Any) -> Awaited | None:
+        """The recent functional collective whose result's wait is handed ``tensor``."""
+        for record in reversed(list(self._recent)):  # list(): another thread may record
+            work = record.work
+            if isinstance(work, Awaited) and work.tensor is tensor:
+                return work
+        return None
+
     def counts(self) -> dict[tuple[int, ...] | None, int]:
         """How many collectives the call issued on each group, by its sorted ranks (None:
         default)."""
@@ -185,7 +197,7 @@ class Recorder:
             record = None  # never let recording break the user's call (a bad argument)
         if record is None:
             return fn(*args, **kwargs)
-        placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
+        placed = self.plan.take(record) if self.plan else None
         if placed is not None and not placed[1].enters:
             # The trace then shows what the rank did: it stopped after the one before.
             self.forget(record)
@@ -228,7 +240,7 @@ class Recorder:
 
         if placed[1].kind == "error":
             record.state = RAISED
-        return self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
+        return self.plan.act(placed, record, run, inject.bound(fn, args, kwargs))
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any, group: Any) -> Record | None:
         at = spec.group_at
@@ -324,14 +336,33 @@ def _ended(result: Any) -> str:
 
 
 def current() -> Recorder | None:
-    """The recorder of the call in progress (None between calls, and outside a rank).
+    """The recorder of the call in progress (None between calls).
 
     Read from the rank's context: the wrappers installed into torch.distributed and torch's
-    hooks, called by user code, get no arguments of the harness's.
+    hooks, called by user code, get no arguments of the harness's. In a process that is no
+    harness rank, the block that :func:`recording` records.
     """
     ctx = context_or_none()
-    running = ctx.running if ctx is not None else None
+    if ctx is None:
+        return _outside
+    running = ctx.running
     return running.recorder if running is not None else None
+
+
+_outside: Recorder | None = None
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record the collectives of the block, run in a process that is no harness rank
+    (pytest's own, as a rank of a launcher such as torchrun); :func:`install` first."""
+    global _outside
+    saved, _outside = _outside, Recorder()
+    try:
+        with _outside as recorder:
+            yield recorder
+    finally:
+        _outside = saved
 
 
 def snapshot(main_thread: int) -> RankTrace:

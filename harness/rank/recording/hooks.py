@@ -8,18 +8,18 @@ registers it (``compat.watch_groups``), and takes them off as the group is destr
 reused world's reset destroys the call's groups): one pair per live group, however many calls
 the rank serves.
 
-The hooks record into the call's :class:`~harness.rank.trace.Recorder` (between calls they
-return at once): the op, its tensors, root and ``async_op``, and where the user's code was
-(the innermost frame of it on the stack: for DDP's all-reduces, the line that called
-``backward()``), with what it called there (``Op.origin``). A collective issued through
-``torch.distributed``'s functions is recorded by their wrapper, which knows more (the reduce
-op): the hooks leave the threads inside a wrapper alone, so each collective is one record.
-The post hook keeps the collective's ``Work``, whose completion the trace reads: a rank blocked
-in DDP's wait for its all-reduce is inside that collective. Faults placed at a collective
-recorded here act in the hooks (``kill`` ``when="after"``/``"during"`` once it was issued).
-A collective torch raised while issuing it (its post hook never runs: the record holds an
-``Issuing`` marker) reads raised once its thread left the frame that issued it, and one whose
-``Work`` failed reads raised too (:mod:`harness.rank.records`).
+The hooks record into the call's :class:`~harness.rank.recording.recorder.Recorder` (between
+calls they return at once): the op, its tensors, root and ``async_op``, and where the user's
+code was (the innermost frame of it on the stack: for DDP's all-reduces, the line that
+called ``backward()``), with what it called there (``Op.origin``). A collective issued
+through ``torch.distributed``'s functions is recorded by their wrapper, which knows more
+(the reduce op): the hooks leave the threads inside a wrapper alone, so each collective is
+one record. The post hook keeps the collective's ``Work``, whose completion the trace reads:
+a rank blocked in DDP's wait for its all-reduce is inside that collective. Faults placed at
+a collective recorded here act in the hooks (``kill`` ``when="after"``/``"during"`` once it
+was issued). A collective torch raised while issuing it (its post hook never runs: the
+record holds an ``Issuing`` marker) reads raised once its thread left the frame that issued
+it, and one whose ``Work`` failed reads raised too (:mod:`harness.rank.recording.records`).
 
 A hook never raises into the user's collective, except for a fault that raises there: a
 recording error becomes one warning per op, and the collective runs.
@@ -39,8 +39,10 @@ import torch.distributed as dist
 from harness import compat
 from harness.faults import Fault
 from harness.protocol.traces import COMPLETED, ISSUED
-from harness.rank import hook_ops, sites, trace
-from harness.rank.records import Issuing, Record, failed, returned
+from harness.rank import sites
+from harness.rank.recording import hook_ops
+from harness.rank.recording.recorder import Recorder, current
+from harness.rank.recording.records import Issuing, Record, failed, returned
 
 HOOK_ID = 0x68617273
 """The id the harness's hooks are registered under on each group (torch keys hooks by id:
@@ -182,7 +184,7 @@ def attached() -> int:
 
 
 def _pre(group: Any, args: Any) -> None:
-    recorder = trace.current()
+    recorder = current()
     state = _hooks
     if recorder is None or state is None:
         return
@@ -211,7 +213,7 @@ def _pre(group: Any, args: Any) -> None:
             return
         record.work = Issuing(frame, thread)
         if recorder.plan and not kind.p2p:
-            placed = recorder.plan.take(record.group.ranks, record.seq)
+            placed = recorder.plan.take(record)
         later = placed is not None and placed[1].kind == "kill" and placed[1].when != "before"
         # torch calls the post hook on this thread, once it issued the collective.
         issuing[thread] = (group, record, placed if later else None)
@@ -224,7 +226,7 @@ def _pre(group: Any, args: Any) -> None:
         _act(recorder, record, placed, list(args.input_tensors or args.output_tensors))
 
 
-def _raised(recorder: trace.Recorder, record: Record) -> None:
+def _raised(recorder: Recorder, record: Record) -> None:
     """Note that torch raised ``record``'s collective while issuing it."""
     if isinstance(record.work, Issuing):
         record.work = None
@@ -251,13 +253,13 @@ def _post(group: Any, args: Any) -> None:
         record.work = None
         _warn(args, exc)
     if placed is not None:
-        recorder = trace.current()
+        recorder = current()
         if recorder is not None:
             _act(recorder, record, placed, [], work)
 
 
 def note_below(
-    recorder: trace.Recorder,
+    recorder: Recorder,
     group: Any,
     kind: hook_ops.Kind,
     tensors: Any,
@@ -330,7 +332,7 @@ def _where(kind: hook_ops.Kind, frame: Any) -> tuple[tuple[str, int], str]:
 
 
 def _act(
-    recorder: trace.Recorder,
+    recorder: Recorder,
     record: Record,
     placed: tuple[int, Fault],
     inputs: list[Any],
@@ -347,7 +349,7 @@ def _act(
         failed(record)
         recorder.raised = True
     call = work.wait if work is not None and fault.when == "after" else _nothing
-    plan.act(placed, record.op.name, call, {"input_tensor_list": inputs})
+    plan.act(placed, record, call, {"input_tensor_list": inputs})
 
 
 def _nothing() -> None:

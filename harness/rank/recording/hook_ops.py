@@ -1,4 +1,4 @@
-"""How a collective torch's process-group hooks saw reads (:mod:`harness.rank.hooks`).
+"""How a collective torch's process-group hooks saw reads (:mod:`harness.rank.recording.hooks`).
 
 torch names the collective by a ``HookOpName``; each one recorded reads as the
 ``torch.distributed`` function that does the same (:data:`KINDS`), with the tensors, root and
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from harness.protocol.traces import Op
-from harness.rank.describe import tensor_text
+from harness.rank.recording.describe import tensor_text
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _ENGINE = os.path.join(_TORCH_DIR, "autograd", "graph.py")
