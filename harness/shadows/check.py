@@ -193,8 +193,9 @@ def _said(found: tuple[Op, str] | None) -> str:
 
 def sequences(run: ShadowRun) -> str:
     """Every group's collectives in a shadow run, compact: per group, its members with the
-    same sequence in ranges, groups whose members issued alike folded into one entry, runs
-    of one collective at one call site in one line; and the groups the ranks made."""
+    same sequence in ranges (those that issued none on it too), groups whose members issued
+    alike folded into one entry, runs of one collective at one call site in one line; and the
+    groups the ranks made."""
     lines = [f"shadow world of {run.size} ranks ({len(run.ranks)} of them run)"]
     by_group: dict[str, dict[tuple[object, ...], list[int]]] = {}
     histories: dict[tuple[object, ...], GroupHistory] = {}
@@ -205,22 +206,30 @@ def sequences(run: ShadowRun) -> str:
             shape = (history.ops, history.op_ids, history.places, history.place_ids)
             histories.setdefault(shape, history)
             by_group.setdefault(group, {}).setdefault(shape, []).append(rank)
-    # Groups whose members issued alike (every tensor-parallel group of a mesh) read once.
-    alike: dict[tuple[int, tuple[tuple[object, ...], ...]], list[str]] = {}
+    # Groups whose members issued alike, at the same places in each group (every
+    # tensor-parallel group of a mesh), read once.
+    alike: dict[tuple[object, ...], list[str]] = {}
     for group in sorted(by_group, key=lambda g: (g != DEFAULT_GROUP, len(members[g] or ()), g)):
-        size = len(members[group] or run.ranks)
-        alike.setdefault((size, tuple(by_group[group])), []).append(group)
+        place = {r: i for i, r in enumerate(members[group] or sorted(run.ranks))}
+        issued = tuple(
+            (shape, tuple(place[r] for r in who)) for shape, who in by_group[group].items()
+        )
+        alike.setdefault((len(place), issued), []).append(group)
     names = group_names(by_group, members)
-    for (size, shapes), groups in alike.items():
+    for (size, _), groups in alike.items():
         first = names[groups[0]]
         head = first if len(groups) == 1 else f"{len(groups)} groups of {size} ranks like {first}"
         lines.append(f"{head}:")
-        for issued in shapes:
-            ranks = by_group[groups[0]][issued]
-            history = histories[issued]
-            count = history.count
+        issuing: set[int] = set()
+        for shape, ranks in by_group[groups[0]].items():
+            issuing.update(ranks)
+            count = histories[shape].count
             lines.append(f"  {ranks_phrase(ranks)}: {count} collective{'s' if count != 1 else ''}")
-            lines += [f"    {text}" for text in _runs(history)]
+            lines += [f"    {text}" for text in _runs(histories[shape])]
+        # A member that issued none on the group has no history of it: said, not left out.
+        silent = [r for r in members[groups[0]] or sorted(run.ranks) if r not in issuing]
+        if silent:
+            lines.append(f"  {ranks_phrase(silent)}: 0 collectives")
     lines += _creations(run.ranks)
     return "\n".join(lines)
 

@@ -146,7 +146,8 @@ def test_sequences_fold_members_groups_and_runs():
     made = tuple(Creation(m, "test_x.py:4") for m in tp.values())
     ranks = []
     for r in range(4):
-        mine = {g: (m, [BCAST]) for g, m in tp.items() if r in m}
+        # Rank 3 issues nothing on its pair's group: said, as the others are.
+        mine = {g: (m, [BCAST]) for g, m in tp.items() if r in m and r != 3}
         ranks.append(_rank(r, {DEFAULT_GROUP: (None, [SUM, SUM]), **mine}, made))
     text = check.sequences(_run(ranks))
     assert text.splitlines() == [
@@ -154,9 +155,13 @@ def test_sequences_fold_members_groups_and_runs():
         "the default group:",
         "  ranks 0-3: 2 collectives",
         "    #1-#2 all_reduce(SUM, float32[4]) at test_x.py:10",
-        "2 groups of 2 ranks like the group of ranks 0, 1:",
+        "the group of ranks 0, 1:",
         "  ranks 0, 1: 1 collective",
         "    #1 broadcast(src=0, float32[4]) at test_x.py:10",
+        "the group of ranks 2, 3:",
+        "  rank 2: 1 collective",
+        "    #1 broadcast(src=0, float32[4]) at test_x.py:10",
+        "  rank 3: 0 collectives",
         "groups made:",
         "  ranks 0-3: 2 groups",
         "    #1-#2 2 groups of 2 ranks at test_x.py:4",
