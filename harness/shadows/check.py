@@ -211,21 +211,21 @@ def sequences(run: ShadowRun) -> str:
     alike: dict[tuple[object, ...], list[str]] = {}
     for group in sorted(by_group, key=lambda g: (g != DEFAULT_GROUP, len(members[g] or ()), g)):
         place = {r: i for i, r in enumerate(members[group] or sorted(run.ranks))}
-        issued = tuple(
-            (shape, tuple(place[r] for r in who)) for shape, who in by_group[group].items()
+        issued_at = tuple(
+            (issued, tuple(place[r] for r in who)) for issued, who in by_group[group].items()
         )
-        alike.setdefault((len(place), issued), []).append(group)
+        alike.setdefault((len(place), issued_at), []).append(group)
     names = group_names(by_group, members)
     for (size, _), groups in alike.items():
         first = names[groups[0]]
         head = first if len(groups) == 1 else f"{len(groups)} groups of {size} ranks like {first}"
         lines.append(f"{head}:")
         issuing: set[int] = set()
-        for shape, ranks in by_group[groups[0]].items():
+        for issued, ranks in by_group[groups[0]].items():
             issuing.update(ranks)
-            count = histories[shape].count
+            count = histories[issued].count
             lines.append(f"  {ranks_phrase(ranks)}: {count} collective{'s' if count != 1 else ''}")
-            lines += [f"    {text}" for text in _runs(histories[shape])]
+            lines += [f"    {text}" for text in _runs(histories[issued])]
         # A member that issued none on the group has no history of it: said, not left out.
         silent = [r for r in members[groups[0]] or sorted(run.ranks) if r not in issuing]
         if silent:

@@ -366,4 +366,3 @@ def test_a_bad_flag_is_a_usage_error(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("-p", "no:randomly", "--dist-shadow=many")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--dist-shadow must be an int >= 1, not 'many'*"])
-
