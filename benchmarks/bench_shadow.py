@@ -3,6 +3,12 @@
 Run by hand, never in CI (nothing here asserts on time)::
 
     python benchmarks/bench_shadow.py [--sizes 64,1024] [--bodies empty,ddp,fsdp2,dtensor]
+    python benchmarks/bench_shadow.py --planted
+
+``--planted`` runs, through pytest, the how-to's four planted bugs at the production sizes
+they are scaled down from there (100 samples, a ``tp`` of 8 above 64 ranks, nodes of 8, 512
+reporters), each with ``shadow=[1024]``, and prints pytest's output: each report, with the
+smallest size that shows the bug, and the terminal summary's line per test with its time.
 
 One host (``harness.World(1, init=False)``, as the plugin's) runs each body's shadow world of
 each size, exactly as the plugin does after a test's real run (``harness.shadows.entry``):
@@ -102,6 +108,70 @@ BODIES = textwrap.dedent(
 )
 
 
+PLANTED = textwrap.dedent(
+    """
+    import pytest
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.distributed.device_mesh import init_device_mesh
+
+
+    @pytest.mark.distributed(world_size=4, shadow=[1024])
+    def test_empty_shard(rank, world_size):
+        model = nn.Linear(8, 1)
+        shard = torch.randn(100, 8)[rank::world_size]
+        if len(shard) == 0:
+            return
+        model(shard).sum().backward()
+        for param in model.parameters():
+            dist.all_reduce(param.grad)
+
+
+    @pytest.mark.distributed(world_size=4, shadow=[1024])
+    def test_tp_above_64(world_size):
+        tp = 8 if world_size > 64 else 1
+        if world_size % tp:
+            raise ValueError(f"{world_size} ranks do not make whole tp groups of {tp}")
+        grid = init_device_mesh("cpu", (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+        grad = torch.ones(4)
+        dist.all_reduce(grad, group=grid.get_group("dp"))
+        if tp > 1 and grid.get_local_rank("tp") == 0:
+            dist.all_reduce(grad, group=grid.get_group("tp"))
+
+
+    @pytest.mark.distributed(world_size=4, shadow=[1024])
+    def test_group_order(rank, world_size):
+        nodes = [list(range(s, min(s + 8, world_size))) for s in range(0, world_size, 8)]
+        mine = rank // 8
+        groups = [dist.new_group(r) for r in [nodes[mine], *nodes[:mine], *nodes[mine + 1 :]]]
+        dist.all_reduce(torch.ones(1), group=groups[0])
+
+
+    @pytest.mark.distributed(world_size=2, shadow=[1024])
+    def test_below_512(rank):
+        loss = torch.ones(1)
+        dist.all_reduce(loss)
+        if rank < 512:
+            dist.all_reduce(loss)
+    """
+)
+
+
+def planted() -> int:
+    """Run the four planted bugs at 1,024 ranks through pytest; its exit status."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as tmp:
+        with open(os.path.join(tmp, "test_planted.py"), "w") as file:
+            file.write(PLANTED)
+        command = [sys.executable, "-m", "pytest", "-p", "no:randomly", "-p", "no:cacheprovider"]
+        print(f"load average {os.getloadavg()[0]:.1f} at the start", flush=True)
+        status = subprocess.call([*command, "-W", "ignore::RuntimeWarning", tmp], cwd=tmp)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return status
+
+
 def measured(job: object) -> tuple[object, float]:
     """The host's run of ``job`` (as the plugin calls it), and the CPU seconds it took: the
     host's and every simulated rank's (each reaped by the host)."""
@@ -123,7 +193,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--sizes", default="64,1024", help="shadow sizes (64,1024)")
     parser.add_argument("--bodies", default="empty,ddp,fsdp2,dtensor,tp")
+    parser.add_argument("--planted", action="store_true", help="the four planted bugs")
     args = parser.parse_args()
+    if args.planted:
+        # pytest fails each test (each bug is found): exit 1 is what is expected.
+        sys.exit(0 if planted() == 1 else 2)
     sizes = [int(s) for s in args.sizes.split(",")]
 
     import torch
