@@ -201,7 +201,19 @@ def _make_shadow_groups(job: ShadowJob, rank: int, ranks: _Ranks) -> None:
     for module in (dist, dist.distributed_c10d):
         module.init_process_group = init_process_group  # type: ignore[attr-defined]
         module.get_backend = get_backend  # type: ignore[attr-defined]
+    recording.recorder.replace("monitored_barrier", _monitored_barrier)
     compat.set_group_maker(_noting(compat.group_maker(), ranks))
+
+
+def _monitored_barrier(
+    group: Any = None, timeout: Any = None, wait_all_ranks: bool = False
+) -> None:
+    """``torch.distributed.monitored_barrier`` on a shadow group: torch 2.15's refuses a group
+    without the CPU among the devices of its C++ backends, which a group written in Python
+    has none of."""
+    if group is not None and dist.get_rank(group) < 0:
+        return  # not a member: nothing to wait for, as torch's
+    cast(Any, group or dist.group.WORLD).monitored_barrier(timeout, wait_all_ranks)
 
 
 def _noting(make: Callable[..., Any], ranks: _Ranks) -> Callable[..., Any]:
