@@ -8,6 +8,7 @@ internal, laid out by which side of a world it runs on:
 * ``harness.controller``  the calling process: worlds, spawning, supervision, outcomes
 * ``harness.rank``        inside each rank process: the rank loop, test bodies, checks
 * ``harness.protocol``    what both sides agree on: messages, rank files, failures
+* ``harness.shadows``     shadow worlds: a test's body on every rank of a larger simulated world
 * ``harness.plugin``      the pytest plugin, a thin layer over the controller
 * ``harness.cli``         ``python -m harness``
 * ``harness.errors``, ``harness.validate``, ``harness.compat``, ``harness.versions``: shared
@@ -37,6 +38,8 @@ from harness.errors import (  # noqa: E402
     RankError,
     RankFailure,
     RankLeak,
+    ShadowMismatch,
+    ShadowUnfaithful,
     WorldHang,
     WorldTimeout,
 )
@@ -85,6 +88,19 @@ def restart_count() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def shadow() -> bool:
+    """Whether this code runs on a simulated rank of a shadow world.
+
+    A test that asks for shadow worlds (``@pytest.mark.distributed(shadow=[1024])``) runs its
+    body again on every rank of each, after its real run. A shadow's collectives return what
+    they would if every rank held this rank's data, so a value that depends on the other
+    ranks' data cannot be checked there: ``if not harness.shadow(): assert ...``.
+    """
+    from harness.shadows.records import SHADOW_VARIABLE
+
+    return SHADOW_VARIABLE in os.environ
+
+
 __all__ = [
     "CallOptions",
     "CollectiveMismatch",
@@ -98,6 +114,8 @@ __all__ = [
     "RankFailure",
     "RankLeak",
     "RankMemory",
+    "ShadowMismatch",
+    "ShadowUnfaithful",
     "World",
     "WorldHang",
     "WorldTimeout",
@@ -105,4 +123,5 @@ __all__ = [
     "fixture",
     "restart_count",
     "run",
+    "shadow",
 ]

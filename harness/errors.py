@@ -26,6 +26,8 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "ShadowMismatch",
+    "ShadowUnfaithful",
     "WorldHang",
     "WorldTimeout",
 ]
@@ -198,6 +200,33 @@ class CollectiveMismatch(DistributedError):
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).
+    """
+
+
+class ShadowMismatch(CollectiveMismatch):
+    """The ranks of a shadow world did not make the same groups or issue the same collectives.
+
+    A test that asked for shadow worlds (``shadow=[...]``, ``--dist-shadow``) passed on its
+    real world, and its body, run on every rank of a larger simulated one, made its groups in
+    another order on some ranks, or issued collectives that the other members of a group did
+    not (a real world of that size would hang or compute wrong results). ``verdicts`` say
+    where; ``size`` is the shadow world's size, ``smallest`` the smallest size found that
+    shows it.
+    """
+
+    def __init__(self, message: str, size: int = 0, smallest: int = 0) -> None:
+        super().__init__(message)
+        self.size, self.smallest = size, smallest
+
+
+class ShadowUnfaithful(DistributedError):
+    """A shadow world of the real world's size did not issue what the real run did.
+
+    The body depends on what its collectives returned (a shadow's collectives return what
+    they would if every rank held this rank's data), or on something else a shadow does not
+    simulate (a peer's files, the store): its larger shadows would say nothing true, so none
+    ran. The summary says where the two first differ; ``harness.shadow()`` tells the body
+    it runs in a shadow.
     """
 
 

@@ -127,6 +127,51 @@ def attempt_sizes(restarts: object, world_size: int) -> tuple[int, ...]:
     return (world_size, *restarts)
 
 
+def shadow_sizes(
+    marked: object, flagged: tuple[int, ...], world_size: int, alone: str = ""
+) -> tuple[int, ...]:
+    """A test's shadow sizes: its marker's ``shadow=`` (a list of sizes, one size, or False
+    to opt out of ``--dist-shadow``), then ``flagged`` (``--dist-shadow``'s), in order.
+
+    Args:
+        marked: The marker's ``shadow=``.
+        flagged: ``--dist-shadow``'s sizes.
+        world_size: The test's real world size: no shadow is smaller.
+        alone: Why the test cannot have shadow worlds ('' where it can): ``"faults"``,
+            ``"restarts"``. ``--dist-shadow`` then leaves it alone; a marker that asks is
+            an error.
+
+    Raises:
+        TypeError, ValueError: A size that is not an int, or is smaller than the test's
+            world; ``shadow=`` on a test with faults or restarts.
+    """
+    if marked is False:
+        return ()
+    if isinstance(marked, int) and not isinstance(marked, bool):
+        marked = [marked]
+    if not isinstance(marked, (list, tuple)):
+        raise TypeError(
+            f"shadow must be a list of world sizes (shadow=[64, 1024]), one size, or False "
+            f"(no shadow worlds, whatever --dist-shadow says), not {marked!r}"
+        )
+    if marked and alone:
+        raise ValueError(
+            f"shadow={list(marked)!r} on a test with {alone}: a shadow world runs the body "
+            f"without them, so it would not be this test; give shadow= to a test without {alone}"
+        )
+    sizes = [(positive_int(size, "each shadow size"), "shadow") for size in marked]
+    if not alone:
+        sizes += [(size, f"--dist-shadow={size}") for size in flagged]
+    for size, where in sizes:
+        if size < world_size:
+            named = f"shadow size {size}" if where == "shadow" else where
+            raise ValueError(
+                f"{named} is smaller than the test's world ({world_size} ranks); a shadow "
+                f"world is at least as large as the real one"
+            )
+    return tuple(sorted({size for size, _ in sizes}))
+
+
 def seconds(value: object, where: str, *, optional: bool = False, text: bool = False) -> float:
     """Check a positive, finite duration in seconds.
 

@@ -11,6 +11,7 @@ to the probe that checks it:
   flight recorder
 * :mod:`~harness.compat.torch_collectives`  hooks around a group's collectives, functional
   collectives' groups
+* :mod:`~harness.compat.torch_groups`       a completed ``Work``, the function new groups go through
 * :mod:`~harness.compat.torch_testing`      ``MultiProcessTestCase`` and torch's own tests
 * :mod:`~harness.compat.cpython`            frames, multiprocessing's forkserver, ``os.environ``
 * :mod:`~harness.compat.coverage_api`       coverage's configuration file
@@ -38,6 +39,7 @@ from harness.compat import (
     pytest_internals,
     torch_collectives,
     torch_distributed,
+    torch_groups,
     torch_testing,
 )
 from harness.compat.coverage_api import *  # noqa: F403
@@ -47,11 +49,13 @@ from harness.compat.nanobind import *  # noqa: F403
 from harness.compat.pytest_internals import *  # noqa: F403
 from harness.compat.torch_collectives import *  # noqa: F403
 from harness.compat.torch_distributed import *  # noqa: F403
+from harness.compat.torch_groups import *  # noqa: F403
 from harness.compat.torch_testing import *  # noqa: F403
 
 PRIVATE_APIS: dict[str, Callable[[], object]] = {
     **torch_collectives.PROBES,
     **torch_distributed.PROBES,
+    **torch_groups.PROBES,
     **torch_testing.PROBES,
     **cpython.PROBES,
     **coverage_api.PROBES,

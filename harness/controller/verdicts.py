@@ -28,6 +28,7 @@ from harness.protocol.traces import (
     DEFAULT_GROUP,
     IN_FLIGHT,
     RAISED,
+    Agreement,
     Collective,
     Fingerprint,
     GroupHistory,
@@ -223,17 +224,8 @@ def agree(prints: Mapping[int, Fingerprint | None], world_size: int) -> bool:
     values = list(prints.values())
     if all(found == values[0] for found in values):
         return True  # the common case: one comparison per rank
-    members: dict[str, tuple[int, ...] | None] = {}
-    per_rank: dict[int, dict[str, tuple[int, int]]] = {}
-    for rank, found in prints.items():
-        for group, ranks, count, checksum in found or ():
-            members.setdefault(group, ranks)
-            per_rank.setdefault(rank, {})[group] = (count, checksum)
-    for group, ranks in members.items():
-        compared = ranks if ranks is not None else range(world_size)
-        if len({per_rank.get(rank, {}).get(group, (0, 0)) for rank in compared}) > 1:
-            return False
-    return True
+    agreement = Agreement()
+    return all(agreement.add(rank, found or ()) for rank, found in prints.items())
 
 
 def same_op(first: Op, second: Op) -> bool:

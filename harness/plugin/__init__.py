@@ -156,6 +156,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Perfetto) and fr/ (Flight Recorder dumps); the report names it (default: ini "
         "dist_trace_dir)",
     )
+    group.addoption(
+        "--dist-shadow",
+        action="append",
+        metavar="N",
+        help="after each distributed test passes, run its body again on every rank of a "
+        "simulated world of N ranks (a shadow world) and compare every group's collectives "
+        "there; may be given more than once (a marker's shadow=False opts a test out)",
+    )
     for flag, text in _FLAGS.items():
         group.addoption(flag, action="store_true", default=False, help=text)
     for name, text in _INI.items():
@@ -182,7 +190,7 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
             "init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
             "ranks_per_gpu=None, restarts=0, "
-            "verify=None): run the test body on every rank "
+            "verify=None, shadow=()): run the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
@@ -192,7 +200,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "ranks that share one GPU (default: ini dist_ranks_per_gpu); restarts: how often the "
             "run starts again on fresh ranks when a rank fails, or each restart's world size; "
             "verify: a module-level function run on the ranks of a fresh world after each "
-            "case of a sweep)",
+            "case of a sweep; shadow: larger world sizes on which the body runs again once "
+            "it passed, every rank simulated, their collectives compared)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
@@ -240,6 +249,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     noted: dict[str, list[str]] = {
         report.VERIFIED: [],
         report.GPU_TESTS: [],
+        report.SHADOWS: [],
         sweep_summary.CASE: [],
     }
     for reports in terminalreporter.stats.values():
@@ -260,6 +270,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "harness: fault sweeps")
         cases = (sweep_summary.Case.loads(text) for text in noted[sweep_summary.CASE])
         for line in sweep_summary.summary(cases):
+            terminalreporter.write_line(line)
+    if noted[report.SHADOWS]:  # each shadowed test: the sizes it was checked at, the time
+        terminalreporter.write_sep("=", "harness: shadow worlds")
+        for line in noted[report.SHADOWS]:
             terminalreporter.write_line(line)
     for line in memory_report.of(config).lines():
         terminalreporter.write_line(line)

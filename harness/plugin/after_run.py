@@ -16,15 +16,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from harness.plugin import report, sweep_cases, sweep_recount
+from harness.controller.outcome import Outcome
+from harness.plugin import interrupts, report, sweep_cases, sweep_recount
 
 if TYPE_CHECKING:
-    from harness.controller.outcome import Outcome
     from harness.controller.world import World
     from harness.plugin.leases import Holder
     from harness.plugin.settings import TestSettings, WorldShape
     from harness.plugin.trace_folders import TraceFolders
     from harness.protocol.messages import CallOptions
+    from harness.protocol.pytest_calls import FixturePlan, TestRef
 
 
 class Session(Protocol):
@@ -34,6 +35,9 @@ class Session(Protocol):
 
     def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
         """A new world of ``shape``, its GPUs leased for ``holder``."""
+
+    def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
+        """The session's world of this size, backend and ``init``."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class Ran:
         call_phase: Whether it ran in pytest's call phase (a ``@given`` test's example,
             which ran its ``verify=`` itself), not whole in the setup phase.
         seconds: How long the run took, as pytest's process measured it.
+        call: What its ranks ran: the test and its rank-side fixtures (None: a
+            ``--dist-mptc`` case or a ``@given`` test's example).
     """
 
     item: pytest.Function
@@ -67,6 +73,7 @@ class Ran:
     test: TestSettings | None = None
     call_phase: bool = False
     seconds: float = 0.0
+    call: tuple[TestRef, FixturePlan] | None = None
 
     @property
     def described(self) -> str:
@@ -104,6 +111,34 @@ def verify(session: Session, ran: Ran) -> Ran:
     return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
 
 
+def shadow(session: Session, ran: Ran) -> Ran:
+    """The test's shadow worlds, once its real run passed (:mod:`harness.shadows`): a
+    difference there, or a failure, fails it; the terminal summary gets its line, and the
+    trace folder the sequences of each shadow world."""
+    test, outcome = ran.test, ran.outcome
+    if test is None or not test.shadow or ran.call is None or ran.failure is not None:
+        return ran
+    if outcome.error is not None or outcome.skip is not None:
+        return ran
+    from harness.shadows import check, worlds  # only a test with shadow worlds loads them
+    from harness.shadows.records import ShadowJob
+
+    size = test.world_size
+    job = ShadowJob(*ran.call, size, size, test.init, ran.options.seed, rank_timeout=test.timeout)
+    host = session.world(1, "gloo", init=False)
+    # A bound that only catches a hang (every rank's own, one after another, the search's
+    # too), or what is left of pytest-timeout's limit.
+    bound = test.timeout * (size + 3 * sum(test.shadow))
+    with interrupts.taken_over(ran.item, bound) as deadline:
+        checked = worlds.check(host, job, test.shadow, outcome.traces, deadline.seconds)
+    ran.item.user_properties.append((report.SHADOWS, f"{ran.item.nodeid}: {checked.line}"))
+    texts = {f"shadow-{size}.txt": check.sequences(run) for size, run in checked.runs.items()}
+    session.trace_folders.write_texts(ran.item, texts, checked.error is not None)
+    if checked.error is None:
+        return ran
+    return replace(ran, outcome=Outcome(error=checked.error, outputs=outcome.outputs))
+
+
 def sweep_note(session: Session, ran: Ran) -> Ran:
     """A sweep's case noted for the terminal summary (:func:`sweep_cases.note`)."""
     if ran.test is not None:
@@ -136,13 +171,14 @@ def repro(session: Session, ran: Ran) -> Ran:
 STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
     recount,
     verify,
+    shadow,
     sweep_note,
     trace_folder,
     report_sections,
     repro,
 )
-"""The steps, in order: the count first, then ``verify=``, since what the others show is
-their outcome."""
+"""The steps, in order: the count first, then ``verify=`` and the shadow worlds, since what
+the others show is their outcome."""
 
 
 def after_run(session: Session, ran: Ran) -> Ran:

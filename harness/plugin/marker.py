@@ -45,6 +45,7 @@ class MarkSpec:
     ranks_per_gpu: Any = None
     restarts: Any = 0
     verify: Any = None
+    shadow: Any = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -38,6 +38,11 @@ GPU_TESTS = "dist_gpus"
 """The ``user_properties`` name under which a distributed test that needs GPUs notes
 ``"ran"`` (it got them) or ``"skipped"`` (the run has fewer than it needs)."""
 
+SHADOWS = "dist_shadow"
+"""The ``user_properties`` name under which a test with shadow worlds notes its line of the
+terminal summary: ``test_x.py::test_a: shadow worlds: 2 (as the real run): agrees; 1024:
+agrees (41.2 s)``."""
+
 # The harness's own files: a warning located there is about the test.
 _HARNESS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 

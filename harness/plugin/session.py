@@ -279,7 +279,7 @@ class DistSession:
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
         ran = after_run.Ran(
             item, held.result, test.world, options, holder, option, held.note,
-            held.failure, test, seconds=time.monotonic() - started,
+            held.failure, test, seconds=time.monotonic() - started, call=(ref, plan),
         )  # fmt: skip
         return ran, deadline
 

@@ -7,10 +7,11 @@ Where several places can give a setting, the first of these that gives it wins:
 3. the ini file (``dist_timeout``, ...);
 4. the default.
 
-Two flags only ever add to what a marker says, for every test: ``--dist-isolate`` and
-``--dist-no-collective-check``. pytest-timeout's limit, where one applies to a test, bounds
-its deadline too (:mod:`harness.plugin.interrupts`). The session's settings are read, without
-torch, at configure: a bad value is a usage error at once.
+Three flags only ever add to what a marker says, for every test: ``--dist-isolate``,
+``--dist-no-collective-check`` and ``--dist-shadow`` (a shadow size for every test that can
+have one; ``shadow=False`` in a marker opts a test out). pytest-timeout's limit, where one
+applies to a test, bounds its deadline too (:mod:`harness.plugin.interrupts`). The session's
+settings are read, without torch, at configure: a bad value is a usage error at once.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class Settings:
     trace_all: bool = False
     memory_growth: int = validate.DEFAULT_MEMORY_GROWTH
     max_rank_memory: int | None = None
+    shadow: tuple[int, ...] = ()
 
 
 def read(config: pytest.Config) -> Settings:
@@ -132,6 +134,10 @@ def read(config: pytest.Config) -> Settings:
                 "ini option dist_memory_growth",
             ),
             max_rank_memory=_max_rank_memory(config),
+            shadow=tuple(
+                validate.positive_int(size, "--dist-shadow", text=True)
+                for size in config.getoption("dist_shadow", None) or ()
+            ),
         )
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -288,6 +294,8 @@ class TestSettings:
         case: The sweep case it is: its fault, or the clean run that counts the sweep;
             None where it is no sweep's case.
         verify: The marker's ``verify=``, checked (None: none).
+        shadow: The sizes of the shadow worlds its body runs on after its real run, in
+            order (the marker's ``shadow=`` and ``--dist-shadow``'s); empty: none.
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -302,6 +310,7 @@ class TestSettings:
     named_backend: bool = False
     case: Fault | CleanRun | None = None
     verify: Callable[..., Any] | None = None
+    shadow: tuple[int, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -374,6 +383,10 @@ def _settings(
     faults = [case] if FAULT_PARAM in params else spec.faults
     faults = [] if isinstance(case, CleanRun) else faults
     planned = plan(_call_options(session, item, spec, faults), faults, spec.restarts, world_size)
+    alone = _shadowless(item, bool(faults) or FAULT_PARAM in params, len(planned.sizes) > 1)
+    shadow = validate.shadow_sizes(spec.shadow, session.shadow, world_size, alone)
+    # A test's shadow of its real size is compared with its real run's traces.
+    call = replace(planned.options, keep_traces=True) if shadow else planned.options
     per_rank = spec.gpus_per_rank
     if per_rank is not None:
         per_rank = validate.whole(per_rank, "gpus_per_rank")
@@ -390,13 +403,27 @@ def _settings(
         backend=backend,
         isolate=bool(spec.isolate) or session.isolate,
         gpus_per_rank=per_rank,
-        call=planned.options,
+        call=call,
         ranks_per_gpu=shared,
         attempts=planned.sizes,
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
+        shadow=shadow,
     )
+
+
+def _shadowless(item: pytest.Item, faults: bool, restarts: bool) -> str:
+    """Why a test cannot have shadow worlds, which run its body once per rank without faults
+    or restarts ('' where it can)."""
+    if faults:  # a sweep's clean run too: it counts the collectives of a run with faults
+        return "faults"
+    if restarts:
+        return "restarts"
+    # Its examples are drawn in the pytest process, each one call of the ranks.
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        return "@given examples"
+    return ""
 
 
 def _world_size(size: object) -> int:

@@ -31,11 +31,13 @@ class TraceFolders:
         self._settings = settings
         # Passing tests' folders, written when the session ends (see harness.timeline.spool).
         self._background = spool.Writer()
+        self._texts: dict[str, list[str]] = {}  # by test: the files write_texts wrote
 
     def write(self, item: pytest.Item, outcome: Outcome, world_size: int, backend: str) -> None:
         """Write ``item``'s trace folder where its outcome (the run whose verdict stands) calls
         for one, and note the report's line; a folder that cannot be written is said there."""
         settings = self._settings
+        texts = self._texts.pop(item.nodeid, [])
         report.set_trace_line(item, "")
         if not settings.trace_dir or outcome.skip is not None:
             return
@@ -67,11 +69,29 @@ class TraceFolders:
             report.set_trace_line(item, line)
             return
         files = [name for name in folder.FILES if name not in problems]
+        files += texts
         shown = ", ".join(name + ("/" if name == "fr" else "") for name in files)
         line = f"trace folder: {written}{os.sep}" + (f" ({shown})" if shown else "")
         if problems:
             line += "; not written: " + "; ".join(f"{k}: {v}" for k, v in problems.items())
         report.set_trace_line(item, line)
+
+    def write_texts(self, item: pytest.Item, texts: dict[str, str], failed: bool) -> None:
+        """Write ``texts`` (file name -> text) into ``item``'s trace folder, where it gets
+        one: when the test failed, or under ``--dist-trace-all``; a file that cannot be
+        written is left out (the test's outcome stands)."""
+        settings = self._settings
+        if not settings.trace_dir or not (failed or settings.trace_all):
+            return
+        where = Path(settings.trace_dir) / folder.folder_name(item.nodeid)
+        written = self._texts[item.nodeid] = []
+        try:
+            where.mkdir(parents=True, exist_ok=True)
+            for name, text in texts.items():
+                (where / name).write_text(text, encoding="utf-8")
+                written.append(name)
+        except OSError:
+            return
 
     def close(self) -> None:
         """Write the passing tests' folders, at the session's end."""

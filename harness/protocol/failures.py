@@ -11,7 +11,6 @@ error and the pytest report are built from it.
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import traceback
@@ -235,13 +234,23 @@ def describe_exitcode(code: int | None) -> str:
 def ranks_phrase(ranks: Iterable[int]) -> str:
     """A set of ranks as a short phrase.
 
-    For example ``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``: sorted, runs of three or
-    more shortened.
+    For example ``"rank 2"``, ``"ranks 0, 1"``, ``"ranks 0-3, 6"``, ``"ranks 0-1016 step 8"``:
+    sorted, runs of three or more shortened, and every-Nth runs of four or more (a mesh
+    dimension's group).
     """
     ordered = sorted(set(ranks))
     parts: list[str] = []
-    # Consecutive ranks share their difference to their position in the sorted list.
-    for _, group in itertools.groupby(enumerate(ordered), lambda pair: pair[1] - pair[0]):
-        run = [rank for _, rank in group]
-        parts += [f"{run[0]}-{run[-1]}"] if len(run) >= 3 else [str(rank) for rank in run]
+    index = 0
+    while index < len(ordered):
+        first = ordered[index]
+        end = index + 1  # past the run from ``first`` with the step of its next rank
+        step = ordered[end] - first if end < len(ordered) else 1
+        while end < len(ordered) and ordered[end] - ordered[end - 1] == step:
+            end += 1
+        if end - index >= (3 if step == 1 else 4):
+            parts.append(f"{first}-{ordered[end - 1]}" + (f" step {step}" if step > 1 else ""))
+            index = end
+        else:
+            parts.append(str(first))
+            index += 1
     return ("ranks " if len(ordered) > 1 else "rank ") + ", ".join(parts)

@@ -279,6 +279,45 @@ Where a collective raised on the rank (``GroupHistory.raised``), count and check
 the group's collectives before it only, the part the desync check compares."""
 
 
+class Agreement:
+    """The desync check's first half, told as each rank's fingerprint comes in: whether the
+    members of every group issued as many collectives on it, with equal checksums (a member
+    without an entry for a group issued none there).
+
+    Attributes:
+        agree: False from the first fingerprint that disagrees with another one.
+    """
+
+    def __init__(self) -> None:
+        self.agree = True
+        # Per group: its members (None: every rank) and its first member's (count, checksum).
+        self._groups: dict[str, tuple[frozenset[int] | None, tuple[int, int]]] = {}
+        self._ranks: dict[int, set[str]] = {}  # the groups each rank added has entries for
+
+    def add(self, rank: int, found: Fingerprint) -> bool:
+        """Take ``rank``'s fingerprint; whether every fingerprint taken so far agrees."""
+        groups = self._groups
+        mine = {group for group, _, _, _ in found}
+        for group, members, count, checksum in found:
+            known = groups.get(group)
+            if known is None:
+                ranks = None if members is None else frozenset(members)
+                groups[group] = (ranks, (count, checksum))
+                # The members taken before that have no entry issued nothing on it.
+                if (count, checksum) != (0, 0) and any(
+                    group not in entries and (ranks is None or other in ranks)
+                    for other, entries in self._ranks.items()
+                ):
+                    self.agree = False
+            elif known[1] != (count, checksum):
+                self.agree = False
+        for group, (ranks, value) in groups.items():
+            if group not in mine and value != (0, 0) and (ranks is None or rank in ranks):
+                self.agree = False
+        self._ranks[rank] = mine
+        return self.agree
+
+
 def group_names(ids: Iterable[str], ranks: Mapping[str, tuple[int, ...] | None]) -> dict[str, str]:
     """How each group reads: ``"the default group"``, ``"the group of ranks 0, 2"``; a group
     whose ranks another group shares is told apart by its name (``"... (group 3)"``).

@@ -37,6 +37,14 @@ def install(ctx: RankContext) -> None:
     _context = ctx
 
 
+def replace(ctx: RankContext) -> None:
+    """Make ``ctx`` the rank context of a process forked from a rank to be another rank (a
+    shadow world's simulated rank, :mod:`harness.shadows.simulate`): it replaces the one
+    the process inherited."""
+    global _context
+    _context = ctx
+
+
 def context() -> RankContext:
     """This process's rank context.
 

@@ -93,7 +93,7 @@ def _start_process(setup: RankSetup) -> RankFiles:
     # Ctrl-C is the controller's to handle (it stops us), also where it reaches our group.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _own_process_group()
-    _die_with_parent()
+    die_with_parent()
     # Line buffering so that output written just before a crash still reaches the capture file.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
@@ -305,8 +305,9 @@ def _own_process_group() -> None:
     signal.signal(signal.SIGTTOU, signal.SIG_IGN)
 
 
-def _die_with_parent() -> None:
-    # Our parent is the forkserver (or the controller with spawn), which exits with the
+def die_with_parent() -> None:
+    """Ask the kernel to kill this process when its parent dies (Linux; elsewhere nothing)."""
+    # A rank's parent is the forkserver (or the controller with spawn), which exits with the
     # controller. The lifeline covers the controller itself; this covers a killed server.
     # Elsewhere than on Linux, libc has no prctl (AttributeError).
     parent = os.getppid()

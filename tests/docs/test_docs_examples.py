@@ -111,7 +111,8 @@ BLOCKS = [block for page in PAGES for block in parse(page)]
 
 
 _KEY_LINE = re.compile(
-    r"^(?:RankError|WorldTimeout|WorldHang|CollectiveMismatch|RankCrash|RankLeak): "
+    r"^(?:RankError|WorldTimeout|WorldHang|CollectiveMismatch|RankCrash|RankLeak"
+    r"|ShadowMismatch|ShadowUnfaithful): "
     r"|^rank \d+ never reached |^run \(|^confirmed on fresh processes; |^The deadline was "
     r"|^\S+ (?:failed|passed) (?:after|on a reused world) "
     # A fault sweep's summary: its headings, ranges and failing kill points.

@@ -65,6 +65,12 @@ def _coverage_project(pytester: pytest.Pytester) -> None:
         def test_isolated(rank):
             assert rank_sum(1) == 2
 
+        @pytest.mark.distributed(world_size=2, shadow=[4])
+        def test_shadow_below_2(rank):
+            rank_sum(1)
+            if rank < 2:
+                rank_sum(1)  # ranks 2 and up never issue it
+
         def test_controller_only():
             assert os.environ.get("RANK") is None
         """
@@ -99,8 +105,19 @@ def test_xdist_and_coverage_need_no_configuration(
     result = pytester.runpytest_subprocess(
         *options, "-p", "no:cacheprovider", timeout=SUBPROCESS_TIMEOUT_S
     )
-    result.assert_outcomes(passed=8, failed=1)
+    result.assert_outcomes(passed=8, failed=2)
     result.stdout.fnmatch_lines(["RankError: rank 1 raised ValueError: rank 1"])
+    # A shadow world's host is a rank too: its finding, and its line of the summary, reach
+    # the terminal from an xdist worker as from pytest's own process.
+    result.stdout.fnmatch_lines(
+        [
+            "ShadowMismatch: in a shadow world of 4 ranks * (the smallest shadow world that "
+            "shows it has 3 ranks; 2 ranks agree): *",
+            "*harness: shadow worlds*",
+            "test_ops.py::test_shadow_below_2: shadow worlds: 2 (as the real run): agrees; "
+            "4: differs (*s)",
+        ]
+    )
     # Each kind of world's peak memory per rank: under xdist, the workers' worlds together.
     result.stdout.fnmatch_lines(
         [
@@ -109,7 +126,7 @@ def test_xdist_and_coverage_need_no_configuration(
         ]
     )
     if "-n" in options:
-        result.stdout.fnmatch_lines(["*worker* [[]9 items[]]*"])
+        result.stdout.fnmatch_lines(["*worker* [[]10 items[]]*"])
     else:
         # -s: the ranks' output is not captured, it reaches the terminal as it is printed.
         for rank in range(3):

@@ -106,9 +106,11 @@ def _failed() -> Outcome:
 
 def test_the_steps_hold_the_count_then_run_verify_first() -> None:
     assert after_run.STEPS[:2] == (after_run.recount, after_run.verify)
+    assert after_run.STEPS[2] is after_run.shadow  # what the later steps show is its outcome
     assert set(after_run.STEPS) == {
         after_run.recount,
         after_run.verify,
+        after_run.shadow,
         after_run.sweep_note,
         after_run.trace_folder,
         after_run.report_sections,
@@ -129,6 +131,21 @@ def test_verify_passes_a_run_on_where_it_has_nothing_to_run(ran: after_run.Ran) 
     session = FakeSession()
     assert after_run.verify(session, ran) is ran
     assert session.worlds == []
+
+
+@pytest.mark.parametrize(
+    "ran",
+    [
+        _ran(Outcome(values=[None, None]), None),  # a --dist-mptc case: no marker
+        _ran(Outcome(values=[None, None]), _test()),  # no shadow=
+        _ran(_failed(), replace(_test(), shadow=(8,))),  # the real run failed
+    ],
+)
+def test_shadow_worlds_pass_a_run_on_where_they_have_nothing_to_run(ran: after_run.Ran) -> None:
+    session = FakeSession()
+    assert after_run.shadow(session, ran) is ran
+    assert session.worlds == []
+    assert ran.item.user_properties == []
 
 
 def test_a_sweep_case_is_noted_for_the_summary_and_nothing_else_is() -> None:

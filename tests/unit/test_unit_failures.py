@@ -202,6 +202,10 @@ def test_sections_mark_the_root_cause_only_among_several_failures_in_time() -> N
         ([6, 0, 1, 2, 3], "ranks 0-3, 6"),
         ([0, 1, 3, 4, 5, 7], "ranks 0, 1, 3-5, 7"),
         ([4, 4], "rank 4"),
+        ([0, 2, 4], "ranks 0, 2, 4"),
+        (list(range(0, 1024, 8)), "ranks 0-1016 step 8"),
+        ([1, 3, *range(5, 40, 8)], "ranks 1, 3, 5-37 step 8"),
+        ([0, 1, 2, 10, 20, 30, 40], "ranks 0-2, 10-40 step 10"),
     ],
 )
 def test_ranks_phrase(ranks: list[int], said: str) -> None:

@@ -3,9 +3,8 @@ and how a rank's trace reads (``traces.render``, group names, the lookups a verd
 
 from __future__ import annotations
 
-from array import array
-
 import pytest
+from verdict_testutil import history as _history
 from verdict_testutil import verdict_lines
 
 from harness import faults
@@ -37,31 +36,6 @@ BCAST = Op(
 )
 SEND = Op("send", "send(dst=1, float32[4])", "send", p2p=True)
 PAIR = "0,1/3"  # the group of ranks 0 and 1, named "3"
-
-
-def _history(
-    ops: list[Op],
-    group: str = DEFAULT_GROUP,
-    ranks: tuple[int, ...] | None = None,
-    *,
-    lines: list[int] | None = None,
-    raised: int = 0,
-) -> GroupHistory:
-    """A group's history of ``ops``, called at ``/src/test_x.py`` (line 10 + n unless
-    ``lines``)."""
-    lines = lines or [10 + n for n in range(len(ops))]
-    distinct_ops = list(dict.fromkeys(ops))
-    places = list(dict.fromkeys(("/src/test_x.py", line) for line in lines))
-    return GroupHistory(
-        group,
-        ranks,
-        len(ops),
-        tuple(distinct_ops),
-        array("I", [distinct_ops.index(op) for op in ops]).tobytes(),
-        tuple(places),
-        array("I", [places.index(("/src/test_x.py", line)) for line in lines]).tobytes(),
-        raised,
-    )
 
 
 def _trace(*histories: GroupHistory, last: str = COMPLETED, blocked_at: str = "") -> RankTrace:

@@ -110,6 +110,13 @@ def uninstall() -> None:
     _hooks = None
 
 
+def record_only() -> None:
+    """Put no hooks on any group from now on, and keep what :func:`note_below` needs: in a
+    process whose groups see their own collectives and record them through it."""
+    uninstall()
+    _held()
+
+
 def _ignored(group: Any) -> None:
     return None
 
@@ -199,7 +206,9 @@ def _pre(group: Any, args: Any) -> None:
             return
         # The frame that called into torch's C++: this hook's caller's.
         frame = compat.frame(2)
-        record = _note(recorder, group, kind, args, frame)
+        tensors = args.output_tensors if kind.outputs else args.input_tensors
+        root = args.root if kind.root else -1
+        record = note_below(recorder, group, kind, tensors, root, bool(args.async_op), frame)
         if record is None:
             return
         record.work = Issuing(frame, thread)
@@ -249,17 +258,33 @@ def _post(group: Any, args: Any) -> None:
             _act(recorder, record, placed, [], work)
 
 
-def _note(
-    recorder: Recorder, group: Any, kind: hook_ops.Kind, args: Any, frame: Any
+def note_below(
+    recorder: Recorder,
+    group: Any,
+    kind: hook_ops.Kind,
+    tensors: Any,
+    root: int,
+    async_op: bool,
+    frame: Any,
 ) -> Record | None:
-    tensors = args.output_tensors if kind.outputs else args.input_tensors
+    """Record a collective torch issues below ``torch.distributed``'s functions, as the hooks
+    read it: what the pre hook calls, and what a process group that sees its own
+    collectives calls where the hooks record nothing (:func:`record_only`).
+
+    Args:
+        recorder: The call's recorder.
+        group: The collective's process group.
+        kind: How it is recorded.
+        tensors: Its tensors, as the hooks give them (its outputs where ``kind.outputs``).
+        root: Its root in the group (-1: none).
+        async_op: Whether it was issued without waiting.
+        frame: The frame that called into torch's C++.
+    """
     if len(tensors) == 1:  # the usual case, without a comprehension's call
         tensor = tensors[0]
         raw: tuple[Any, ...] = ((tensor.dtype, tensor.shape, tensor.device),)
     else:
         raw = tuple([(t.dtype, t.shape, t.device) for t in tensors])
-    root = args.root if kind.root else -1
-    async_op = bool(args.async_op)
     place, origin = _where(kind, frame)
     key = (kind.name, raw, root, async_op, origin)
     # The recorder reads the default group's handle (group.WORLD) as None itself.

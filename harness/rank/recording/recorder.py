@@ -390,6 +390,15 @@ def install() -> None:
                     setattr(module, name, wrapper)
 
 
+def replace(name: str, fn: Callable[..., Any]) -> None:
+    """Make ``fn`` what ``torch.distributed.<name>`` runs from now on, recorded as the
+    function it replaces (a shadow world's simulated rank, whose groups torch's own function
+    refuses: :mod:`harness.shadows.simulate`)."""
+    wrapper = _wrap(fn, _SPECS[name])
+    for module in (dist, dist.distributed_c10d):
+        setattr(module, name, wrapper)
+
+
 _ORIGINAL = "__harness_traced__"
 
 
