@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from harness.protocol.schedules import Schedule
+
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
 ``--dist-backend``, ``python -m harness check --backend``): ``"auto"`` and the backends
@@ -136,6 +138,61 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
         also = " or None" if optional else ""
         raise ValueError(f"{where} must be a positive number of seconds{also}, got {value!r}")
     return float(number)
+
+
+def seed(value: object, where: str, *, text: bool = False) -> int:
+    """Check and return a seed: an int >= 0 (a schedule's, ``--dist-schedule-seed``).
+
+    Raises:
+        TypeError: It is not an int (``True`` and ``7.0`` are not).
+        ValueError: It is negative, or text that is not an integer.
+    """
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{where} must be an int >= 0 (a seed), not {value!r}") from None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"{where} must be an int >= 0 (a seed), not {value!r}")
+    if value < 0:
+        raise ValueError(f"{where} must be an int >= 0 (a seed), got {value}")
+    return value
+
+
+def schedule(value: object, where: str) -> Schedule:
+    """Check a :class:`~harness.protocol.schedules.Schedule` a user made or drew: its holds
+    ``(rank >= 0, boundary >= 1)`` pairs of ints, its delay None or positive seconds.
+
+    Raises:
+        TypeError: It is not a schedule, or its holds are not pairs of ints, naming it.
+        ValueError: A hold's rank or boundary, or its delay, is out of range, naming it.
+    """
+    if not isinstance(value, Schedule):
+        raise TypeError(
+            f"{where} must be a harness.Schedule (draw it with harness.strategies.schedules), "
+            f"not {short_repr(value)}"
+        )
+    holds = value.holds
+    pairs = isinstance(holds, tuple) and all(
+        isinstance(hold, tuple)
+        and len(hold) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in hold)
+        for hold in holds
+    )
+    if not pairs:
+        raise TypeError(
+            f"{where} must hold (rank, boundary) pairs of ints, e.g. holds=((0, 3),), "
+            f"not holds={short_repr(holds)}"
+        )
+    for rank, at in holds:
+        if rank < 0 or at < 1:
+            raise ValueError(
+                f"{where} has the hold ({rank}, {at}): a rank is >= 0 and a boundary >= 1 "
+                "(counted from 1)"
+            )
+    if value.delay is not None:
+        seconds(value.delay, f"{where}'s delay")
+    return value
 
 
 def flag(value: object, where: str) -> bool:
