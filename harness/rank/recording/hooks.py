@@ -213,6 +213,8 @@ def _pre(group: Any, args: Any) -> None:
     except Exception as exc:
         _warn(args, exc)
         return
+    if recorder.holds is not None:
+        recorder.holds.before(record)
     if placed is not None:
         _act(recorder, record, placed, list(args.input_tensors or args.output_tensors))
 
@@ -223,6 +225,8 @@ def _raised(recorder: Recorder, record: Record) -> None:
         record.work = None
         failed(record)
         recorder.raised = True
+        if recorder.holds is not None:
+            recorder.holds.raised(record)
 
 
 def _post(group: Any, args: Any) -> None:
@@ -243,10 +247,11 @@ def _post(group: Any, args: Any) -> None:
     except Exception as exc:
         record.work = None
         _warn(args, exc)
-    if placed is not None:
-        recorder = current()
-        if recorder is not None:
-            _act(recorder, record, placed, [], work)
+    recorder = current()
+    if recorder is not None and recorder.holds is not None:
+        recorder.holds.after(record, work)
+    if placed is not None and recorder is not None:
+        _act(recorder, record, placed, [], work)
 
 
 def _note(
