@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
+    from harness.protocol.schedules import Schedule
     from harness.protocol.traces import IssuedCollective
     from harness.rank.recording.issued import collectives
 
@@ -60,6 +61,7 @@ _LAZY = {
     "World": "harness.controller.world",
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
+    "Schedule": "harness.protocol.schedules",
     "IssuedCollective": "harness.protocol.traces",
     "collectives": "harness.rank.recording.issued",
     "FaultFired": "harness.faults",
@@ -95,6 +97,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "Schedule",
     "World",
     "WorldHang",
     "WorldTimeout",

@@ -56,6 +56,7 @@ from harness.plugin.marker import (  # noqa: E402
     marker_name,
     run_mark,
 )
+from harness.protocol.schedules import DEFAULT_DELAY_S  # noqa: E402
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
 _MPTC = "harness-mptc"  # mptc.CasePlugin's name, when --dist-mptc is on
@@ -104,6 +105,8 @@ _INI = {
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
     "dist_max_world_size": "the largest world a Hypothesis-drawn world_size may ask for: a "
     "strategy that can draw more fails its test before any example runs (default: 8)",
+    "dist_schedules": "as --dist-schedules (default: 0)",
+    "dist_schedule_delay": f"as --dist-schedule-delay, in seconds (default: {DEFAULT_DELAY_S:g})",
 }
 _BOOL_INI = {
     "dist_no_collective_check": "as --dist-no-collective-check (false)",
@@ -143,6 +146,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "Perfetto) and fr/ (Flight Recorder dumps); the report names it (default: ini "
         "dist_trace_dir)",
     )
+    group.addoption(
+        "--dist-schedules",
+        metavar="N",
+        help="run each distributed test again under N seeded schedules after it passed: each "
+        "holds ranks back at a few collective boundaries, to turn a race between ranks into "
+        "a failure that replays from its seed (default: ini dist_schedules, else 0; a "
+        "marker's schedules= wins)",
+    )
+    group.addoption(
+        "--dist-schedule-seed",
+        metavar="SEED",
+        help="run only the schedule of this seed (a failure's report names it), for every "
+        "distributed test that runs schedules or that this option alone asks to",
+    )
+    group.addoption(
+        "--dist-schedule-delay",
+        metavar="SECONDS",
+        help="the longest a schedule holds a rank back at one boundary (default: ini "
+        f"dist_schedule_delay, else {DEFAULT_DELAY_S:g}); a hold ends sooner once "
+        "every other rank waits",
+    )
     for flag, text in _FLAGS.items():
         group.addoption(flag, action="store_true", default=False, help=text)
     for name, text in _INI.items():
@@ -169,7 +193,8 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
             "init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
             "ranks_per_gpu=None, restarts=0, "
-            "verify=None): run the test body on every rank "
+            "verify=None, schedules=None, schedule_seed=None, "
+            "schedule_delay=None): run the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
@@ -179,7 +204,9 @@ def pytest_configure(config: pytest.Config) -> None:
             "ranks that share one GPU (default: ini dist_ranks_per_gpu); restarts: how often the "
             "run starts again on fresh ranks when a rank fails, or each restart's world size; "
             "verify: a module-level function run on the ranks of a fresh world after each "
-            "case of a sweep)",
+            "case of a sweep; schedules: how many seeded schedules the test runs after it "
+            "passed, 0 for none (default: --dist-schedules); schedule_seed: the one schedule "
+            "it runs; schedule_delay: the longest a schedule holds a rank, in seconds)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
@@ -223,6 +250,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         report.VERIFIED: [],
         report.GPU_TESTS: [],
         sweep_summary.CASE: [],
+        report.SCHEDULES: [],
     }
     for reports in terminalreporter.stats.values():
         for made in reports:
@@ -242,6 +270,10 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "harness: fault sweeps")
         cases = (sweep_summary.Case.loads(text) for text in noted[sweep_summary.CASE])
         for line in sweep_summary.summary(cases):
+            terminalreporter.write_line(line)
+    if noted[report.SCHEDULES]:  # each test that ran schedules and passed them
+        terminalreporter.write_sep("=", "harness: schedules")
+        for line in noted[report.SCHEDULES]:
             terminalreporter.write_line(line)
     gpu_tests = noted[report.GPU_TESTS]
     if gpu_tests:

@@ -44,6 +44,9 @@ class MarkSpec:
     ranks_per_gpu: Any = None
     restarts: Any = 0
     verify: Any = None
+    schedules: Any = None
+    schedule_seed: Any = None
+    schedule_delay: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

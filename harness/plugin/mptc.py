@@ -27,7 +27,7 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import after_run, gpu_needs, refs, replay, report, settings
+from harness.plugin import after_run, gpu_needs, refs, replay, report, schedules, settings
 from harness.plugin.leases import Holder
 from harness.plugin.marker import launched
 from harness.plugin.settings import WorldShape
@@ -131,15 +131,30 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # collectives, sized at its first use, that no call empties) expects it new, as its
     # native processes have it: it runs on fresh ranks.
     isolate = run.isolate or any(v in call.environ for v in compat.FLIGHT_RECORDER_VARIABLES)
-    test = _CaseTest(step, case, fn, world_size)
-    held = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
+    seeds, option = settings.schedule_seeds(run), "--dist-mptc"
+    if seeds:
+
+        def make(options: CallOptions) -> _CaseTest:
+            return _CaseTest(replace(step, options=options), case, fn, world_size)
+
+        exploration = schedules.Exploration(
+            session.runner, item, make, _verdict, _outcome, shape, holder, isolate, option
+        )
+        explored = exploration.explore(options, seeds, run.schedule_delay)
+        held, note = explored.held, explored.lines + explored.held.note
+        option = f"{option} {explored.option}".strip()
+    else:
+        held = session.runner.run(
+            item, _CaseTest(step, case, fn, world_size), shape, holder, isolate, option
+        )
+        note = held.note
     if held.failure is not None:
         raise held.failure
     ended = held.result
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
     named = replace(shape, backend=backend if isinstance(backend, str) else "gloo")
-    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", held.note)
+    ran = after_run.Ran(item, ended.outcome, named, options, holder, option, note)
     _settle(item, ended, after_run.after_run(session, ran).outcome.error)
 
 
@@ -192,6 +207,16 @@ def _empty_store(path: str) -> None:
     if os.path.exists(path):
         with open(path, "wb"):
             pass
+
+
+def _verdict(ended: _Ended) -> str:
+    """A run's verdict: its class's check's."""
+    return ended.verdict
+
+
+def _outcome(ended: _Ended) -> Outcome:
+    """What a run's ranks did."""
+    return ended.outcome
 
 
 @dataclass

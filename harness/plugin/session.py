@@ -38,6 +38,7 @@ from harness.plugin import (
     refs,
     replay,
     report,
+    schedules,
     settings,
     sweep_cases,
     trace_folders,
@@ -237,10 +238,18 @@ class DistSession:
                         self._world(test.world, holder)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
+                explored: schedules.Explored[Outcome] | None = None
                 if len(test.attempts) > 1:
                     held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
+                elif test.schedules:
+                    exploration = schedules.Exploration(
+                        self.runner, item, marked, replay.verdict_of, _outcome, test.world,
+                        holder, test.isolate, option,
+                    )  # fmt: skip
+                    explored = exploration.explore(options, test.schedules, test.schedule_delay)
+                    held = explored.held
                 else:
                     held = self.runner.run(
                         item, marked(options), test.world, holder, test.isolate, option
@@ -249,9 +258,11 @@ class DistSession:
                 raise pytest.fail.Exception(str(exc), pytrace=False) from None
             if self._preload_failure():  # found as its first world started
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+        note = held.note
+        if explored is not None and explored.option:
+            option, note = f"{option} {explored.option}", explored.lines + note
         ran = after_run.Ran(
-            item, held.result, test.world, options, holder, option, held.note,
-            held.failure, test,
+            item, held.result, test.world, options, holder, option, note, held.failure, test,
         )  # fmt: skip
         return ran, deadline
 
@@ -326,6 +337,11 @@ class _MarkedTest:
                 ending = world.call(end_scopes, (None,), options=options)
                 outcome = ending if ending.error is not None else outcome
         return replay.verdict_of(outcome), outcome
+
+
+def _outcome(outcome: Outcome) -> Outcome:
+    """A marked test's run is its outcome."""
+    return outcome
 
 
 def _log_settings(config: pytest.Config) -> LogSettings | None:

@@ -3,7 +3,9 @@
 Where several places can give a setting, the first of these that gives it wins:
 
 1. the test's marker (``@pytest.mark.distributed(timeout=30, backend="gloo")``);
-2. the command line (``--dist-timeout``; ``--dist-backend`` for a marker's ``"auto"``);
+2. the command line (``--dist-timeout``; ``--dist-backend`` for a marker's ``"auto"``;
+   ``--dist-schedule-seed`` for any test that runs schedules, unless its marker says
+   ``schedules=0``);
 3. the ini file (``dist_timeout``, ...);
 4. the default.
 
@@ -40,6 +42,7 @@ from harness.plugin.marker import (
     run_mark,
 )
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions
+from harness.protocol.schedules import DEFAULT_DELAY_S
 
 DEFAULT_TIMEOUT_S = validate.DEFAULT_TIMEOUT_S
 DEFAULT_BISECT_RUNS = 8
@@ -74,6 +77,9 @@ class Settings:
     preload: tuple[str, ...] = ()
     trace_dir: str = ""
     trace_all: bool = False
+    schedules: int = 0
+    schedule_seed: int | None = None
+    schedule_delay: float = DEFAULT_DELAY_S
 
 
 def read(config: pytest.Config) -> Settings:
@@ -124,10 +130,29 @@ def read(config: pytest.Config) -> Settings:
             preload=preload_option(config),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
+            **_schedule_options(config),
         )
-    except ValueError as exc:
+    except (TypeError, ValueError) as exc:
         raise pytest.UsageError(str(exc)) from None
     return found
+
+
+def _schedule_options(config: pytest.Config) -> dict[str, Any]:
+    """The session's schedules (their number, the one seed to run, the longest hold)."""
+    count, where = config.getoption("dist_schedules", None), "--dist-schedules"
+    if count is None:
+        count, where = str(config.getini("dist_schedules") or "0").strip(), "ini dist_schedules"
+    seed = config.getoption("dist_schedule_seed", None)
+    delay, said = config.getoption("dist_schedule_delay", None), "--dist-schedule-delay"
+    if delay is None:
+        delay, said = config.getini("dist_schedule_delay"), "ini dist_schedule_delay"
+    return {
+        "schedules": validate.whole(int(count) if str(count).isdecimal() else count, where),
+        "schedule_seed": (
+            None if seed is None else validate.seed(seed, "--dist-schedule-seed", text=True)
+        ),
+        "schedule_delay": validate.seconds(delay or DEFAULT_DELAY_S, said, text=True),
+    }
 
 
 def _gpus(config: pytest.Config) -> str | None:
@@ -271,6 +296,9 @@ class TestSettings:
         case: The sweep case it is: its fault, or the clean run that counts the sweep;
             None where it is no sweep's case.
         verify: The marker's ``verify=``, checked (None: none).
+        schedules: The seeds of the schedules it runs after a first run without holds
+            (:mod:`harness.plugin.schedules`); none: it runs none.
+        schedule_delay: The longest a hold of those schedules lasts, in seconds.
     """
 
     __test__ = False  # not a test class, for pytest's collection of this module's users
@@ -285,6 +313,8 @@ class TestSettings:
     named_backend: bool = False
     case: Fault | CleanRun | None = None
     verify: Callable[..., Any] | None = None
+    schedules: tuple[int, ...] = ()
+    schedule_delay: float = DEFAULT_DELAY_S
 
     @property
     def world_size(self) -> int:
@@ -372,7 +402,33 @@ def _settings(
         named_backend=spec.backend not in ("auto", None),
         case=case if isinstance(case, (Fault, CleanRun)) else None,
         verify=check_verify(spec.verify),
+        schedules=() if isinstance(case, CleanRun) else schedule_seeds(session, spec),
+        schedule_delay=(
+            session.schedule_delay
+            if spec.schedule_delay is None
+            else validate.seconds(spec.schedule_delay, "schedule_delay")
+        ),
     )
+
+
+def schedule_seeds(session: Settings, spec: MarkSpec | None = None) -> tuple[int, ...]:
+    """The seeds of a test's schedules: ``schedule_seed`` alone, else 1 to ``schedules``;
+    none with ``schedules=0`` or restarts.
+
+    Raises:
+        TypeError, ValueError: A bad ``schedules`` or ``schedule_seed``, or either with
+            ``restarts``.
+    """
+    spec = spec or MarkSpec()
+    count, seed = session.schedules, session.schedule_seed
+    if spec.schedules is not None:
+        count = validate.whole(spec.schedules, "schedules")
+    if spec.schedule_seed is not None:
+        seed = validate.seed(spec.schedule_seed, "schedule_seed")
+    seeds = (seed,) if seed is not None else tuple(range(1, count + 1))
+    if spec.restarts and (spec.schedules or spec.schedule_seed is not None):
+        raise ValueError("schedules and restarts do not combine: give the test one of them")
+    return () if spec.schedules == 0 or spec.restarts else seeds
 
 
 def _world_size(size: object) -> int:
