@@ -525,3 +525,86 @@ def test_an_unwritable_trace_dir_is_a_usage_error_naming_it(tmp_path: Any) -> No
     (tmp_path / "a-file").write_text("")
     found = _usage_error(_TraceConfig(tmp_path, dist_trace_dir="a-file/traces"))
     assert found.startswith(f"ini dist_trace_dir '{tmp_path / 'a-file' / 'traces'}' cannot be used")
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_schedules_are_the_markers_then_the_command_lines_then_the_ini_files() -> None:
+    assert _test().schedules == ()
+    assert _test(schedules=3).schedules == (1, 2, 3)
+    session = settings.read(FakeConfig({"dist_schedules": "5"}, dist_schedules="7"))
+    assert session.schedules == 5
+    assert settings.read(FakeConfig(dist_schedules=" 7 ")).schedules == 7
+    assert _test(session=session).schedules == (1, 2, 3, 4, 5)
+    assert _test(schedules=2, session=session).schedules == (1, 2)
+    # schedules=0 opts a test out of the session's schedules, and of its seed.
+    seeded = settings.read(FakeConfig({"dist_schedules": "5", "dist_schedule_seed": "9"}))
+    assert _test(schedules=0, session=seeded).schedules == ()
+
+
+def test_a_seed_runs_its_schedule_alone() -> None:
+    session = settings.read(FakeConfig({"dist_schedule_seed": "9"}))
+    assert session.schedule_seed == 9
+    assert _test(session=session).schedules == (9,)
+    assert _test(schedules=50, session=session).schedules == (9,)
+    assert _test(schedules=50, schedule_seed=4, session=session).schedules == (4,)
+
+
+def test_the_longest_hold_is_the_markers_then_the_command_lines_then_the_ini_files() -> None:
+    assert _test().schedule_delay == 1.0
+    config = FakeConfig({"dist_schedule_delay": "0.5"}, dist_schedule_delay="2")
+    session = settings.read(config)
+    assert session.schedule_delay == 0.5
+    assert settings.read(FakeConfig(dist_schedule_delay="2")).schedule_delay == 2.0
+    assert _test(schedule_delay=3, session=session).schedule_delay == 3.0
+
+
+def test_a_sweeps_clean_run_and_a_test_with_restarts_run_no_schedule() -> None:
+    session = settings.read(FakeConfig({"dist_schedules": "5"}))
+    item = FakeItem(_mark(), params={FAULT_PARAM: marker.CleanRun(1)})
+    assert settings.for_test(session, item).schedules == ()
+    assert _test(restarts=1, session=session).schedules == ()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedules": -1}, "schedules must be >= 0, got -1"),
+        ({"schedules": "many"}, "schedules must be an int >= 0, not 'many'"),
+        ({"schedules": 2.5}, "schedules must be an int >= 0, not 2.5"),
+        ({"schedule_seed": "7"}, "schedule_seed must be an int >= 0 (a seed), not '7'"),
+        ({"schedule_seed": -2}, "schedule_seed must be an int >= 0 (a seed), got -2"),
+        ({"schedule_delay": 0}, "schedule_delay must be a positive number of seconds, got 0"),
+        ({"schedule_delay": "1s"}, "got '1s'"),
+        ({"schedules": 3, "restarts": 1}, "schedules and restarts do not combine"),
+    ],
+)
+def test_a_bad_schedule_argument_fails_the_test_naming_it(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    assert message in _fails(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "ini", "message"),
+    [
+        ({"dist_schedules": "lots"}, {}, "--dist-schedules must be an int >= 0, not 'lots'"),
+        ({}, {"dist_schedules": "-3"}, "ini dist_schedules must be an int >= 0, not '-3'"),
+        (
+            {"dist_schedule_seed": "x"},
+            {},
+            "--dist-schedule-seed must be an int >= 0 (a seed), not 'x'",
+        ),
+        (
+            {"dist_schedule_delay": "-1"},
+            {},
+            "--dist-schedule-delay must be a positive number of seconds, got '-1'",
+        ),
+        ({}, {"dist_schedule_delay": "nan"}, "ini dist_schedule_delay must be a positive"),
+    ],
+)
+def test_a_bad_schedule_option_is_a_usage_error_naming_it(
+    options: dict[str, Any], ini: dict[str, Any], message: str
+) -> None:
+    assert message in _usage_error(FakeConfig(options, **ini))
