@@ -48,9 +48,11 @@ from harness.protocol.schedules import (
 )
 from harness.rank.current import context_or_none
 
-_RUNNING, _INSIDE, _HELD, _DONE = range(4)
+_RUNNING, _INSIDE, _HELD, _DONE, _ISSUED = range(5)
 """Where a rank is, in its progress record: between collectives, inside one (or a wait),
-held, done with the call."""
+held, done with the call, or past a collective issued below ``torch.distributed``'s
+functions (DDP's, DTensor's), whose wait torch does out of sight: taken as waiting on it
+until the rank's next boundary."""
 
 # Collectives entered, the call's number, where (_RUNNING...), and while held the hold's
 # place in the schedule.
@@ -92,6 +94,7 @@ class Holds:
         self._holding: tuple[Held, float] | None = None
         self._entered = 0
         self._inside = 0  # threads inside a collective or a wait
+        self._issued = False  # see _ISSUED
         self._works: dict[int, tuple[Any, Any]] = {}  # id(Work) -> (Work, its record)
         self._lock = threading.Lock()
         self._fd: int | None = None
@@ -125,10 +128,13 @@ class Holds:
         """The boundary after ``record``'s collective returned ``result`` (a ``Work``, or a
         list of them, is kept to know its wait)."""
         if not (record.op.async_op or record.op.name in _ISSUED_ONLY):
-            self._left()
+            with self._lock:
+                self._inside = max(self._inside - 1, 0)
+        self._issued = bool(record.op.origin)
         for work in result if isinstance(result, list) else (result,):
             if isinstance(work, dist.Work):
                 self._works[id(work)] = (work, record)
+        self._tell()
         self._boundary(AFTER, record)
 
     def raised(self, record: Any) -> None:
@@ -167,6 +173,8 @@ class Holds:
         self._tell()
 
     def _boundary(self, point: str, record: Any) -> None:
+        if point != AFTER:
+            self._issued = False
         with self._lock:
             self.crossed += 1
             number = self.crossed
@@ -201,7 +209,7 @@ class Holds:
     def _peers_blocked(self, target: int) -> bool:
         """Whether every peer is done, held by a hold placed before this one, or inside a
         collective or wait with ``target`` collectives entered (so past what this rank did
-        before its hold)."""
+        before its hold), or waiting out of sight on the collective before that."""
         fd = self._fd
         if fd is None:
             return True
@@ -215,6 +223,7 @@ class Holds:
                 where == _DONE
                 or (where == _HELD and place < self._place)
                 or (where == _INSIDE and entered >= target)
+                or (where == _ISSUED and entered >= target - 1)
             )
             if call != self._call or not blocked:
                 return False
@@ -226,7 +235,8 @@ class Holds:
         if fd is None:
             return
         if where is None:
-            where = _HELD if self._holding else (_INSIDE if self._inside else _RUNNING)
+            where = _HELD if self._holding else _INSIDE if self._inside else _RUNNING
+            where = _ISSUED if where == _RUNNING and self._issued else where
         record = _RECORD.pack(self._entered, self._call, where, self._place % 256)
         os.pwrite(fd, record, self._rank * _RECORD.size)
 

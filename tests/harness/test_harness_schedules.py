@@ -190,3 +190,33 @@ def rank_0_fails_after_the_barrier() -> None:
     dist.barrier()
     if dist.get_rank() == 0:
         raise ValueError("rank 0's own failure")
+
+
+def ddp_steps() -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 8))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    dist.barrier()
+
+
+def test_a_hold_at_ddps_collectives_ends_when_its_peer_issued_them(world2: harness.World) -> None:
+    # On torch >= 2.14 DDP's collectives (its construction's, its backward's all-reduces)
+    # are boundaries, whose waits torch does in C++: a peer that issued one counts as
+    # waiting on it. The call's bound, shorter than a hold's delay, catches one that never
+    # ended.
+    counted = world2.call(ddp_steps, options=_scheduled())
+    trace = counted.traces[1]
+    assert trace is not None
+    for at in range(1, trace.boundaries + 1):
+        options = CallOptions(30, schedule=Schedule(((1, at),), NEVER), keep_traces=True)
+        outcome = world2.call(ddp_steps, options=options)
+        assert outcome.error is None
+        held = outcome.traces[1]
+        assert held is not None
+        assert [(h.at, h.until) for h in held.held] == [(at, PEERS)]
