@@ -48,7 +48,8 @@ if TYPE_CHECKING:
 
 REPLAYS = 2
 """How many runs in a row a schedule must fail to count as failing (a race it does not make
-certain fails some runs of any schedule)."""
+certain fails some runs of any schedule). Shrinking keeps fewer holds only where they fail
+one run more: a wrong shrink would be confirmed on fresh processes, and fail there."""
 
 _T = TypeVar("_T")
 
@@ -173,12 +174,12 @@ class Exploration(Generic[_T]):
         with self.runner.new_world(self.shape, self.holder) as world:
             return test.attempt(world, True)
 
-    def _fails(self, schedule: Schedule) -> tuple[int, _T | None]:
-        """How many of up to ``REPLAYS`` runs under ``schedule`` failed (stopping at the
+    def _fails(self, schedule: Schedule, runs: int = REPLAYS) -> tuple[int, _T | None]:
+        """How many of up to ``runs`` runs under ``schedule`` failed (stopping at the
         first that passed), and the first failing run's result (None: none failed)."""
         test = self._scheduled(schedule)
         first: _T | None = None
-        for failures in range(REPLAYS):
+        for failures in range(runs):
             if self.isolate:
                 verdict, result = self._alone(test)
             else:
@@ -187,15 +188,15 @@ class Exploration(Generic[_T]):
             if verdict != FAILED:
                 return failures, first
             first = result if first is None else first
-        return REPLAYS, first
+        return runs, first
 
     def _shrink(self, schedule: Schedule, failed: _T) -> tuple[Schedule, _T]:
         """The fewest of ``schedule``'s holds that still fail every run, one hold left out
         at a time, and a run that failed under them."""
         for hold in schedule.holds:
             fewer = schedule.without(hold)
-            failures, result = self._fails(fewer)
-            if failures == REPLAYS and result is not None:
+            failures, result = self._fails(fewer, REPLAYS + 1)
+            if failures == REPLAYS + 1 and result is not None:
                 schedule, failed = fewer, result
         return schedule, failed
 
