@@ -43,6 +43,7 @@ from harness.errors import (  # noqa: E402
 
 if TYPE_CHECKING:
     from harness.controller.fresh import run
+    from harness.controller.memory import RankMemory
     from harness.controller.world import World
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
@@ -62,6 +63,7 @@ _LAZY = {
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
     "Schedule": "harness.protocol.schedules",
+    "RankMemory": "harness.controller.memory",
     "IssuedCollective": "harness.protocol.traces",
     "collectives": "harness.rank.recording.issued",
     "FaultFired": "harness.faults",
@@ -97,6 +99,7 @@ __all__ = [
     "RankError",
     "RankFailure",
     "RankLeak",
+    "RankMemory",
     "Schedule",
     "World",
     "WorldHang",

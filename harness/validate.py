@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -34,6 +35,26 @@ not look."""
 DEFAULT_TIMEOUT_S = 120.0
 """The bound in seconds on one run where none is given: ``World(...)``, ``harness.run`` and a
 distributed test (``--dist-timeout``, ini ``dist_timeout``) alike."""
+
+DEFAULT_MEMORY_GROWTH = 64 * 2**20
+"""How much a rank's resident memory may grow and stay, over its last 100 calls, before the
+growth is a leak finding (``World(memory_growth=...)``, ini ``dist_memory_growth``), in bytes;
+see :mod:`harness.rank.memory`."""
+
+# No one-letter units: "2g" is 2 GiB to some tools and 2 GB to others.
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+    "tb": 1000**4,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*")
 
 _T = TypeVar("_T")
 
@@ -193,6 +214,33 @@ def schedule(value: object, where: str) -> Schedule:
     if value.delay is not None:
         seconds(value.delay, f"{where}'s delay")
     return value
+
+
+def size(value: object, where: str) -> int:
+    """Check an amount of memory; return it in bytes.
+
+    Args:
+        value: A whole number of bytes (an int, or text), or text with a unit: ``2GiB``,
+            ``512MiB``, ``64KiB`` (powers of 1024), ``2GB``, ``500MB`` (powers of 1000),
+            in any case, a space allowed before the unit.
+        where: What it is, for the message (``"max_rank_memory"``,
+            ``"--dist-max-rank-memory"``).
+
+    Raises:
+        TypeError: It is neither an int nor text (``True`` is not an int here).
+        ValueError: It is negative, or text that is not a size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise ValueError(f"{where} must be a size >= 0, got {value}")
+        return value
+    what = "a size: bytes (an int), or a number and a unit such as 2GiB, 512MiB, 2GB"
+    if not isinstance(value, str):
+        raise TypeError(f"{where} must be {what}, not {value!r}")
+    found = _SIZE.fullmatch(value.lower())
+    if found is None or found.group(2) not in _UNITS:
+        raise ValueError(f"{where} must be {what}, got {value!r}")
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
 
 
 def flag(value: object, where: str) -> bool:

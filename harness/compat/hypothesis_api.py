@@ -29,7 +29,7 @@ def given_strategies(function: Any) -> Mapping[str, Any]:
     return strategies
 
 
-def relax_settings(function: Any) -> None:
+def relax_settings(function: Any, *, alike: bool = False) -> None:
     """Turn off ``function``'s Hypothesis deadline, its health checks of function-scoped
     fixtures and differing executors and its report of several distinct bugs, keeping its
     other settings.
@@ -38,20 +38,34 @@ def relax_settings(function: Any) -> None:
     example with the ranks' stacks, not a ``DeadlineExceeded``), sets up the ranks'
     function-scoped fixtures for each example (each rank makes a test class's instance of
     its own, too), and reports one failure: the minimal one.
+
+    Args:
+        function: The ``@given`` test.
+        alike: Every process that runs it must draw the same examples, in the same order
+            (each rank of a launcher's world runs Hypothesis itself): derandomized, no
+            example database (the ranks would read and write it at different moments), no
+            health check that depends on timing, no explain phase (it traces which lines
+            each rank ran, which differs by rank).
     """
-    from hypothesis import HealthCheck, settings
+    from hypothesis import HealthCheck, Phase, settings
 
     target = getattr(function, "__func__", function)  # a method: its function
     current = getattr(target, "_hypothesis_internal_use_settings", None) or settings()
     # Both, or Hypothesis's pytest plugin asks pytest for each fixture's value, and a
     # rank-side fixture has none in this process.
     quiet = {HealthCheck.function_scoped_fixture, HealthCheck.differing_executors}
+    same: dict[str, Any] = {}
+    if alike:
+        quiet.add(HealthCheck.too_slow)
+        phases = [phase for phase in current.phases if phase is not Phase.explain]
+        same = {"derandomize": True, "database": None, "phases": phases}
     suppressed = {*current.suppress_health_check, *quiet}
     target._hypothesis_internal_use_settings = settings(
         parent=current,
         deadline=None,
         suppress_health_check=list(suppressed),
         report_multiple_bugs=False,
+        **same,
     )
 
 

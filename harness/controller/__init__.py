@@ -11,6 +11,7 @@
 * :mod:`~harness.controller.certain`     hangs the ranks' traces prove can never end, found early
 * :mod:`~harness.controller.classify`    what the ranks' answers amount to (pure logic)
 * :mod:`~harness.controller.leak_reports` what a call left in its reused ranks, told
+* :mod:`~harness.controller.memory`      the ranks' memory as told; the limit that replaces them
 * :mod:`~harness.controller.verdicts`    which collective went wrong (pure logic)
 * :mod:`~harness.controller.outcome`     the outcome of a call, and what was seen of a rank
 * :mod:`~harness.controller.spawn`       the process manager: where a rank is spawned and stopped

@@ -153,6 +153,9 @@ def _without(trace: RankTrace, fault: Fault) -> RankTrace:
     ``error``) raised in place of."""
     groups = dict(trace.groups)
     for key, history in groups.items():
-        if history.ranks == fault.group and history.raised == fault.at:
-            groups[key] = replace(history, count=fault.at - 1)
+        # A fault placed by what its collective is has its number in the rank alone: the
+        # group's first collective that raised is taken for the one it raised in place of.
+        placed = fault.at if isinstance(fault.at, int) else history.raised
+        if history.ranks == fault.group and history.raised and history.raised == placed:
+            groups[key] = replace(history, count=history.raised - 1)
     return replace(trace, groups=groups)

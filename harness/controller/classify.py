@@ -140,8 +140,7 @@ def _fault_ended(seen: Evidence) -> Classified:
     outcome = _values(_of(seen, Done), seen.init)
     if outcome.values is not None:
         for rank, reply in sorted(_of(seen, Faulted).items()):
-            act = reply.fired
-            outcome.values.insert(rank, FaultFired(seen.faults[act.index], act.what, act.at))
+            outcome.values.insert(rank, _fault_fired(seen, reply.fired))
         outcome.reusable = False  # a rank died, hangs, or its collective raised
     return outcome
 
@@ -183,7 +182,10 @@ def _hung(seen: Evidence) -> Classified:
     """The ranks' traces proved that the silent ranks' collectives can never complete."""
     silent = _silent(seen)
     what = "blocked in a collective that can never complete"
-    failures = {rank: RankFailure.still_running(rank, what, seen.stacks[rank]) for rank in silent}
+    failures = {
+        rank: RankFailure.still_running(rank, what, seen.stacks[rank], "WorldHang")
+        for rank in silent
+    }
     waits = "waits in a collective that" if len(silent) == 1 else "wait in collectives that"
     summary = (
         f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
@@ -315,6 +317,19 @@ def _silent(seen: Evidence) -> list[int]:
 def _every_stack(seen: Evidence) -> dict[int, str]:
     """Every rank's stack ('' where none was taken), by rank."""
     return {rank: seen.stacks.get(rank, "") for rank in range(seen.world_size)}
+
+
+def faults_fired(seen: Evidence) -> tuple[FaultFired, ...]:
+    """What each fault that acted during the call did, earliest first."""
+    return tuple(_fault_fired(seen, message) for _, message in _fired_in_order(seen))
+
+
+def _fault_fired(seen: Evidence, message: Fired) -> FaultFired:
+    """What a rank said as its fault acted, as the public record of it."""
+    fault = seen.faults[message.index]
+    return FaultFired(
+        fault, message.what, message.at, message.number, message.op, message.site, message.origin
+    )
 
 
 def _fired_in_order(seen: Evidence) -> list[tuple[int, Fired]]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from harness import compat
 from harness.controller import spawn, waiting
 from harness.controller.certain import HangWatch
-from harness.controller.classify import classify, desync
+from harness.controller.classify import classify, desync, faults_fired
 from harness.controller.leak_reports import leak_error
 from harness.controller.outcome import Classified, Evidence, Faulted, Reply
 from harness.controller.spawn import RankProcess
@@ -26,15 +26,17 @@ def call_message(
     started: dict[bytes, bytes],
     rendezvous_file: str | None,
     check_leaks: bool,
+    memory_growth: int = 0,
 ) -> Call:
     """The ``Call`` of ``payload`` run as ``options`` say: ``env`` is how ``os.environ``
     changed since the ranks ``started``; ``rendezvous_file``, a private rendezvous for a
-    world without a group."""
+    world without a group; ``check_leaks`` and ``memory_growth``, the world's."""
     rendezvous = None
     if rendezvous_file is not None:
         port = str(spawn.free_port())
         rendezvous = {"MASTER_PORT": port, "INIT_METHOD": "file://" + rendezvous_file}
-    return Call(payload, options, _environ_changes(started), rendezvous, check_leaks)
+    changes = _environ_changes(started)
+    return Call(payload, options, changes, rendezvous, check_leaks, memory_growth)
 
 
 def _environ_changes(started: dict[bytes, bytes]) -> dict[str, str | None] | None:
@@ -163,6 +165,7 @@ def _judge(
         outcome = desync(outcome, waiting.traces_now(ranks), seen.world_size)
     if outcome.leaks and leaks == "error" and outcome.error is None:
         outcome = leak_error(outcome, what)
+    outcome.fired = faults_fired(seen)
     if options is not None and options.keep_traces and outcome.values is not None:
         kept = {rank: _kept_trace(seen.replies.get(rank)) for rank in range(seen.world_size)}
         outcome.traces = kept

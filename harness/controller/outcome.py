@@ -13,7 +13,7 @@ from typing import Any
 
 from harness import compat
 from harness.errors import DistributedError
-from harness.faults import Fault
+from harness.faults import Fault, FaultFired
 from harness.protocol.messages import Fired, RankMessage, Skipped
 from harness.protocol.traces import RankTrace
 
@@ -95,6 +95,8 @@ class Outcome:
             returned, by rank (the ``--dist-mptc`` check judges ranks one by one).
         traces: When the call succeeded and ``CallOptions.keep_traces`` asked for them,
             each rank's trace of its collectives (None: unknown), by rank.
+        fired: What each fault that acted did, earliest first, whether the call succeeded
+            or not (of a run with restarts: in every attempt).
     """
 
     values: list[Any] | None = None
@@ -103,6 +105,7 @@ class Outcome:
     outputs: dict[int, tuple[str, str]] = field(default_factory=dict)
     returned: dict[int, bytes] = field(default_factory=dict)
     traces: dict[int, RankTrace | None] = field(default_factory=dict)
+    fired: tuple[FaultFired, ...] = ()
 
     def result(self) -> list[Any]:
         """The return values by rank; raises the error or the skip instead."""
@@ -138,4 +141,12 @@ class Classified(Outcome):
 
     def outcome(self) -> Outcome:
         """The outcome alone, as the World's caller sees it."""
-        return Outcome(self.values, self.error, self.skip, self.outputs, self.returned, self.traces)
+        return Outcome(
+            self.values,
+            self.error,
+            self.skip,
+            self.outputs,
+            self.returned,
+            self.traces,
+            self.fired,
+        )

@@ -32,7 +32,7 @@ class Attempt:
         world_size: Its world's size.
         ended: ``"passed"``, ``"skipped"``, or what ended it: the failure's summary, or what
             the faults that ended ranks did (``"rank 1 killed (SIGKILL) before collective #3
-            (all_reduce) on the default group (injected)"``).
+            (all_reduce at train.py:34) on the default group (injected)"``).
     """
 
     number: int
@@ -74,15 +74,18 @@ def run_attempts(
 
     Returns:
         The last attempt's outcome, and every attempt, in order. An outcome that failed
-        carries the attempts before it in its error's ``attempts``.
+        carries the attempts before it in its error's ``attempts``; the outcome's ``fired``
+        holds every attempt's faults that acted.
     """
     attempts: list[Attempt] = []
+    fired: list[FaultFired] = []
     for number, size in enumerate(sizes):
         this = options  # without restarts every fault is the first attempt's: as they are
         if len(sizes) > 1:
             faults = tuple(fault for fault in options.faults if fault.attempt == number)
             this = replace(options, faults=faults, attempt=number, restarts=len(sizes) - 1)
         outcome = attempt(size, this)
+        fired += outcome.fired
         restart = why_restart(outcome)
         if restart:
             ended = restart
@@ -92,6 +95,7 @@ def run_attempts(
             ended = "skipped" if outcome.skip is not None else "passed"
         attempts.append(Attempt(number, size, ended))
         if number + 1 == len(sizes) or not restart:
+            outcome.fired = tuple(fired)
             if outcome.error is not None:
                 outcome.error.attempts = [str(earlier) for earlier in attempts[:-1]]
             return outcome, attempts

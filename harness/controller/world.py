@@ -10,6 +10,7 @@ a fresh one.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import warnings
@@ -23,13 +24,14 @@ from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.exchange import call_message, exchange
 from harness.controller.gpus import Lease
 from harness.controller.leak_reports import leak_report
+from harness.controller.memory import LimitBelowStart, Memories, RankMemory
 from harness.controller.outcome import Classified, Outcome, Reply
 from harness.controller.pickling import pickle_call
 from harness.controller.restarts import run_attempts
 from harness.faults import Fault
 from harness.faults.checks import plan
 from harness.protocol.failures import EXIT_MAIN_REIMPORTED
-from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup
+from harness.protocol.messages import OUTPUT_CAPTURE, Call, CallOptions, Regroup, megabytes
 from harness.protocol.rank_files import rendezvous_path
 
 START_TIMEOUT_S = 60.0
@@ -37,6 +39,10 @@ START_TIMEOUT_S = 60.0
 
 
 _open_worlds: weakref.WeakSet[World] = weakref.WeakSet()
+
+# Where a World says it replaced its ranks for memory: a line, never a warning (a test that
+# passed must not fail under -W error for what the World did after it).
+_log = logging.getLogger("harness")
 
 
 def _close_open_worlds() -> None:
@@ -80,6 +86,8 @@ class World:
             :mod:`harness.rank.leaks`): ``"warn"`` (a ``RuntimeWarning`` naming the call,
             the ranks and each finding), ``"error"`` (the call fails with a ``RankLeak``
             and the ranks are stopped, ending what they leaked) or ``"off"`` (no look).
+            Growth of a rank's resident memory that stays is one such finding (see
+            ``memory_growth``).
         gpus: GPUs the World holds while it lives (a lease of
             :mod:`harness.controller.gpus`), given back when it closes, also when it fails
             to start. Every rank sees exactly them as ``CUDA_VISIBLE_DEVICES``, and its own
@@ -90,10 +98,20 @@ class World:
             later). See :mod:`harness.protocol.devices`. None: the ranks of an NCCL world,
             or of one with ``init=False``, see what this process sees; those of any other
             see no GPU (lease GPUs for a Gloo world that works on CUDA tensors).
+        memory_growth: How much a rank's resident memory may grow and stay over its latest
+            100 calls before the growth is a leak finding (bytes, or a size such as
+            ``"64MiB"``; 0: no look), as :mod:`harness.rank.memory` says; findings are
+            reported as ``leaks`` says.
+        max_rank_memory: A rank's resident memory (bytes, or a size such as ``"2GiB"``,
+            ``"2GB"``) above which, after a call, the World replaces its ranks with fresh
+            processes before the next call, saying so in one line on the ``harness``
+            logger; the call's outcome stays as it was. None: no limit.
 
     Raises:
         TypeError, ValueError: For an invalid ``world_size``, ``backend``, ``timeout``,
-            ``init`` (which must be a bool), ``leaks`` or ``gpus`` (a lease of no GPU).
+            ``init`` (which must be a bool), ``leaks``, ``gpus`` (a lease of no GPU),
+            ``memory_growth`` or ``max_rank_memory`` (not a size, or below what the ranks
+            hold as they start: the World is closed again).
         RuntimeError: If the backend cannot run here (not built into torch, NCCL with
             fewer CUDA devices than ranks or leased GPUs, or ranks sharing a GPU on an
             NCCL older than 2.30).
@@ -109,6 +127,8 @@ class World:
         init: bool = True,
         leaks: str = "warn",
         gpus: Lease | None = None,
+        memory_growth: int | str = validate.DEFAULT_MEMORY_GROWTH,
+        max_rank_memory: int | str | None = None,
     ):
         if compat.bootstrapping():
             # A rank re-importing a main module that starts a world at import time: end this
@@ -120,6 +140,10 @@ class World:
             self.timeout: float | None = calls.checked_timeout(timeout)
             self.init: bool = validate.flag(init, "init")
             self.leaks: str = validate.one_of(leaks, "leaks", validate.LEAK_CHOICES)
+            self.memory_growth: int = validate.size(memory_growth, "memory_growth")
+            limit = None
+            if max_rank_memory is not None:
+                limit = validate.size(max_rank_memory, "max_rank_memory")
             if gpus is not None and not gpus.ids:
                 raise ValueError(
                     f"gpus must hold at least one GPU for {_ranks(self.world_size)}, not none"
@@ -137,6 +161,7 @@ class World:
         _open_worlds.add(self)
         self._rendezvous = 0  # how many fresh rendezvous files the World has named
         self._broken = False
+        self._memory = Memories(limit)
         try:
             self._start()
         except BaseException:
@@ -157,6 +182,18 @@ class World:
     def generation(self) -> int:
         """How many times the World has started ranks (1 for its first; each rebuild adds one)."""
         return self._generations.count
+
+    @property
+    def memory(self) -> dict[int, RankMemory]:
+        """Each rank's memory, by rank (:class:`~harness.RankMemory`: as its process started,
+        after the last call, its peak), as the ranks said it; empty where the platform does
+        not say (elsewhere than on Linux)."""
+        return dict(self._memory.ranks)
+
+    @property
+    def replaced_for_memory(self) -> int:
+        """How many times the ranks were replaced for holding more than ``max_rank_memory``."""
+        return self._memory.replaced
 
     @property
     def broken(self) -> bool:
@@ -265,7 +302,10 @@ class World:
             self._start(restarts)
         name = options.name or f"the call of {getattr(fn, '__qualname__', None) or repr(fn)}"
         rendezvous = None if self.init else self._fresh_rendezvous_file()
-        message = call_message(payload, options, self._environ, rendezvous, self.leaks != "off")
+        growth = self.memory_growth if self.leaks != "off" else 0
+        message = call_message(
+            payload, options, self._environ, rendezvous, self.leaks != "off", growth
+        )
         classified, replies = self._exchange(message, options.timeout, name)
         if classified.regroup:
             classified.notice = self._regroup()
@@ -279,6 +319,7 @@ class World:
         if options.output == OUTPUT_CAPTURE:
             for proc in self._generations.ranks:
                 outcome.outputs[proc.rank] = calls.captured(proc, replies.get(proc.rank))
+        self._keep_to_limit(name)
         return outcome
 
     def close(self) -> None:
@@ -301,10 +342,34 @@ class World:
         self._environ = dict(compat.environ_bytes())
         self._generations.start(self.world_size, self.backend, init=self.init, restarts=restarts)
         world = f"a world of {_ranks(self.world_size)} ({self.backend})"
-        outcome, _ = self._exchange(None, START_TIMEOUT_S, world)
+        outcome, replies = self._exchange(None, START_TIMEOUT_S, world)
         if outcome.error is not None:
             raise outcome.error
+        self._memory.started(replies)
+        problem = self._memory.below_start()
+        if problem:
+            self._broken = True
+            self._generations.stop()
+            raise LimitBelowStart(problem)
         self._broken = False
+
+    def _keep_to_limit(self, name: str) -> None:
+        """Replace the ranks by fresh ones where one holds more than ``max_rank_memory``
+        after ``name``; a start that fails then is the next call's to retry and report."""
+        over = "" if self._broken else self._memory.over_limit()
+        if not over:
+            return
+        self._memory.replaced += 1
+        _log.warning(
+            "harness: after %s, %s, above max_rank_memory (%s): the world of %s (%s) was "
+            "replaced by fresh processes",
+            name, over, megabytes(self._memory.limit or 0), _ranks(self.world_size), self.backend,
+        )  # fmt: skip
+        self._generations.stop()
+        try:
+            self._start(self._generations.restarts)
+        except Exception:
+            self._broken = True
 
     def _regroup(self) -> str:
         """Have every rank make a fresh default group (the call destroyed the harness's),
@@ -334,6 +399,8 @@ class World:
         if outcome.error is not None or not outcome.reusable:
             self._broken = True
             self._generations.stop()
+        if isinstance(message, Call):
+            self._memory.answered(replies)
         return outcome, replies
 
     def _fresh_rendezvous_file(self) -> str:

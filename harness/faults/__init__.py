@@ -1,7 +1,9 @@
-"""Faults to place at a rank's collective #N: what a test of fault-tolerant code injects.
+"""Faults to place at a rank's collective: what a test of fault-tolerant code injects.
 
 A fault acts on one rank at collective ``#at`` of a process group, numbered from 1 per group
-exactly as a report's collectives section numbers them: ``kill`` (before, during or after the
+exactly as a report's collectives section numbers them, or at a :class:`Collective` named by
+what it is (its op, call site and occurrence, which stay put where torch releases number
+collectives differently): ``kill`` (before, during or after the
 collective), ``exit``, ``error`` (the collective raises), ``delay`` (a straggler), ``hang``
 (the rank never enters) and ``corrupt`` (the rank's input tensor is changed first). Faults
 go to the marker (``@pytest.mark.distributed(faults=[...])``), ``World.run(fn, faults=[...])``
@@ -13,24 +15,29 @@ what the other ranks did. A fault that never fires is an error (``strict=False``
 
 A spec is checked when a run uses it (``World.run``, ``harness.run``, or the test it marks),
 against the world's size too, before any process starts: a bad one (``kill(rank=1, at=0)``)
-fails that run or test alone, never the import of the module that makes it.
+fails that run or test alone, never the import of the module that makes it; so does a
+sweep whose arguments make none (``sweep("explode", ...)``).
 
-The record of a fault, :class:`Fault`, and of what it did, :class:`FaultFired`, are public
-here with the makers. The package imports neither torch nor pytest.
+The record of a fault, :class:`Fault`, of where it acts, :class:`Collective`, and of what
+it did, :class:`FaultFired`, are public here with the makers. The package imports neither
+torch nor pytest.
 """
 
 from __future__ import annotations
 
 from harness.faults.makers import corrupt, delay, error, exit, hang, kill
-from harness.faults.sweeps import ALL, OpenSweep, Sweep, sweep
+from harness.faults.places import Collective
+from harness.faults.sweeps import ALL, InvalidSweep, OpenSweep, Sweep, sweep
 from harness.faults.values import KINDS, WHEN, Fault, FaultFired
 
 __all__ = [
     "ALL",
     "KINDS",
     "WHEN",
+    "Collective",
     "Fault",
     "FaultFired",
+    "InvalidSweep",
     "OpenSweep",
     "Sweep",
     "corrupt",

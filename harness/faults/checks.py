@@ -17,11 +17,12 @@ from dataclasses import dataclass, replace
 from typing import TypeAlias
 
 from harness import validate
-from harness.faults.sweeps import OpenSweep, Sweep
+from harness.faults.places import Collective
+from harness.faults.sweeps import InvalidSweep, OpenSweep, Sweep
 from harness.faults.values import Fault
 from harness.protocol.messages import CallOptions
 
-_Place: TypeAlias = tuple[int, int, tuple[int, ...] | None, int]
+_Place: TypeAlias = tuple[int, int | Collective, tuple[int, ...] | None, int]
 """Where a fault acts: its rank, collective, group and attempt."""
 
 
@@ -40,11 +41,12 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
     Raises:
         TypeError: ``faults`` is not a list or tuple of faults, is a sweep (meant one fault
-            at a time), or a fault does not pickle (to travel to the ranks).
+            at a time), or a fault does not pickle (to travel to the ranks); or an invalid
+            sweep says so.
         ValueError: A fault's own argument is not valid (``at=0``: collectives are counted
             from 1), a fault does not fit the world, two act at the same collective of the
             same rank, or a fault acts in an attempt the run does not have; the message
-            names the fault.
+            names the fault. Or an invalid sweep (:class:`InvalidSweep`) says why.
     """
     placed = _faults(faults, where)
     largest = sizes if isinstance(sizes, int) else max(sizes)
@@ -61,6 +63,8 @@ def checked(faults: object, sizes: int | Sequence[int], where: str = "faults") -
 
 def _faults(faults: object, where: str) -> tuple[Fault, ...]:
     """``faults`` as a tuple, where it is a list or tuple of faults."""
+    if isinstance(faults, InvalidSweep):
+        faults.fail()
     if isinstance(faults, (Sweep, OpenSweep)):
         raise TypeError(
             f"{where}: a sweep of faults is meant one fault at a time: run each "
@@ -79,7 +83,7 @@ def _check_alone(fault: Fault, seen: dict[_Place, Fault], where: str) -> None:
     place = (fault.rank, fault.at, fault.group, fault.attempt)
     if place in seen:
         raise ValueError(
-            f"{where}: {seen[place]} and {fault} both act at collective #{fault.at} of "
+            f"{where}: {seen[place]} and {fault} both act at {fault.point} of "
             f"rank {fault.rank} on {fault.group_name}; give one"
         )
     seen[place] = fault

@@ -1,13 +1,14 @@
 """Sweeps of faults: :func:`sweep` makes one fault of a kind per (rank, collective) pair,
 meant one at a time (the marker makes one test case per fault); over ``"all"`` ranks or
 collectives, an :class:`OpenSweep` the marker resolves once it knows the world and a clean
-run's collectives."""
+run's collectives; of arguments that make no sweep, an :class:`InvalidSweep` that fails the
+test or run given it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from harness.faults.makers import MAKERS, for_kind
 from harness.faults.values import Fault
@@ -87,13 +88,41 @@ class OpenSweep:
         return f"sweep({self.kind!r}, ranks={self.ranks!r}, at={self.at!r}{extra})"
 
 
+@dataclass(frozen=True)
+class InvalidSweep:
+    """What :func:`sweep` makes of arguments that make no sweep: the run or test given it
+    fails, saying why, where a valid sweep's faults would be checked (iterating over it
+    raises too); the import of the module that makes it does not.
+
+    Attributes:
+        call: The call as written (``sweep('explode', ranks=[1], at=[1])``).
+        error: Why it makes no sweep.
+        kind: The exception that says so: ``ValueError`` or ``TypeError``.
+    """
+
+    call: str
+    error: str
+    kind: type[Exception] = ValueError
+
+    def fail(self) -> NoReturn:
+        """Raise what is wrong with the sweep.
+
+        Raises:
+            ValueError, TypeError: Always (:attr:`kind`), naming the call and the problem.
+        """
+        raise self.kind(f"{self.call}: {self.error}")
+
+    def __iter__(self) -> Iterator[Fault]:
+        self.fail()
+
+
 def sweep(
     kind: str | Callable[..., Fault],
     *,
     ranks: Iterable[int] | str,
     at: Iterable[int] | str,
     **kwargs: Any,
-) -> Sweep | OpenSweep:
+) -> Sweep | OpenSweep | InvalidSweep:
     """One fault of ``kind`` for every (rank, collective) pair, meant one at a time.
 
     Args:
@@ -106,13 +135,32 @@ def sweep(
 
     Returns:
         The faults, rank by rank, then collective by collective; with ``"all"``, an
-        :class:`OpenSweep` that the marker resolves into them.
+        :class:`OpenSweep` that the marker resolves into them. Where ``kind`` is unknown,
+        ``ranks`` or ``at`` is empty or a string other than ``"all"``, or the kind's
+        function does not take an argument, an :class:`InvalidSweep`, which fails the test
+        or run given it (not the import of its module), naming the problem. The values of
+        the faults' arguments are checked when the test runs, as any fault's.
+    """
+    shown = ", ".join(
+        [repr(getattr(kind, "__name__", kind)), f"ranks={ranks!r}", f"at={at!r}"]
+        + [f"{name}={value!r}" for name, value in kwargs.items()]
+    )
+    try:
+        return _sweep(kind, ranks, at, kwargs)
+    except (TypeError, ValueError) as exc:
+        return InvalidSweep(f"sweep({shown})", str(exc), type(exc))
+
+
+def _sweep(
+    kind: str | Callable[..., Fault],
+    ranks: Iterable[int] | str,
+    at: Iterable[int] | str,
+    kwargs: dict[str, Any],
+) -> Sweep | OpenSweep:
+    """:func:`sweep`'s faults, or its open sweep.
 
     Raises:
-        ValueError: ``kind`` is unknown, ``ranks`` or ``at`` is empty, or a string other
-            than ``"all"``.
-        TypeError: An argument the kind's function does not take. The values of the
-            faults' arguments are checked when the test runs, as any fault's.
+        TypeError, ValueError: The arguments make no sweep (see :func:`sweep`).
     """
     maker = for_kind(kind)
     if ranks == ALL or at == ALL:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.faults.places import Collective
+
 WHEN = ("before", "during", "after")
 """When a ``kill`` strikes: instead of entering the collective, inside it (the rank has
 started it and its peers may be waiting on its data), or once it returned."""
@@ -20,7 +22,8 @@ started it and its peers may be waiting on its data), or once it returned."""
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault: a kind, the rank it acts on, and the collective it acts at.
+    """One fault: a kind, the rank it acts on, and the collective it acts at: by its number,
+    or by what it is (a :class:`~harness.faults.Collective`).
 
     Made by :func:`~harness.faults.kill`, :func:`~harness.faults.exit`,
     :func:`~harness.faults.error`, :func:`~harness.faults.delay`, :func:`~harness.faults.hang`
@@ -29,7 +32,8 @@ class Fault:
     Attributes:
         kind: One of :data:`KINDS`.
         rank: The global rank it acts on.
-        at: The collective it acts at, from 1, numbered per process group.
+        at: The collective it acts at: its number, from 1, per process group; or a
+            :class:`~harness.faults.Collective` (its op, call site and occurrence).
         group: The global ranks of the process group whose collectives are counted, sorted;
             None for the default group.
         when: ``kill`` only: one of :data:`WHEN`.
@@ -45,7 +49,7 @@ class Fault:
 
     kind: str
     rank: int
-    at: int
+    at: int | Collective
     group: tuple[int, ...] | None = None
     when: str = "before"
     signal: int = int(_signal.SIGKILL)
@@ -82,18 +86,25 @@ class Fault:
         members = self.group if isinstance(self.group, tuple) else (self.group,)
         group = "" if self.group is None else "-g" + "_".join(map(str, members))
         attempt = f"-attempt{self.attempt}" if self.attempt else ""
-        return f"{kind}-r{self.rank}-at{self.at}{group}{attempt}"
+        at = self.at.id if isinstance(self.at, Collective) else f"at{self.at}"
+        return f"{kind}-r{self.rank}-{at}{group}{attempt}"
 
     def __repr__(self) -> str:
-        return f"faults.{self}"
+        # What code that imported harness.faults as faults can paste: at=faults.Collective(...).
+        return f"faults.{self._text(repr(self.at))}"
 
     def __str__(self) -> str:
-        details = [f"rank={self.rank}", f"at={self.at}"]
+        # A placed fault's Collective reads as itself; any other value as its repr: a
+        # value of the wrong type reads as what it is (rank='1' is no rank).
+        return self._text(str(self.at) if isinstance(self.at, Collective) else repr(self.at))
+
+    def _text(self, at: str) -> str:
+        details = [f"rank={self.rank!r}", f"at={at}"]
         details += _DETAILS.get(self.kind, _no_details)(self)
         if self.group is not None:
-            details.append(f"group={self.group}")
+            details.append(f"group={self.group!r}")
         if self.attempt:
-            details.append(f"attempt={self.attempt}")
+            details.append(f"attempt={self.attempt!r}")
         return f"{self.kind}({', '.join(details)})"
 
     @property
@@ -101,6 +112,12 @@ class Fault:
         """Whether the rank enters the collective (not when it exits, hangs or is killed
         before it)."""
         return self.kind not in ("exit", "hang") and (self.kind, self.when) != ("kill", "before")
+
+    @property
+    def point(self) -> str:
+        """How a report names the collective it acts at: ``collective #3``, or ``the 2nd
+        all_reduce at train.py:34``."""
+        return self.at.text if isinstance(self.at, Collective) else f"collective #{self.at}"
 
     @property
     def group_name(self) -> str:
@@ -132,14 +149,23 @@ class FaultFired:
 
     Attributes:
         fault: The fault.
-        what: What happened, e.g. ``killed (SIGKILL) before collective #3 (all_reduce) on
-            the default group``.
+        what: What happened, e.g. ``killed (SIGKILL) before collective #3 (all_reduce at
+            train.py:34) on the default group``.
         time: When, as ``time.monotonic()`` on the controller's clock (same machine).
+        number: The number of the collective it acted at, on the fault's group (0: unknown).
+        op: That collective's op (``"all_reduce"``; '' where unknown).
+        site: Its call site, ``"train.py:34"`` ('' where unknown).
+        origin: What issued it below ``torch.distributed``'s functions (``"backward
+            (DDP)"``; '' for a call of those functions).
     """
 
     fault: Fault
     what: str
     time: float
+    number: int = 0
+    op: str = ""
+    site: str = ""
+    origin: str = ""
 
     def __str__(self) -> str:
         return f"rank {self.fault.rank} {self.what}"
@@ -197,8 +223,20 @@ def _kind(fault: Fault) -> str:
 def _place(fault: Fault) -> str:
     return (
         _index(fault.rank, "rank", minimum=0)
-        or _index(fault.at, "at", minimum=1, why=" (collectives are counted from 1)")
+        or _at(fault.at)
         or _index(fault.attempt, "attempt", minimum=0)
+    )
+
+
+def _at(at: object) -> str:
+    if isinstance(at, Collective):
+        problem = at.problem()
+        return f"at={at}: {problem}" if problem else ""
+    if _is_int(at) and at >= 1:  # type: ignore[operator]
+        return ""
+    return (
+        "at must be an int >= 1 (collectives are counted from 1) or a faults.Collective, "
+        f"not {at!r}"
     )
 
 

@@ -27,10 +27,12 @@ from harness import compat
 # PYTHONDONTWRITEBYTECODE), does it again in every run. The harness's asserts do not need it.
 compat.exempt_from_assert_rewriting("harness", "fhelium")
 
+from harness import validate  # noqa: E402
 from harness.plugin import (  # noqa: E402
     interrupts,
     lazy_session,
     marker,
+    memory_report,
     report,
     settings,
     sweep_count,
@@ -103,6 +105,10 @@ _INI = {
     "dist_trace_dir": "as --dist-trace-dir (relative to this file's directory)",
     "dist_gpu_lease_dir": "the directory of the GPU leases, shared by every pytest process "
     "that leases the same GPUs (default: harness-gpu-leases-<user> in the system's temp dir)",
+    "dist_max_rank_memory": "as --dist-max-rank-memory",
+    "dist_memory_growth": "how much a rank's resident memory may grow and stay over its "
+    "latest 100 tests before the growth is a leak finding (as dist_leaks says; default: "
+    f"{validate.DEFAULT_MEMORY_GROWTH // 2**20}MiB; 0: no look)",
     "dist_max_world_size": "the largest world a Hypothesis-drawn world_size may ask for: a "
     "strategy that can draw more fails its test before any example runs (default: 8)",
     "dist_schedules": "as --dist-schedules (default: 0)",
@@ -137,6 +143,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "UUIDs): each world that needs GPUs leases them exclusively across every xdist "
         "worker and pytest process of the machine (default: ini dist_gpus, else every GPU "
         "CUDA shows)",
+    )
+    group.addoption(
+        "--dist-max-rank-memory",
+        metavar="SIZE",
+        help="a rank's resident memory (2GiB, 2GB, 512MiB or bytes) above which, after a "
+        "test, its world is replaced by fresh processes before the next test (default: ini "
+        "dist_max_rank_memory, else no limit)",
     )
     group.addoption(
         "--dist-trace-dir",
@@ -214,11 +227,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(interrupts.Hooks(config), "harness-interrupts")
     counting = os.environ.get(sweep_count.COUNT_DIR)
     if counting:  # the clean run of a sweep: its failure is what the sweep's case says
-        config.pluginmanager.register(sweep_count.FailureRecorder(counting), "harness-count")
+        config.pluginmanager.register(sweep_count.CountingRun(counting), "harness-count")
     if chosen.mptc:
         from harness.plugin import mptc
 
         config.pluginmanager.register(mptc.CasePlugin(lambda: lazy_session.get(config)), _MPTC)
+    if launched(config) is not None:
+        from harness.plugin import launcher
+
+        launcher.configure(config, lambda: lazy_session.get(config).launcher)
+    memory_report.tell_replacements(config)
     warmup.at_configure(config, name)
 
 
@@ -275,6 +293,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "harness: schedules")
         for line in noted[report.SCHEDULES]:
             terminalreporter.write_line(line)
+    for line in memory_report.of(config).lines():
+        terminalreporter.write_line(line)
     gpu_tests = noted[report.GPU_TESTS]
     if gpu_tests:
         ran, skipped = gpu_tests.count("ran"), gpu_tests.count("skipped")
@@ -282,6 +302,14 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
             f"harness: {_count(ran, 'distributed test')} ran on GPUs, {skipped} skipped for "
             "lack of them" + (" (--dist-require-gpus fails them instead)" if skipped else "")
         )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    # pytest-xdist's controller, as a worker ends: its worlds' memory, for the summary.
+    sent = getattr(node, "workeroutput", {}).get(memory_report.OUTPUT_KEY)
+    if sent:
+        memory_report.of(node.config).merge(sent)
 
 
 def _count(number: int, noun: str) -> str:
@@ -325,7 +353,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    marker.parametrize(metafunc, _resolve_sweep)
+    # Under a launcher a sweep over "all" is not resolved: counting its cases needs ranks
+    # the harness starts (the test is skipped, saying so, in harness.plugin.launcher).
+    marker.parametrize(metafunc, None if launched(metafunc.config) else _resolve_sweep)
 
 
 def _resolve_sweep(metafunc: pytest.Metafunc, spec: marker.MarkSpec, sweep: Any) -> list[Any]:
@@ -344,7 +374,12 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
         # Before any test, distributed or not: another process waits for GPUs that an idle
         # world of ours holds, and gets them.
         session.give_back_gpus()
-    if not isinstance(item, pytest.Function) or run_mark(item) is None or launched(item.config):
+    if not isinstance(item, pytest.Function) or run_mark(item) is None:
+        return (yield)
+    if launched(item.config):
+        launcher = lazy_session.get(item.config).launcher
+        assert launcher is not None
+        launcher.prepare(item)
         return (yield)
     from harness.plugin import rank_fixtures
 

@@ -1,10 +1,11 @@
 """What follows a distributed test's run on its ranks, before its verdict: a list of steps.
 
 Each step takes what the run left (:class:`Ran`) and passes it on, changed where the step
-changes the outcome (``verify=`` after a sweep's case fails it). A marked test
-(:mod:`harness.plugin.session`), a ``--dist-mptc`` case (:mod:`harness.plugin.mptc`) and a
-``@given`` test's last example (:mod:`harness.plugin.properties`) go through the same steps,
-in the order of :data:`STEPS`; a step that does not apply to a test passes it on as it is.
+changes the outcome (``verify=`` after a sweep's case fails it, as does a stale count). A
+marked test (:mod:`harness.plugin.session`), a ``--dist-mptc`` case
+(:mod:`harness.plugin.mptc`) and a ``@given`` test's last example
+(:mod:`harness.plugin.properties`) go through the same steps, in the order of :data:`STEPS`;
+a step that does not apply to a test passes it on as it is.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
-from harness.plugin import report, sweep_cases
+from harness.plugin import report, sweep_cases, sweep_recount
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
@@ -52,6 +53,7 @@ class Ran:
         test: The marked test's settings; None for a ``--dist-mptc`` case (no marker).
         call_phase: Whether it ran in pytest's call phase (a ``@given`` test's example,
             which ran its ``verify=`` itself), not whole in the setup phase.
+        seconds: How long the run took, as pytest's process measured it.
     """
 
     item: pytest.Function
@@ -64,6 +66,7 @@ class Ran:
     failure: BaseException | None = None
     test: TestSettings | None = None
     call_phase: bool = False
+    seconds: float = 0.0
 
     @property
     def described(self) -> str:
@@ -72,6 +75,15 @@ class Ran:
         if self.test is None:
             return f"{self.world.size} ranks"
         return f"{self.world.size} ranks, {self.world.backend}"
+
+
+def recount(session: Session, ran: Ran) -> Ran:
+    """A sweep case's run held against its count, counted again where the run contradicts
+    it (see :func:`sweep_recount.after_case`)."""
+    if ran.test is None:
+        return ran
+    outcome = sweep_recount.after_case(ran.item, ran.test, ran.outcome)
+    return ran if outcome is ran.outcome else replace(ran, outcome=outcome)
 
 
 def verify(session: Session, ran: Ran) -> Ran:
@@ -110,7 +122,7 @@ def report_sections(session: Session, ran: Ran) -> Ran:
     ranks ran it whole in pytest's setup phase, the times of its phases there."""
     report.add_output_sections(ran.item, ran.outcome.outputs)
     if ran.test is not None and not ran.call_phase:
-        report.keep_times(ran.item, _rank_times(ran.outcome))
+        report.keep_times(ran.item, _phase_times(ran))
     return ran
 
 
@@ -122,13 +134,15 @@ def repro(session: Session, ran: Ran) -> Ran:
 
 
 STEPS: tuple[Callable[[Session, Ran], Ran], ...] = (
+    recount,
     verify,
     sweep_note,
     trace_folder,
     report_sections,
     repro,
 )
-"""The steps, in order: ``verify=`` first, since what the others show is its outcome."""
+"""The steps, in order: the count first, then ``verify=``, since what the others show is
+their outcome."""
 
 
 def after_run(session: Session, ran: Ran) -> Ran:
@@ -140,6 +154,19 @@ def after_run(session: Session, ran: Ran) -> Ran:
     for step in STEPS:
         ran = step(session, ran)
     return ran
+
+
+def _phase_times(ran: Ran) -> tuple[float, float, float] | None:
+    """The setup, call and teardown times of a test's run: the ranks' (see
+    :func:`_rank_times`); where no rank said them (the ranks hung, or died) and the failure
+    is its call's, the whole run's, as its call's: the phase that reports it."""
+    said = _rank_times(ran.outcome)
+    error = ran.outcome.error
+    if said is None and error is not None:
+        root = next(iter(error.failures.values()), None)
+        if root is None or root.phase == "call":
+            return (0.0, ran.seconds, 0.0)
+    return said
 
 
 def _rank_times(outcome: Outcome) -> tuple[float, float, float] | None:

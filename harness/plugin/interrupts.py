@@ -7,8 +7,9 @@ harness's supervision loop (``selectors.py poll``), nothing of the ranks.
   and its limit, counted from the start of the test as pytest-timeout counts it (but not
   the start of a world, which has a bound of its own), is their deadline where it is the
   smaller: a hang is then the harness's ``WorldTimeout`` with every rank's stack. The timer
-  is then armed again for what is left, so a hanging teardown is still caught; the same
-  holds where a wider-scoped rank fixture ends, in whichever test's teardown.
+  is then armed again for what is left (where nothing is, for the larger of the limit and
+  the test's own timeout), so a hanging teardown is still caught; the same holds where a
+  wider-scoped rank fixture ends, in whichever test's teardown.
 * **Ctrl-C.** ``World.call`` attaches the ranks' stacks to the ``KeyboardInterrupt``
   (:func:`harness.errors.interrupt_sections`); they are printed before pytest's summary, and
   the session then ends without work that would only delay its exit.
@@ -148,11 +149,13 @@ def taken_over(item: pytest.Item, timeout: float, *, teardown: bool = False) -> 
         yield Deadline(left, limit) if left < timeout else Deadline(timeout)
     finally:
         if armed:
-            # Armed again for what is left, or the whole limit once the ranks used it up
-            # (that timeout is reported; the teardown still gets a bound, not a second one).
+            # Armed again for what is left. Once the ranks used it up, that timeout is
+            # reported, and what follows (the report, the teardown) still gets a bound: the
+            # larger of the limit and the test's own timeout, not a short limit again, which
+            # a loaded machine's garbage collection alone can outlast.
             now = time.monotonic()
             rest = end - now
-            again = settings._replace(timeout=rest if rest > 0 else limit)
+            again = settings._replace(timeout=rest if rest > 0 else max(limit, timeout))
             item.config.hook.pytest_timeout_set_timer(item=item, settings=again)
             # That call noted the shortened limit: keep pytest-timeout's own, and its end.
             item_state.of(item).armed = (settings, end - limit if rest > 0 else now)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from harness import compat
 from harness.faults import OpenSweep, Sweep
 from harness.plugin import item_state
 
@@ -207,6 +208,14 @@ def parse_mark(mark: pytest.Mark) -> MarkSpec:
     return MarkSpec(**kwargs)
 
 
+def drawn_world_size(function: Any) -> Any | None:
+    """The Hypothesis strategy a ``@given`` test draws its ``world_size`` from (None: it
+    draws none, or is no ``@given`` test)."""
+    if not getattr(function, "is_hypothesis_test", False):
+        return None
+    return compat.given_strategies(function).get("world_size")
+
+
 def parametrize(
     metafunc: pytest.Metafunc,
     resolve: Callable[[pytest.Metafunc, MarkSpec, OpenSweep], list[Any]] | None = None,
@@ -229,8 +238,10 @@ def parametrize(
     sweep: Any = spec.faults if isinstance(spec.faults, Sweep) else ()
     if isinstance(spec.faults, OpenSweep) and resolve is not None:
         sweep = resolve(metafunc, spec, spec.faults)
+    # A test that draws its world size too is one test, which fails naming both.
+    sizes = () if drawn_world_size(metafunc.function) is not None else spec.world_size
     for name, values, make_id in (
-        (WORLD_SIZE_PARAM, spec.world_size, lambda v: f"ws{v}"),
+        (WORLD_SIZE_PARAM, sizes, lambda v: f"ws{v}"),
         (BACKEND_PARAM, spec.backend, str),
         (FAULT_PARAM, sweep, lambda v: v.id),
     ):

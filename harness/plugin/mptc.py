@@ -117,6 +117,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     options = CallOptions(
         compat.mptc_timeout(case),
         run.output,
+        name=f"test {item.nodeid}",
         check_collectives=run.check_collectives,
         keep_traces=keep,
     )
@@ -262,7 +263,7 @@ class _Ended:
         if error is not None:
             exitcodes = error.exitcodes if isinstance(error, RankCrash) else {}
             for rank, failure in error.failures.items():
-                if failure.exc_type == "WorldTimeout":
+                if failure.exc_type in ("WorldTimeout", "WorldHang"):
                     ended[rank] = (None, [])
                 elif failure.exc_type == "RankCrash":
                     ended[rank] = (exitcodes.get(rank, _TERMINATED), [])

@@ -5,7 +5,8 @@ behind that no reset covers can change its verdict. :meth:`Runner.run` reads top
 for marked tests and ``--dist-mptc`` cases alike: run the test on fresh processes alone
 where it is isolated; else on the session's world of its shape, noting it in that world's
 history; a failure there (ini ``dist_confirm = fresh``, the default), or any verdict under
-``--dist-verify``, runs again on a fresh world with the same seed and fixture values; where
+``--dist-verify``, runs again on a fresh world with the same seed and fixture values (not a
+leak's failure, ``dist_leaks = error``: it is about the reused ranks themselves); where
 the two verdicts differ, the fresh one stands, the earlier test behind the difference is
 searched for (:func:`harness.plugin.order.bisect`) and the order dependence is reported as a
 warning, or as the test's failure with ini ``dist_order_dependent = fail``.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Generic, Protocol, TypeVar
 import pytest
 
 from harness.controller import restarts
-from harness.errors import OrderDependenceWarning
+from harness.errors import OrderDependenceWarning, RankLeak
 from harness.plugin import order, report
 from harness.plugin.replay import FAILED, History, Step, on_fresh
 from harness.plugin.settings import Settings, WorldShape
@@ -139,8 +140,10 @@ class Runner:
         """Run ``test`` on the session's world of ``shape``, noting it in its history."""
         world = self.world(shape, holder)
         earlier = self._history.before(world)
+        generation = world.generation
         verdict, result = test.attempt(world, False)
-        self._history.record(world, test.step)
+        if world.generation == generation:  # else it ran on processes replaced since
+            self._history.record(world, test.step)
         return Reused(shape, holder, earlier, verdict, result)
 
     def held(
@@ -161,7 +164,7 @@ class Runner:
         fresh_world = functools.partial(self.new_world, run.shape, run.holder)
         settings = self.settings
         wanted = settings.verify or (settings.confirm and verdict == FAILED)
-        if not wanted or not (earlier or always):
+        if not wanted or not (earlier or always) or _leaked(result):
             return Held(result)
         try:
             fresh, found = on_fresh(fresh_world, (), lambda world: test.attempt(world, True))
@@ -201,3 +204,11 @@ class Runner:
             text = f"OrderDependenceWarning: {text}"
             return Held(found, failure=pytest.fail.Exception(text, pytrace=False))
         return Held(found)
+
+
+def _leaked(result: object) -> bool:
+    """Whether a run failed with a leak (``RankLeak``): what the reused ranks kept, which fresh
+    processes that never ran the earlier tests can neither confirm (memory that grew over
+    them) nor refute."""
+    outcome = getattr(result, "outcome", result)  # a --dist-mptc case's ending holds it
+    return isinstance(getattr(outcome, "error", None), RankLeak)

@@ -27,12 +27,14 @@ from harness import compat, validate
 from harness.controller import forkserver
 from harness.controller.backends import resolve_backend, unavailable_reason
 from harness.controller.gpus import LeaseError
+from harness.controller.memory import LimitBelowStart
 from harness.controller.world import World
 from harness.errors import DistributedError
 from harness.plugin import (
     after_run,
     interrupts,
     item_state,
+    memory_report,
     properties,
     rank_fixtures,
     refs,
@@ -41,11 +43,12 @@ from harness.plugin import (
     schedules,
     settings,
     sweep_cases,
+    sweep_recount,
     trace_folders,
 )
 from harness.plugin.leases import Holder, Leases
 from harness.plugin.marker import launched
-from harness.plugin.runner import Runner
+from harness.plugin.runner import Held, Runner
 from harness.plugin.settings import TestSettings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
@@ -83,6 +86,9 @@ class DistSession:
         self._unavailable = functools.cache(unavailable_reason)
         # Scopes (node ids) whose wider-scoped rank fixtures live in these worlds.
         self._scopes: dict[str, set[World]] = {}
+        # Why worlds of a shape cannot start under --dist-max-rank-memory: found once, it
+        # fails each later test of that shape without starting its world again.
+        self._below_start: dict[WorldShape, str] = {}
 
     def world(self, world_size: int, backend: str = "auto", init: bool = True) -> World:
         """The session's World of this size, backend and ``init`` (started on first use)."""
@@ -96,17 +102,33 @@ class DistSession:
         return world
 
     def fresh_world(self, shape: WorldShape, holder: Holder) -> World:
-        """A new world of ``shape``, its GPUs leased for ``holder``."""
+        """A new world of ``shape``, its GPUs leased for ``holder``.
+
+        Raises:
+            pytest.fail.Exception: ``--dist-max-rank-memory`` is below what its ranks hold
+                as they start.
+        """
+        if shape in self._below_start:
+            raise pytest.fail.Exception(self._below_start[shape], pytrace=False)
         lease = None
         if shape.gpus:
             lease = self.leases.take(shape.gpus.count(shape.size), holder, self.give_back_gpus)
-        world = World(
-            shape.size,
-            backend=shape.backend,
-            init=shape.init,
-            leaks=self.settings.leaks,
-            gpus=lease,
-        )
+        try:
+            world = World(
+                shape.size,
+                backend=shape.backend,
+                init=shape.init,
+                leaks=self.settings.leaks,
+                gpus=lease,
+                memory_growth=self.settings.memory_growth,
+                max_rank_memory=self.settings.max_rank_memory,
+            )
+        except LimitBelowStart as exc:
+            problem = self._below_start[shape] = (
+                f"usage error: --dist-max-rank-memory (or ini dist_max_rank_memory): {exc}"
+            )
+            raise pytest.fail.Exception(problem, pytrace=False) from None
+        memory_report.of(self.config).add(world)
         if self._preload_failed is None:
             # The server has run the warm-up by now: it did before it forked these ranks.
             problems = forkserver.preload_problems()
@@ -148,6 +170,7 @@ class DistSession:
         worlds, self._worlds = list(self._worlds.values()), {}
         for world in worlds:
             world.close()
+        memory_report.of(self.config).close(self.config)
         self.trace_folders.close()
         if self.launcher is not None:
             self.launcher.close()
@@ -229,8 +252,11 @@ class DistSession:
                 step = replay.Step(item.nodeid, body, args, options)
                 return self.runnable(item, plan, step, test.timeout)
 
+            started = time.monotonic()
             try:
-                if test.world.gpus:
+                # A sweep's case whose count a case before it found stale need not run.
+                known = sweep_recount.before_case(item, test)
+                if test.world.gpus and known is None:
                     # Its GPUs first: waiting for them counts against the test's deadline.
                     end = time.monotonic() + seconds
                     holder = Holder(item.nodeid, end)
@@ -239,7 +265,9 @@ class DistSession:
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
                 explored: schedules.Explored[Outcome] | None = None
-                if len(test.attempts) > 1:
+                if known is not None:
+                    held = Held(known)
+                elif len(test.attempts) > 1:
                     held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
@@ -262,7 +290,8 @@ class DistSession:
         if explored is not None and explored.option:
             option, note = f"{option} {explored.option}", explored.lines + note
         ran = after_run.Ran(
-            item, held.result, test.world, options, holder, option, note, held.failure, test,
+            item, held.result, test.world, options, holder, option, note,
+            held.failure, test, seconds=time.monotonic() - started,
         )  # fmt: skip
         return ran, deadline
 
@@ -275,8 +304,10 @@ class DistSession:
             run()
             return
         if self.launcher is not None:
-            test = settings.for_test(self.settings, item, self.resolve_backend)
-            self.launcher.run_item(item, test)
+            self.launcher.run_item(
+                item,
+                functools.partial(settings.for_test, self.settings, item, self.resolve_backend),
+            )
         elif state.call is not None:
             kept, state.call = state.call, None
             if isinstance(kept, str):

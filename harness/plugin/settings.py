@@ -38,6 +38,7 @@ from harness.plugin.marker import (
     MarkSpec,
     Unresolved,
     check_verify,
+    drawn_world_size,
     parse_mark,
     run_mark,
 )
@@ -56,7 +57,7 @@ class Settings:
     ini ``dist_<name>``), except ``check_collectives`` (``--dist-no-collective-check``, ini
     ``dist_no_collective_check``), ``confirm`` (ini ``dist_confirm = fresh``), ``output``
     (captured, or under ``-s`` to the terminal) and ``randomly_seed`` (pytest-randomly's,
-    when it is active)."""
+    when it is active). Sizes (``memory_growth``, ``max_rank_memory``) are in bytes."""
 
     backend: str = "auto"
     timeout: float = DEFAULT_TIMEOUT_S
@@ -80,6 +81,8 @@ class Settings:
     schedules: int = 0
     schedule_seed: int | None = None
     schedule_delay: float = DEFAULT_DELAY_S
+    memory_growth: int = validate.DEFAULT_MEMORY_GROWTH
+    max_rank_memory: int | None = None
 
 
 def read(config: pytest.Config) -> Settings:
@@ -130,6 +133,11 @@ def read(config: pytest.Config) -> Settings:
             preload=preload_option(config),
             trace_dir=_trace_dir(config),
             trace_all=bool(config.getoption("dist_trace_all", False)),
+            memory_growth=validate.size(
+                str(config.getini("dist_memory_growth") or validate.DEFAULT_MEMORY_GROWTH),
+                "ini option dist_memory_growth",
+            ),
+            max_rank_memory=_max_rank_memory(config),
             **_schedule_options(config),
         )
     except (TypeError, ValueError) as exc:
@@ -167,6 +175,15 @@ def _gpus(config: pytest.Config) -> str | None:
 
         gpus.inventory(given, os.environ, lambda: 0, "", where)
     return given
+
+
+def _max_rank_memory(config: pytest.Config) -> int | None:
+    """The limit on a rank's resident memory given, in bytes (None: none)."""
+    given, where = config.getoption("dist_max_rank_memory", None), "--dist-max-rank-memory"
+    if given is None:
+        given = str(config.getini("dist_max_rank_memory") or "").strip() or None
+        where = "ini option dist_max_rank_memory"
+    return None if given is None else validate.size(given, where)
 
 
 def _trace_dir(config: pytest.Config) -> str:
@@ -375,6 +392,13 @@ def _settings(
     named = params.get(BACKEND_PARAM, spec.backend)
     auto = isinstance(named, str) and named.lower() == "auto"
     backend: Any = session.backend if auto else named
+    drawn = drawn_world_size(getattr(item, "obj", None))
+    if drawn is not None and isinstance(spec.world_size, (list, tuple)):
+        raise ValueError(
+            f"world_size={spec.world_size!r} in the marker and @given(world_size={drawn!r}) "
+            "both give the world size: keep one (a list in the marker runs the test once "
+            "per size; a drawn world_size is each example's)"
+        )
     world_size = _world_size(params.get(WORLD_SIZE_PARAM, spec.world_size))
     # A sweep's case has its one fault; a clean run that counts a sweep none.
     faults = [case] if FAULT_PARAM in params else spec.faults

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from harness import validate
-from harness.faults import ALL, Fault, OpenSweep, Sweep
+from harness.faults import ALL, Collective, Fault, OpenSweep, Sweep
 from harness.plugin import item_state, report
 from harness.plugin.marker import CleanRun, MarkSpec, Unresolved, check_verify
 from harness.plugin.sweep_count import COUNT_DIR, COUNT_TEST, count, counted_before
 from harness.plugin.sweep_summary import CASE, MAX_CASES, Case, fault_label, too_many, verdict
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
+from harness.protocol.traces import call_text
 from harness.rank.sweep_body import RANK_ARGS, counted, verified
 
 if TYPE_CHECKING:
@@ -159,7 +160,7 @@ def after_case(
     error = checked.error
     if error is None:
         return outcome
-    after = "a clean run" if fault is None else f"{fault} ({_point(item, fault)})"
+    after = "a clean run" if fault is None else f"{fault} ({_point(item, fault, outcome)})"
     error.summary = f"verify {verify.__qualname__} failed after {after}: {error.summary}"
     item_state.of(item).verify_failed = verify.__qualname__
     return replace(outcome, values=None, error=error)
@@ -195,22 +196,26 @@ def _verify_arguments(
     return kwargs
 
 
-def _point(item: pytest.Item, fault: Fault) -> str:
-    """Where a case's fault acts: ``collective #3: all_reduce at x.py:12`` when a clean
-    run counted the sweep, else ``collective #3``."""
-    site = _site(item, fault)
-    return f"collective #{fault.at}" + (f": {site}" if site else "")
+def _point(item: pytest.Item, fault: Fault, outcome: Outcome) -> str:
+    """Where a case's fault acts: ``collective #3: all_reduce at x.py:12`` where its call
+    site is known (:func:`_collective`), else as the fault names it (``collective #3``)."""
+    number, site = _collective(item, fault, outcome)
+    return f"collective #{number}: {site}" if site else fault.point
 
 
-def _site(item: pytest.Item, fault: Fault) -> str:
-    definition = item.nodeid.partition("[")[0]
-    issued = counted_before(item.config, definition)
-    key = "" if fault.group is None else ",".join(map(str, fault.group))
-    records = issued.get(fault.rank, {}).get(key, [])
-    if not 1 <= fault.at <= len(records):
-        return ""
-    op, site = records[fault.at - 1]
-    return f"{op} at {site}"
+def _collective(item: pytest.Item, fault: Fault, outcome: Outcome) -> tuple[int, str]:
+    """The number of the collective a case's fault acts at, and how it reads (``all_reduce
+    at x.py:12``): as the clean run that counted the sweep has it, else as the case's run
+    found it where the fault fired; its number alone (0 where unknown) and '' otherwise."""
+    counted = counted_before(item.config, item.nodeid.partition("[")[0])
+    if isinstance(fault.at, int) and counted is not None:
+        records = counted.of(fault)
+        if 1 <= fault.at <= len(records):
+            return fault.at, call_text(*records[fault.at - 1])
+    fired = next((found for found in outcome.fired if found.fault == fault), None)
+    if fired is not None and fired.op:
+        return fired.number, call_text(fired.op, fired.site, fired.origin)
+    return (fault.at if isinstance(fault.at, int) else 0), ""
 
 
 def note(item: pytest.Item, test: TestSettings, outcome: Outcome, option: str) -> None:
@@ -222,16 +227,21 @@ def note(item: pytest.Item, test: TestSettings, outcome: Outcome, option: str) -
     message = ""
     if error is not None:  # the root cause alone: the headline names the case's fault
         root = next(iter(error.failures.values()), None)
-        message = f"{root.exc_type}: {root.message}" if root else f"{type(error).__name__}"
+        if root is not None:
+            message = f"{root.exc_type}: {root.message}"
+        else:  # no rank failed (a fault that never fired, a stale count): its summary
+            message = f"{type(error).__name__}: {error.summary}"
         failed = item_state.of(item).verify_failed
         if failed:
             message = f"verify {failed}: {message}"
+    number, site = _collective(item, fault, outcome)
     case = Case(
         test=item.nodeid.partition("[")[0],
         fault=fault_label(fault.kind, fault.when),
         rank=fault.rank,
-        at=fault.at,
-        site=_site(item, fault),
+        at=number,
+        site=site,
+        placed=fault.at.text if isinstance(fault.at, Collective) else "",
         verdict=verdict(error is not None, outcome.skip is not None, message),
         repro=report.command(item.config, [item.nodeid], option),
     )

@@ -2,14 +2,18 @@
 
 A sweep over ``at="all"`` (:mod:`harness.plugin.sweep_cases`) needs each rank's collectives of a
 clean run of the test. :func:`count` runs the test alone in a pytest subprocess (its own
-fixtures, conftests and ini, on fresh ranks), twice, whose ranks write what they issued
-(:func:`harness.rank.sweep_body.counted`); the two must agree. Its result is cached under
-pytest's cache directory by the test's node id, its file's source, the world size,
-``--dist-backend`` and torch's version, behind a file lock: under pytest-xdist every worker
-collects the same cases, and only the first pays for the count. A change in another file the
-count depends on needs ``--cache-clear``. A clean run that fails is not cached: its own
-failure report, written by the subprocess (:class:`FailureRecorder`), is what the sweep's
-case says. This module imports no torch.
+fixtures, conftests and ini, on fresh ranks), twice, whose ranks write what they issued and
+the files they imported (:func:`harness.rank.sweep_body.counted`); the two must agree. Its
+result is cached under pytest's cache directory by the test's node id, the world size,
+``--dist-backend`` and the versions of torch, fhelium and Python, and reused for as long as
+the project's files that the counting run imported are unchanged
+(:mod:`harness.plugin.sweep_key`): editing the library under test counts again. The cache is
+behind a file lock: under pytest-xdist every worker collects the same cases, and only the
+first pays for the count. A clean run that fails is not cached: its own failure report,
+written by the subprocess (:class:`CountingRun`), is what the sweep's case says.
+
+A case whose run contradicts the count (:mod:`harness.plugin.sweep_recount`) counts again,
+once per test and session (:func:`recount`). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -19,18 +23,22 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Generator
+import uuid
+from collections.abc import Generator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from harness.faults import ALL
-from harness.plugin import report, settings
+from harness.faults import ALL, Fault
+from harness.plugin import report, settings, sweep_key
 
 COUNT_TEST = "HARNESS_SWEEP_COUNT"
 """Set for the counting subprocess: the node id of the test being counted."""
@@ -41,58 +49,193 @@ COUNT_DIR = "HARNESS_SWEEP_COUNT_DIR"
 FAILURE = "failure.txt"
 """The file of the counting subprocess's directory that holds its first failure report."""
 
-# Per test (its definition's node id): each rank's collectives of a clean run, per group.
-_COUNTED = pytest.StashKey[dict[str, dict[int, dict[str, list[list[str]]]]]]()
+FILES = "pytest.files.json"
+"""The file of the counting subprocess's directory that lists what its pytest imported."""
+
+Issued = dict[int, dict[str, list[list[str]]]]
+"""Each rank's collectives of a clean run, per group (``""``: the default group; else its
+sorted ranks joined by commas), each as ``[op, call site, origin]``."""
+
+
+@dataclass
+class Count:
+    """A test's count, as this session holds it.
+
+    Attributes:
+        issued: What it counted.
+        token: Which counting run it is (its cache entry's; '' where this session's cases
+            were made from an earlier one, see :func:`count`).
+        world_size: The world it was counted in.
+        recounted: Whether this session counted it again (once per test: :func:`recount`).
+        failure: Why counting again failed ('' when it did not).
+    """
+
+    issued: Issued
+    token: str
+    world_size: int
+    recounted: bool = False
+    failure: str = ""
+
+    def of(self, fault: Fault) -> list[list[str]]:
+        """The collectives counted of ``fault``'s rank on its group."""
+        group = "" if fault.group is None else ",".join(map(str, fault.group))
+        return self.issued.get(fault.rank, {}).get(group, [])
+
+
+# Per test (its definition's node id): its count.
+_COUNTED = pytest.StashKey[dict[str, Count]]()
 _FLAGS = ("-p", "-o", "--confcutdir")  # passed on to the counting run
 _OPTIONS = ("--dist-backend", "--dist-timeout", "--dist-gpus")
 _TRANSCRIPT_LINES = 30  # of a counting run that failed without a report of its own
 
 
-def counted_before(config: pytest.Config, nodeid: str) -> dict[int, dict[str, Any]]:
-    """What :func:`count` found this session for the test ``nodeid`` (empty: not counted)."""
-    return config.stash.get(_COUNTED, {}).get(nodeid, {})
+def counted_before(config: pytest.Config, nodeid: str) -> Count | None:
+    """What :func:`count` found this session for the test ``nodeid`` (None: not counted)."""
+    return config.stash.get(_COUNTED, {}).get(nodeid)
 
 
-def count(config: pytest.Config, nodeid: str, world_size: int) -> dict[int, dict[str, Any]]:
-    """Each rank's collectives of a clean run of the test ``nodeid``, per group (``""``:
-    the default group): from the cache, else counted now (see the module's docstring).
+def count(config: pytest.Config, nodeid: str, world_size: int) -> Issued:
+    """Each rank's collectives of a clean run of the test ``nodeid``, per group: from the
+    cache where the project's files it imported are unchanged, else counted now (see the
+    module's docstring).
+
+    Under pytest-xdist, where a worker of this run counted again already (:func:`recount`),
+    the count the run's cases were made from, so that every worker collects the same cases.
 
     Raises:
         ValueError: The clean run failed, or its two runs differ.
     """
     counted_here = config.stash.setdefault(_COUNTED, {})
     if nodeid in counted_here:
-        return counted_here[nodeid]
-    path, _, _ = nodeid.partition("::")
-    source = (config.rootpath / path).read_bytes()
-    backend = settings.backend_option(config)
-    parts = [nodeid, str(world_size), backend, _version("torch"), _version("fhelium")]
-    digest = hashlib.sha256("\0".join(parts).encode() + b"\0" + source).hexdigest()[:20]
-    directory = _cache_dir(config)
-    result = directory / f"{digest}.json"
-    with open(directory / f"{digest}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one process counts; the others wait, then read
-        if not result.exists():
+        return counted_here[nodeid].issued
+    entry = _Entry(config, nodeid, world_size)
+    with entry.locked():
+        found = entry.read()
+        if found is None:
+            found = entry.write(_count_now(config, nodeid, entry.workdir))
+    collected = found.get("collected", {})
+    if collected.get("run") and collected.get("run") == _run(config):
+        counted = Count(_issued(collected["issued"]), "", world_size)
+    else:
+        counted = Count(_issued(found["issued"]), found["token"], world_size)
+    counted_here[nodeid] = counted
+    return counted.issued
+
+
+def recount(config: pytest.Config, nodeid: str) -> Count:
+    """Count the test ``nodeid`` again, once per session (the count this session holds,
+    after :func:`count`, stands for every later call): a case's run contradicted it.
+
+    A count that another process made since this session read its own is taken as it is
+    (a pytest-xdist worker counted again first). Where counting fails, the count's
+    ``failure`` says why.
+    """
+    counted = config.stash[_COUNTED][nodeid]
+    if counted.recounted:
+        return counted
+    entry = _Entry(config, nodeid, counted.world_size)
+    with entry.locked():
+        found = entry.read()
+        if found is None or found["token"] == counted.token:
             try:
-                found = _count_now(config, nodeid, directory / digest)
-            finally:  # its ranks' files and its tmp_path: the count is all that is kept
-                shutil.rmtree(directory / digest, ignore_errors=True)
-            result.with_suffix(".tmp").write_text(json.dumps(found), encoding="utf-8")
-            os.replace(result.with_suffix(".tmp"), result)
-    loaded = json.loads(result.read_text(encoding="utf-8"))
-    issued = {int(rank): groups for rank, groups in loaded.items()}
-    counted_here[nodeid] = issued
-    return issued
+                made = _count_now(config, nodeid, entry.workdir)
+            except ValueError as exc:
+                counted.recounted, counted.failure = True, str(exc)
+                return counted
+            run = _run(config)
+            # What this run's cases were made from, for its workers still collecting.
+            collected = {"run": run, "issued": counted.issued} if run else None
+            found = entry.write(made, collected)
+    counted.issued, counted.token = _issued(found["issued"]), found["token"]
+    counted.recounted = True
+    return counted
 
 
-def _count_now(config: pytest.Config, nodeid: str, workdir: Path) -> dict[str, Any]:
-    """Run the test's two clean runs in a pytest subprocess; each rank's collectives."""
+def _run(config: pytest.Config) -> str:
+    """The pytest-xdist run this worker belongs to, the same in each of its workers ('':
+    no worker of one)."""
+    workerinput: dict[str, Any] = getattr(config, "workerinput", {})
+    return str(workerinput.get("testrunuid", ""))
+
+
+def _issued(loaded: dict[str, Any]) -> Issued:
+    return {int(rank): groups for rank, groups in loaded.items()}
+
+
+class _Entry:
+    """A test's entry in the cache: its count, and the notes of the files it depends on."""
+
+    def __init__(self, config: pytest.Config, nodeid: str, world_size: int) -> None:
+        backend = settings.backend_option(config)
+        versions = [_version("torch"), _version("fhelium"), platform.python_version()]
+        parts = [nodeid, str(world_size), backend, *versions]
+        digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:20]
+        directory = _cache_dir(config)
+        self.path = directory / f"{digest}.json"
+        self.lock = directory / f"{digest}.lock"
+        self.workdir = directory / digest
+        self.test_file = str(config.rootpath / nodeid.partition("::")[0])
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the entry: one process counts; the others wait, then read."""
+        with open(self.lock, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield
+
+    def read(self) -> dict[str, Any] | None:
+        """The entry, where its files are unchanged (None: none, or stale)."""
+        try:
+            found: dict[str, Any] = json.loads(self.path.read_text(encoding="utf-8"))
+            same, notes = sweep_key.unchanged(found["files"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # none yet, or one an older fhelium wrote
+        if not same:
+            return None
+        if notes != found["files"]:  # read and found unchanged: the next check reads none
+            found["files"] = notes
+            self._save(found)
+        return found
+
+    def write(
+        self, made: tuple[dict[str, Any], list[str]], collected: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """Keep a count just made (what it issued, the files it imported); the entry."""
+        issued, imported = made
+        files = sweep_key.project_files([*imported, self.test_file])
+        entry = {"token": uuid.uuid4().hex, "issued": issued, "files": sweep_key.noted(files)}
+        if collected is not None:
+            entry["collected"] = collected
+        self._save(entry)
+        return entry
+
+    def _save(self, entry: dict[str, Any]) -> None:
+        temporary = self.path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(entry), encoding="utf-8")
+        os.replace(temporary, self.path)
+
+
+def _count_now(
+    config: pytest.Config, nodeid: str, workdir: Path
+) -> tuple[dict[str, Any], list[str]]:
+    """Run the test's two clean runs in a pytest subprocess: each rank's collectives, and
+    the files the subprocess and its ranks imported.
+
+    Raises:
+        ValueError: The clean run failed, or its two runs differ.
+    """
+    try:
+        return _counted(config, nodeid, workdir)
+    finally:  # its ranks' files and its tmp_path: the count is all that is kept
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _counted(config: pytest.Config, nodeid: str, workdir: Path) -> tuple[dict[str, Any], list[str]]:
     workdir.mkdir(parents=True, exist_ok=True)
-    for old in [*workdir.glob("*.json"), workdir / FAILURE]:
-        old.unlink(missing_ok=True)
     path, sep, rest = nodeid.partition("::")
     args = [sys.executable, "-m", "pytest", str(config.rootpath / path) + sep + rest]
-    args += ["-q", "-p", "no:randomly", "-p", "no:cacheprovider", "--dist-isolate"]
+    # -x: where the first clean run fails (a hang, say), the second would only fail alike.
+    args += ["-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider", "--dist-isolate"]
     args += [f"--basetemp={workdir / 'tmp'}", f"--rootdir={config.rootpath}"]
     if config.pluginmanager.hasplugin("xdist"):
         args.append("-n0")
@@ -111,9 +254,12 @@ def _count_now(config: pytest.Config, nodeid: str, workdir: Path) -> dict[str, A
         check=False,
     )
     runs: dict[str, dict[str, Any]] = {}
+    imported: set[str] = set()
     for file in sorted(workdir.glob("*.rank*.json")):
         case, _, rank = file.name.removesuffix(".json").rpartition(".rank")
-        runs.setdefault(case, {})[rank] = json.loads(file.read_text(encoding="utf-8"))
+        written = json.loads(file.read_text(encoding="utf-8"))
+        runs.setdefault(case, {})[rank] = written["issued"]
+        imported.update(written["files"])
     if done.returncode != 0 or not runs:
         raise ValueError(_failed(done, workdir / FAILURE))
     first_name, first = next(iter(runs.items()))
@@ -125,7 +271,9 @@ def _count_now(config: pytest.Config, nodeid: str, workdir: Path) -> dict[str, A
                 f"{difference}); a sweep over {ALL!r} needs the same ones in every run: "
                 "give at=range(...), or make the test deterministic"
             )
-    return first
+    if (workdir / FILES).exists():
+        imported.update(json.loads((workdir / FILES).read_text(encoding="utf-8")))
+    return first, sorted(imported)
 
 
 def _difference(one: dict[str, Any], other: dict[str, Any]) -> str:
@@ -175,12 +323,14 @@ def _version(name: str) -> str:
         return ""
 
 
-class FailureRecorder:
+class CountingRun:
     """The counting subprocess's plugin: it writes the first failure report of its run (the
-    clean run's own, as pytest would show it) to :data:`FAILURE` in ``directory``."""
+    clean run's own, as pytest would show it) to :data:`FAILURE` in ``directory``, and the
+    files its pytest process imported (conftests, the test's module) to :data:`FILES`."""
 
     def __init__(self, directory: str) -> None:
-        self._path = Path(directory) / FAILURE
+        self._directory = Path(directory)
+        self._path = self._directory / FAILURE
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(
@@ -198,6 +348,12 @@ class FailureRecorder:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self._write(report.longreprtext)
+
+    def pytest_sessionfinish(self) -> None:
+        if self._directory.is_dir():
+            files = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+            imported = sorted({path for path in files if isinstance(path, str)})
+            (self._directory / FILES).write_text(json.dumps(imported), encoding="utf-8")
 
     def _write(self, text: str) -> None:
         if not self._path.exists() and text.strip():

@@ -34,11 +34,14 @@ class Case:
         fault: How the fault reads without its rank and collective (``"kill"``, ``"kill
             after"``, ``"exit code=3"``), so the cases of one sweep share it.
         rank: The rank it acts on.
-        at: The collective it acts at.
-        site: Where that collective is issued in a clean run (``"all_reduce at x.py:12"``;
-            '' when unknown: the sweep named its collectives itself).
+        at: The number of the collective it acts at (0: unknown).
+        site: That collective and where it is issued (``"all_reduce at x.py:12"``,
+            ``"all_reduce in backward (DDP) at x.py:30"``), as the clean run that counted
+            the sweep found it, else as the case's run did; '' when unknown.
         verdict: ``"passed"``, ``"skipped"`` or ``"failed (RankError: ...)"``.
         repro: The command that runs the case alone.
+        placed: How the fault names its collective where it names it by what it is
+            (``"the 2nd all_reduce at x.py:12"``); '' where by its number.
     """
 
     test: str
@@ -48,6 +51,7 @@ class Case:
     site: str
     verdict: str
     repro: str
+    placed: str = ""
 
     def dumps(self) -> str:
         """The case as JSON, for ``user_properties``."""
@@ -60,9 +64,13 @@ class Case:
 
     @property
     def point(self) -> str:
-        """Its kill point: ``rank 1, #3 (all_reduce at x.py:12)``."""
-        site = f" ({self.site})" if self.site else ""
-        return f"rank {self.rank}, #{self.at}{site}"
+        """Its kill point: ``rank 1, #3 (all_reduce at x.py:12)``; ``rank 1, the 2nd
+        all_reduce (#5: all_reduce at x.py:12)`` where the fault names it by what it is."""
+        number = f"#{self.at}" if self.at else ""
+        site = ": ".join(part for part in (number, self.site) if part)
+        if self.placed:
+            return f"rank {self.rank}, {self.placed}" + (f" ({site})" if site else "")
+        return f"rank {self.rank}, {number}" + (f" ({self.site})" if self.site else "")
 
 
 def verdict(failed: bool, skipped: bool, message: str) -> str:
@@ -121,12 +129,16 @@ def range_lines(cases: Sequence[Case]) -> list[str]:
         return []
     every = frozenset(case.rank for case in cases)
     by_verdict: dict[str, dict[int, set[int]]] = {}
-    for case in cases:
-        by_verdict.setdefault(case.verdict, {}).setdefault(case.at, set()).add(case.rank)
     label = cases[0].fault
     # "kill at #3" kills before collective #3; "kill after #3", "kill during #3" say when.
     at_word = " " if " " in label else " at "
     lines: list[tuple[int, int, str]] = []
+    for case in cases:
+        if case.placed:  # named by what it is: a line of its own
+            text = f"{label}{at_word}{case.placed} on rank {case.rank}: {case.verdict}"
+            lines.append((case.at, case.rank, text))
+        else:
+            by_verdict.setdefault(case.verdict, {}).setdefault(case.at, set()).add(case.rank)
     for verdict_text, ats in by_verdict.items():
         # Collectives in a row that end alike on the same ranks make one line.
         for first, last in ranges(ats):

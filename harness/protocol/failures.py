@@ -54,7 +54,7 @@ class RankFailure:
     Attributes:
         rank: The global rank.
         exc_type: The exception's class name (``"ValueError"``), or ``"RankCrash"`` /
-            ``"WorldTimeout"`` for a rank that died or did not finish.
+            ``"WorldTimeout"`` / ``"WorldHang"`` for a rank that died or did not finish.
         message: The exception's message (``str(exc)``), or what happened to the process.
         traceback: The rank's formatted traceback, with source lines and without harness
             frames; for a crash, the fatal-error dump if Python wrote one; for a timeout,
@@ -129,9 +129,12 @@ class RankFailure:
         return cls(rank, "RankCrash", f"the process {describe_exitcode(exitcode)}", dump)
 
     @classmethod
-    def still_running(cls, rank: int, what: str, stacks: str) -> RankFailure:
-        """A rank that had not answered when waiting stopped."""
-        return cls(rank, "WorldTimeout", what, stacks)
+    def still_running(
+        cls, rank: int, what: str, stacks: str, error: str = "WorldTimeout"
+    ) -> RankFailure:
+        """A rank that had not answered when waiting stopped: at the deadline, or, where
+        ``error`` is ``"WorldHang"``, when its collectives proved it never would."""
+        return cls(rank, error, what, stacks)
 
     @classmethod
     def skipped(cls, rank: int, reason: str, site: tuple[str, int] | None = None) -> RankFailure:

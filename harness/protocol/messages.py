@@ -123,6 +123,9 @@ class Call:
             only, so that its ``env://`` or ``INIT_METHOD`` rendezvous meets its ranks alone.
         check_leaks: Whether the rank looks for what the call leaves behind (``Done.leaks``):
             the world's setting, not the call's.
+        memory_growth: Bytes of resident memory that may stay over the rank's latest calls
+            before that growth is among the leaks (0: no look, as without ``check_leaks``);
+            the world's setting.
     """
 
     payload: bytes
@@ -130,6 +133,7 @@ class Call:
     env: dict[str, str | None] | None = None
     rendezvous: dict[str, str] | None = None
     check_leaks: bool = True
+    memory_growth: int = 0
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,29 @@ class Regroup:
     store: str
 
 
+def megabytes(size: int) -> str:
+    """How an amount of memory in bytes reads in messages (``512.0 MiB``)."""
+    return f"{size / 2**20:.1f} MiB"
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """A rank's memory as it came up, or after a call once freed memory was given back.
+
+    Attributes:
+        resident: Its resident set size, in bytes.
+        peak: The largest resident set size it has had since it started, in bytes.
+        cuda_allocated: ``torch.cuda.memory_allocated()`` on its device, where CUDA is in use
+            (else None).
+        cuda_reserved: ``torch.cuda.memory_reserved()`` there (None alike).
+    """
+
+    resident: int
+    peak: int
+    cuda_allocated: int | None = None
+    cuda_reserved: int | None = None
+
+
 @dataclass(frozen=True)
 class Ready:
     """The rank is up (with its default group, if its world has one), or after ``Regroup``
@@ -152,11 +179,13 @@ class Ready:
         watchdog_thread: Ident of the harness's watchdog thread (left out of its stacks).
         code_dir: Directory of the rank-side harness code in that process (maybe another copy
             than the controller's): outermost frames there are left out of its stacks.
+        memory: Its memory now (None where the platform does not say).
     """
 
     main_thread: int
     watchdog_thread: int
     code_dir: str
+    memory: MemoryUse | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +207,7 @@ class Done:
             controller then does not read the capture files.
         unfired: Each strict fault of this rank that never fired, as its error's line.
         trace: The call's whole trace when it asked (``CallOptions.keep_traces``), else None.
+        memory: The rank's memory after the call (None where the platform does not say).
     """
 
     value: bytes
@@ -189,6 +219,7 @@ class Done:
     output_written: bool = True
     unfired: tuple[str, ...] = ()
     trace: RankTrace | None = None
+    memory: MemoryUse | None = None
 
 
 @dataclass(frozen=True)
@@ -219,6 +250,7 @@ class Fired:
         ends: Whether the rank ends there for the call (killed, exited, hung): the
             controller stops waiting for it, and its peers are the call's verdict.
         at, trace: As in ``Failed``.
+        number, op, site, origin: The collective it acts at, as ``FaultFired`` holds them.
     """
 
     index: int
@@ -226,6 +258,10 @@ class Fired:
     at: float
     ends: bool
     trace: RankTrace | None = None
+    number: int = 0
+    op: str = ""
+    site: str = ""
+    origin: str = ""
 
 
 @dataclass(frozen=True)
@@ -252,6 +288,7 @@ class Skipped:
         phase: ``"setup"`` when a rank-side fixture skipped (``PHASE_ATTR``), else ``"call"``.
         site: The file and line of the user's innermost frame (the ``pytest.skip()`` call), as
             pytest reports a skip; None where no such frame was found.
+        memory: As in ``Done``.
     """
 
     reason: str
@@ -260,6 +297,7 @@ class Skipped:
     phase: str = "call"
     trace: RankTrace | None = None
     site: tuple[str, int] | None = None
+    memory: MemoryUse | None = None
 
 
 RankMessage = Ready | Done | Failing | Failed | Fired | Skipped

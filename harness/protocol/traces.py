@@ -360,6 +360,23 @@ def render(traces: Mapping[int, RankTrace | None], world_size: int | None = None
     return "\n".join(lines)
 
 
+def where(file: str, line: int) -> str:
+    """A call site as reports show it, ``test_x.py:14`` (its file's name, not its path).
+
+    '' where it is unknown (``("?", 0)``).
+    """
+    return "" if (file, line) == ("?", 0) else f"{_basename(file)}:{line}"
+
+
+def call_text(op: str, site: str, origin: str = "") -> str:
+    """How a collective reads where a fault or a sweep names it, each part known.
+
+    ``all_reduce at train.py:34``, ``all_reduce in backward (DDP) at train.py:40``.
+    """
+    text = op + (f" in {origin}" if origin else "")
+    return text + (f" at {site}" if site else "")
+
+
 def _ids(data: bytes) -> array[int]:
     ids = array("I")
     ids.frombytes(data)

@@ -13,7 +13,8 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.exits`        where a rank left through ``os._exit``
 * :mod:`~harness.rank.reset`        what a call changed, put back before the next; seeding
 * :mod:`~harness.rank.leaks`        what a call left behind that no reset undoes
-* :mod:`~harness.rank.recording` the collectives a call issues, from every source: its own modules
+* :mod:`~harness.rank.memory`       memory between calls: measured, given back, growth named
+* :mod:`~harness.rank.recording`    the collectives a call issues, from every source (a package)
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
 * :mod:`~harness.rank.holds`        a schedule's holds at collective boundaries, acted out

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import Failing, Fired, RankSetup
@@ -30,9 +30,13 @@ from harness.rank import (
     importer,
     leaks,
     logs,
+    memory,
     output,
     recording,
 )
+
+if TYPE_CHECKING:
+    from harness.rank.inject import Target
 
 
 @dataclass
@@ -76,6 +80,7 @@ class RankContext:
         self.fixtures = fixtures.Scopes()
         self.importer = importer.Importer()
         self.logs = logs.LogState()
+        self.memory = memory.Memory()
         self.running: Running | None = None
         self.last_recorder: recording.Recorder | None = None
         # Held by the thread that ends the process (main or watchdog), so the other cannot
@@ -112,11 +117,11 @@ class RankContext:
             return  # the call's Failed says it, later
         running.failing = (exc, at)
 
-    def fire(self, index: int, what: str, ends: bool) -> None:
-        """Send ``Fired``: fault ``index`` of the call in progress acts."""
+    def fire(self, index: int, what: str, ends: bool, target: Target) -> None:
+        """Send ``Fired``: fault ``index`` of the call in progress acts, at ``target``."""
         running = self.running
         issued = running.recorder.trace() if running is not None else None
-        self.conn.send(Fired(index, what, time.monotonic(), ends, issued))
+        self.conn.send(Fired(index, what, time.monotonic(), ends, issued, *target))
         flush_std_streams()
 
     def exit(self, code: int) -> NoReturn:

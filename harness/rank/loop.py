@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -81,7 +82,9 @@ def main(setup: RankSetup, conn: Connection, lifeline: Connection) -> NoReturn:
         except BaseException as exc:
             conn.send(Failed(failure(exc, setup.rank), time.monotonic()))
             ctx.exit(1)
-    ready = Ready(threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR)
+    ready = Ready(
+        threading.main_thread().ident or 0, watchdog.ident or 0, CODE_DIR, ctx.memory.now()
+    )
     # What every call starts from: the rank's state once it is up (see harness.rank.reset).
     _serve(ctx, reset.ProcessState.capture(), ready)
 
@@ -143,6 +146,8 @@ def _serve(ctx: RankContext, state: reset.ProcessState, ready: Ready) -> NoRetur
             reply = _regroup(ctx, message, ready)
         else:
             reply = _call(ctx, message)
+            if isinstance(reply, (Done, Skipped)):
+                reply = _measured(ctx, message, reply)
         # Plain pickle, which recv reads alike: Connection.send builds a ForkingPickler
         # carrying torch's many reducers for each message, and an answer needs none of them.
         conn.send_bytes(pickle.dumps(reply))
@@ -180,6 +185,18 @@ def _call(ctx: RankContext, call: Call) -> RankMessage:
         return _run(ctx, call, redirection)
     finally:
         redirection.stop()
+
+
+def _measured(ctx: RankContext, call: Call, reply: Done | Skipped) -> Done | Skipped:
+    """The answer with the rank's memory after the call, freed memory given back first; with
+    growth that stayed among a ``Done``'s leaks."""
+    # After the call's own frames are gone (what it allocated is freed), before the answer
+    # goes out: it carries the measure, and the controller acts on it before the next call.
+    if not isinstance(reply, Done):
+        return dataclasses.replace(reply, memory=ctx.memory.after_call(0)[0])
+    use, found = ctx.memory.after_call(call.memory_growth, len(reply.value))
+    leaks = (*reply.leaks, found) if found else reply.leaks
+    return dataclasses.replace(reply, memory=use, leaks=leaks)
 
 
 def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -> RankMessage:

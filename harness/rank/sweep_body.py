@@ -1,16 +1,18 @@
 """A sweep's work inside a rank: count what a clean run issued, run a ``verify=`` callable.
 
 A sweep over ``at="all"`` (:func:`harness.faults.sweep`) needs each rank's collectives of
-a clean run of the test, per process group, with their call sites: :func:`counted` runs
-the test's body and writes them to a file for the controller
-(:mod:`harness.plugin.sweep_cases`). :func:`verified` runs a marker's ``verify=`` on a fresh
-world after a case, with the arguments it names.
+a clean run of the test, per process group, with their call sites, and what the count
+depends on: :func:`counted` runs the test's body and writes them, and the files the rank
+imported, to a file for the controller (:mod:`harness.plugin.sweep_count`).
+:func:`verified` runs a marker's ``verify=`` on a fresh world after a case, with the
+arguments it names.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,10 +27,13 @@ RANK_ARGS = ("rank", "world_size")
 
 def counted(path: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn(*args)`` (a test's body), then write the collectives it issued on each
-    process group to ``path`` plus ``.rank<N>.json``.
+    process group, and the files of the modules the rank imported, to ``path`` plus
+    ``.rank<N>.json``.
 
-    The file holds ``{group: [[op, site], ...]}``, where a group is ``""`` (the default
-    group) or its sorted ranks joined by commas (as a fault's ``group`` names it).
+    The file holds ``{"issued": {group: [[op, site, origin], ...]}, "files": [...]}``, where
+    a group is ``""`` (the default group) or its sorted ranks joined by commas (as a fault's
+    ``group`` names it); the plugin keeps the project's files among them
+    (:mod:`harness.plugin.sweep_key`).
 
     Returns:
         What ``fn`` returned.
@@ -40,15 +45,17 @@ def counted(path: str, fn: Callable[..., Any], *args: Any) -> Any:
         key = "" if history.ranks is None else ",".join(map(str, sorted(history.ranks)))
         # One pass (history.at() per number would decode the whole history each time);
         # collectives past the kept sequence are counted without their op and site.
-        records = [[op.name, site] for op, site, _, _ in history.spans()]
-        records += [["?", "?"]] * (history.count - len(records))
+        records = [[op.name, site, op.origin] for op, site, _, _ in history.spans()]
+        records += [["?", "", ""]] * (history.count - len(records))
         # Two groups of the same ranks: a fault at #N acts at the first to reach it.
         if len(records) > len(issued.get(key, [])):
             issued[key] = records
     rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
     target = f"{path}.rank{rank}.json"
+    files = [getattr(module, "__file__", None) for module in list(sys.modules.values())]
+    imported = sorted({file for file in files if isinstance(file, str)})
     with open(target + ".tmp", "w", encoding="utf-8") as handle:
-        json.dump(issued, handle)
+        json.dump({"issued": issued, "files": imported}, handle)
     os.replace(target + ".tmp", target)
     return result
 

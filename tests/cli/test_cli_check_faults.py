@@ -84,7 +84,7 @@ def test_cli_row_raising_on_one_rank_fails_that_row_and_goes_on(
     assert "harness check: broadcast: rank 0 raised " in err
     assert (
         "; rank 1 raised RuntimeError('injected failure in broadcast') at collective #2 "
-        "(broadcast) on the default group (injected)"
+        "(broadcast at <string>:1) on the default group (injected)"
     ) in err
     assert code == 1
 
@@ -105,7 +105,7 @@ def test_cli_row_hanging_on_one_rank_times_out_and_goes_on(
     assert rows["all_reduce (async)"] in ((timed_out, "-"), (proven, "-")), out + err
     _others_ok(rows, "all_reduce (async)", out + err)
     assert out.splitlines()[-1] == "1 problem: all_reduce (async)"
-    assert "rank 1 hung before collective #1 (all_reduce)" in err
+    assert "rank 1 hung before collective #1 (all_reduce" in err
     if rows["all_reduce (async)"][0] == timed_out:
         # Rank 0's stack at the deadline is in the row it waits in.
         assert (

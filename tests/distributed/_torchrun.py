@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -13,11 +12,11 @@ from typing import Any
 
 import _fresh
 import pytest
+from env_testutil import LAUNCH_MARKER, kill_marked
 
 WORKER = Path(__file__).with_name("_torchrun_worker.py")
 TIMEOUT = 120
-MARKER = "FHELIUM_TEST_LAUNCH"
-_MARKERS: dict[int, bytes] = {}
+_MARKERS: dict[int, str] = {}
 
 
 def start(nproc: int, cwd: Path, *, hide_cuda: bool = True) -> subprocess.Popen[str]:
@@ -34,7 +33,7 @@ def start(nproc: int, cwd: Path, *, hide_cuda: bool = True) -> subprocess.Popen[
     # Every process of this launch inherits the marker, so that finish() can find and kill
     # workers that outlive the launcher (torchrun starts them in sessions of their own).
     marker = uuid.uuid4().hex
-    env[MARKER] = marker
+    env[LAUNCH_MARKER] = marker
     command = [
         sys.executable,
         "-m",
@@ -58,7 +57,7 @@ def start(nproc: int, cwd: Path, *, hide_cuda: bool = True) -> subprocess.Popen[
         text=True,
         start_new_session=True,
     )
-    _MARKERS[proc.pid] = f"{MARKER}={marker}".encode()
+    _MARKERS[proc.pid] = marker
     return proc
 
 
@@ -71,12 +70,12 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, list[dict[str, Any]]]
     try:
         stdout, stderr = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        _kill_marked(marker)
+        kill_marked(marker)
         proc.kill()
         stdout, stderr = proc.communicate(timeout=30)
         pytest.fail(f"torchrun did not finish within {TIMEOUT} s:\n{stdout}\n{stderr}")
     finally:
-        _kill_marked(marker)
+        kill_marked(marker)
     # Each worker's result is one JSON object after its marker; workers write to one pipe at
     # once, so a result need not end its line: decode each object where its marker starts.
     decoder = json.JSONDecoder()
@@ -85,28 +84,9 @@ def finish(proc: subprocess.Popen[str]) -> tuple[int, str, list[dict[str, Any]]]
     return proc.returncode, output, sorted(results, key=lambda r: r["rank"])
 
 
-def _environ(pid: int | str) -> list[bytes]:
-    with open(f"/proc/{pid}/environ", "rb") as file:
-        return file.read().split(b"\0")
-
-
-def _kill_marked(marker: bytes | None) -> None:
-    """Kill every process whose environment holds ``marker`` (Linux: reads /proc)."""
-    if marker is None or not os.path.isdir("/proc"):
-        return
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            if marker in _environ(entry):
-                os.kill(int(entry), signal.SIGKILL)
-        except OSError:
-            continue
-
-
 def stop(proc: subprocess.Popen[str]) -> None:
     """Kill a launch and all its workers if still running (for ``finally`` blocks)."""
-    _kill_marked(_MARKERS.pop(proc.pid, None))
+    kill_marked(_MARKERS.pop(proc.pid, None))
     if proc.poll() is None:
         proc.kill()
     proc.wait()

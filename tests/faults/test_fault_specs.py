@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import signal
 
 import pytest
@@ -51,8 +52,8 @@ def test_a_sweep_is_every_rank_and_collective_pair_in_order() -> None:
         (lambda: faults.kill("1", 1), "rank must be an int >= 0, not '1'"),
         (
             lambda: faults.kill(0, 0),
-            "fault kill(rank=0, at=0): at must be an int >= 1 (collectives are counted from 1), "
-            "not 0",
+            "fault kill(rank=0, at=0): at must be an int >= 1 (collectives are counted from 1) "
+            "or a faults.Collective, not 0",
         ),
         (lambda: faults.kill(0, 1, when="later"), "unknown when 'later'; valid: "),
         (lambda: faults.kill(0, 1, signal=999), "signal must be a signal number"),
@@ -81,10 +82,14 @@ def test_a_bad_spec_fails_when_a_run_checks_it_naming_the_fault_and_value(make, 
         (lambda: faults.sweep("kill", ranks=[], at=[1]), "has no (rank, at) pair"),
     ],
 )
-def test_a_sweep_of_no_kind_or_no_case_fails_when_made(make, message) -> None:
+def test_a_sweep_of_no_kind_or_no_case_fails_when_a_run_checks_it(make, message) -> None:
+    made = make()  # at a test module's import: nothing fails yet
     with pytest.raises(ValueError) as raised:
-        make()
+        checks.checked(made, 4)
+    assert str(raised.value).startswith("sweep(")
     assert message in str(raised.value)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        list(made)  # iterated over, as for World.run: the same error
 
 
 def test_faults_are_checked_against_the_world_they_run_in() -> None:

@@ -14,6 +14,11 @@ import harness
 from harness import faults
 
 TIMEOUT = 60.0
+STEPS = fns.line_of("steps")
+UNTIL = fns.line_of("until an error")
+BIG = fns.line_of("big")
+WATCHED = fns.line_of("watched")
+SUBGROUP = fns.line_of("on the subgroup")
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +36,20 @@ def fired(value: object, what: str) -> bool:
     [
         (
             faults.kill(1, 2),
-            "killed (SIGKILL) before collective #2 (all_reduce) on the default group",
+            f"killed (SIGKILL) before collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.kill(1, 2, when="after", signal=signal.SIGTERM),
-            "killed (SIGTERM) after collective #2 (all_reduce) on the default group",
+            f"killed (SIGTERM) after collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.exit(1, 2, 3),
-            "exited with code 3 before collective #2 (all_reduce) on the default group",
+            f"exited with code 3 before collective #2 (all_reduce at {STEPS}) on the default group",
         ),
         (
             faults.error(1, 2, RuntimeError("injected")),
-            "raised RuntimeError('injected') at collective #2 (all_reduce) on the default group",
+            f"raised RuntimeError('injected') at collective #2 (all_reduce at {STEPS}) "
+            "on the default group",
         ),
     ],
     ids=lambda v: v.id if isinstance(v, faults.Fault) else "",
@@ -70,7 +76,8 @@ def test_a_survivor_that_does_not_cope_fails_the_run_naming_the_fault(
     summary = raised.value.summary
     assert summary.startswith("rank 0 raised ")
     assert summary.endswith(
-        "; rank 1 killed (SIGKILL) before collective #2 (all_reduce) on the default group "
+        f"; rank 1 killed (SIGKILL) before collective #2 (all_reduce at {STEPS}) "
+        "on the default group "
         "(injected)"
     )
     assert list(raised.value.failures) == [0]  # the killed rank is not a failure
@@ -101,7 +108,10 @@ def test_the_faulted_rank_trace_says_how_its_collective_ended(
 def test_survivors_of_a_kill_during_a_collective_get_an_error(world: harness.World) -> None:
     survivor, lost = world.run(fns.big_steps, faults=[faults.kill(1, 2, when="during")])
     assert survivor == "caught RuntimeError"
-    assert fired(lost, "killed (SIGKILL) during collective #2 (all_reduce) on the default group")
+    assert fired(
+        lost,
+        f"killed (SIGKILL) during collective #2 (all_reduce at {BIG}) on the default group",
+    )
 
 
 def test_a_hung_rank_ends_its_part_and_a_monitored_barrier_names_it(
@@ -109,7 +119,10 @@ def test_a_hung_rank_ends_its_part_and_a_monitored_barrier_names_it(
 ) -> None:
     survivor, lost = world.run(fns.watched_barrier, faults=[faults.hang(1, 1)])
     assert survivor == "a peer never arrived"
-    assert fired(lost, "hung before collective #1 (monitored_barrier) on the default group")
+    assert fired(
+        lost,
+        f"hung before collective #1 (monitored_barrier at {WATCHED}) on the default group",
+    )
 
 
 def test_a_survivor_blocked_for_good_by_a_hung_peer_ends_at_once_naming_the_fault(
@@ -121,7 +134,7 @@ def test_a_survivor_blocked_for_good_by_a_hung_peer_ends_at_once_naming_the_faul
     assert raised.value.summary == (
         "the run can never finish: rank 0 waits in a collective that cannot complete (their "
         "stacks follow; the ranks were then killed); rank 1 hung before collective #2 "
-        "(all_reduce) on the default group (injected)"
+        f"(all_reduce at {STEPS}) on the default group (injected)"
     )
     assert raised.value.timeout is None
     assert list(raised.value.failures) == [0]
@@ -139,7 +152,7 @@ def test_a_peer_that_handled_an_injected_error_and_returned_ends_the_run_at_once
     assert raised.value.summary == (
         "the run can never finish: rank 1 waits in a collective that cannot complete (their "
         "stacks follow; the ranks were then killed); rank 0 raised RuntimeError('nic down') "
-        "at collective #2 (all_reduce) on the default group (injected)"
+        f"at collective #2 (all_reduce at {UNTIL}) on the default group (injected)"
     )
 
 
@@ -147,7 +160,9 @@ def test_a_straggler_is_waited_for(world: harness.World) -> None:
     assert world.run(fns.steps, faults=[faults.delay(1, 2, 0.2)]) == [[3.0] * 3, [3.0] * 3]
     with pytest.raises(harness.WorldTimeout) as raised:
         world.run(fns.steps, faults=[faults.delay(1, 1, 3600)], timeout=1)
-    assert "after rank 1 was delayed 3600 s before collective #1 (all_reduce)" in str(raised.value)
+    assert "after rank 1 was delayed 3600 s before collective #1 (all_reduce at" in str(
+        raised.value
+    )
 
 
 def test_a_corrupted_input_changes_what_every_rank_gets(world: harness.World) -> None:
@@ -160,9 +175,9 @@ def test_a_fault_on_a_group_counts_that_groups_collectives(world: harness.World)
     with pytest.raises(harness.RankError) as raised:
         world.run(fns.on_subgroup, faults=[faults.error(0, 1, ValueError("x"), group=(0, 1))])
     # The default group's all_reduce was #1 there; the subgroup's first is #1 of its own.
-    assert "rank 0 raised ValueError('x') at collective #1 (all_reduce) on group (0, 1)" in str(
-        raised.value
-    )
+    assert (
+        f"rank 0 raised ValueError('x') at collective #1 (all_reduce at {SUBGROUP}) on group (0, 1)"
+    ) in str(raised.value)
 
 
 def test_a_fault_that_never_fires_is_an_error_unless_not_strict(world: harness.World) -> None:
@@ -183,7 +198,8 @@ def test_harness_run_takes_faults() -> None:
         timeout=TIMEOUT,
     )
     assert fired(
-        survivor, "exited with code 7 before collective #1 (all_reduce) on the default group"
+        survivor,
+        f"exited with code 7 before collective #1 (all_reduce at {STEPS}) on the default group",
     )
     assert lost == "caught RuntimeError"
 

@@ -38,11 +38,12 @@ def test_exhausted_restarts_raise_the_last_failure_with_the_earlier_attempts() -
     with pytest.raises(harness.DistributedError) as raised:
         harness.run(fns.steps, world_size=2, backend="gloo", restarts=1, faults=kills)
     error = raised.value
-    assert "rank 0 killed (SIGKILL) before collective #2 (all_reduce)" in error.summary
+    assert "rank 0 killed (SIGKILL) before collective #2 (all_reduce at " in error.summary
     assert len(error.attempts) == 1
     assert error.attempts[0].startswith("attempt 0 (2 ranks): ")
     assert error.attempts[0].endswith(
-        "rank 1 killed (SIGKILL) before collective #1 (all_reduce) on the default group (injected)"
+        f"rank 1 killed (SIGKILL) before collective #1 (all_reduce at {fns.line_of('steps')}) on "
+        "the default group (injected)"
     )
     assert "---------- attempts ----------" in str(error)
 

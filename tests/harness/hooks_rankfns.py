@@ -46,7 +46,7 @@ def recording_that_fails() -> tuple[list[float], list[str]]:
 
 def ddp_step() -> list[float]:
     """Make a DDP model and take one step (collectives #1-#3 construct it, #4 is backward's)."""
-    model = DDP(torch.nn.Linear(4, 2))
+    model = DDP(torch.nn.Linear(4, 2))  # made
     model(torch.ones(3, 4)).sum().backward()  # step
     return [p.grad.sum().item() for p in model.parameters() if p.grad is not None]
 

@@ -51,7 +51,10 @@ def test_an_error_fault_at_ddps_all_reduce_raises_in_backward() -> None:
             fns.ddp_step, world_size=2, faults=[faults.error(rank=1, at=4, exc=ValueError("boom"))]
         )
     text = str(info.value)
-    assert "rank 1 raised ValueError('boom') at collective #4 (all_reduce) on the default " in text
+    assert (
+        "rank 1 raised ValueError('boom') at collective #4 (all_reduce in backward (DDP) at "
+        f"{fns.line_of('step')}) on the default "
+    ) in text
     assert "#4 all_reduce(float32[10]) in backward (DDP) at hooks_rankfns.py" in text, text
 
 
@@ -60,7 +63,10 @@ def test_a_kill_at_ddps_broadcast_names_it() -> None:
     with pytest.raises(harness.DistributedError) as info:
         harness.run(fns.ddp_step, world_size=2, faults=[faults.kill(rank=0, at=2)])
     text = str(info.value)
-    assert "killed (SIGKILL) before collective #2 (broadcast) on the default group" in text, text
+    assert (
+        "killed (SIGKILL) before collective #2 (broadcast in DistributedDataParallel() at "
+        f"{fns.line_of('made')}) on the default group"
+    ) in text, text
 
 
 def test_a_collective_torch_refused_below_the_python_functions_reads_raised() -> None:

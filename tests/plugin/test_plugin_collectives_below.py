@@ -131,6 +131,40 @@ def test_a_functional_all_reduce_issued_twice_on_one_rank_is_named(
     assert f"at test_functional.py:{second}  [in flight]" in text
 
 
+FUNCTIONAL_WAITED = """\
+import pytest
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+
+@pytest.mark.distributed(world_size=2)
+def test_waited(rank):
+    funcol.all_reduce(torch.ones(3), "sum", dist.group.WORLD).wait()  # waited
+    funcol.all_reduce(torch.ones(3), "sum", dist.group.WORLD)  # returned
+    assert rank == 0
+"""
+
+
+def test_a_functional_collective_that_returned_is_not_shown_in_flight(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_functional=FUNCTIONAL_WAITED)
+    result = pytester.runpytest("--dist-timeout=600")
+    result.assert_outcomes(failed=1)
+    section = str(reports(result)["test_waited"].longrepr).split("- collectives -")[1]
+    lines = section.splitlines()
+    waited = _line(FUNCTIONAL_WAITED, "# waited")
+    firsts = [line for line in lines if "#1 " in line]  # one per rank
+    assert len(firsts) == 2, section
+    assert all(line.endswith(f"at test_functional.py:{waited}") for line in firsts), section
+    if not HOOKS:  # never waited for: issued, as an async_op=True call (the hooks read its Work)
+        returned = _line(FUNCTIONAL_WAITED, "# returned")
+        seconds = [line for line in lines if "#2 " in line]
+        assert len(seconds) == 2, section
+        assert all(line.endswith(f":{returned}  [issued]") for line in seconds), section
+
+
 LISTED = """\
 import pytest
 import torch

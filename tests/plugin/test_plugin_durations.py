@@ -85,6 +85,30 @@ def test_a_failing_body_takes_its_time_in_the_call_phase(pytester: pytest.Pytest
     assert_in_order(found)
 
 
+def test_a_body_that_times_out_takes_its_time_in_the_call_phase(
+    pytester: pytest.Pytester,
+) -> None:
+    # No rank says how long it took (each was killed at the deadline): the run's time is
+    # the call's, the phase that reports the timeout.
+    pytester.makepyfile(
+        """
+        import threading
+        import pytest
+
+        @pytest.mark.distributed(world_size=2, timeout=1)
+        def test_hangs(rank):
+            threading.Event().wait()
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    found = phases(result, "test_hangs")
+    assert found["call"].failed
+    assert "WorldTimeout" in str(found["call"].longrepr)
+    assert found["call"].duration >= 1.0  # the deadline passed before the run ended
+    assert_in_order(found)
+
+
 def test_junit_xml_times_the_call_phase(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         f"""

@@ -43,7 +43,8 @@ def test_a_sweep_is_one_case_per_fault_judged_by_the_survivors(pytester: pytest.
             [
                 f"*_ test_does_not_cope[[]{case}[]] _*",
                 f"RankError: rank * raised RuntimeError: *; rank {rank} killed (SIGKILL) before "
-                f"collective #{at} (all_reduce) on the default group (injected)",
+                f"collective #{at} (all_reduce at test_sweep.py:*) on the default group "
+                "(injected)",
             ]
         )
 
@@ -135,13 +136,23 @@ def test_a_bad_fault_argument_fails_that_test_alone_when_it_runs(
                 pass
 
 
+        @pytest.mark.distributed(world_size=2, faults=faults.sweep("explode", ranks=[1], at=[1]))
+        def test_no_such_kind(rank):
+            dist.barrier()
+
+
+        @pytest.mark.distributed(world_size=2, faults=[faults.kill(rank="1", at=1)])
+        def test_rank_as_text(rank):
+            dist.barrier()
+
+
         @pytest.mark.distributed(world_size=2)
         def test_fine(rank):
             dist.barrier()
         """
     )
     result = pytester.runpytest("-p", "no:randomly", "-rA")
-    result.assert_outcomes(passed=2, failed=2)
+    result.assert_outcomes(passed=2, failed=4)
     result.stdout.fnmatch_lines(
         [
             "PASSED test_a_bad_fault_argument_fails_that_test_alone_when_it_runs.py::"
@@ -152,9 +163,23 @@ def test_a_bad_fault_argument_fails_that_test_alone_when_it_runs(
     )
     message = (
         "invalid @pytest.mark.distributed: fault kill(rank=1, at=0): at must be an int >= 1 "
-        "(collectives are counted from 1), not 0"
+        "(collectives are counted from 1) or a faults.Collective, not 0"
     )
+    explode = (
+        "invalid @pytest.mark.distributed: sweep('explode', ranks=[1], at=[1]): unknown fault "
+        "kind 'explode'; valid: kill, exit, error, delay, hang, corrupt"
+    )
+    text = "invalid @pytest.mark.distributed: fault kill(rank='1', at=1): rank must be an int"
     result.stdout.fnmatch_lines(
-        ["*_ test_at_zero _*", message, "*_ test_swept[[]kill-r1-at0[]] _*", message]
+        [
+            "*_ test_at_zero _*",
+            message,
+            "*_ test_swept[[]kill-r1-at0[]] _*",
+            message,
+            "*_ test_no_such_kind _*",
+            explode,
+            "*_ test_rank_as_text _*",
+            text + "*",
+        ]
     )
     assert "Traceback" not in result.stdout.str()

@@ -1,5 +1,5 @@
 """The plugin with other tools, each in a pytest of its own (a subprocess): pytest-xdist,
-pytest-cov, an external launcher (torchrun), and the downstream example project."""
+pytest-cov, and the downstream example project (torchrun: ``test_plugin_torchrun.py``)."""
 
 from __future__ import annotations
 
@@ -101,6 +101,13 @@ def test_xdist_and_coverage_need_no_configuration(
     )
     result.assert_outcomes(passed=8, failed=1)
     result.stdout.fnmatch_lines(["RankError: rank 1 raised ValueError: rank 1"])
+    # Each kind of world's peak memory per rank: under xdist, the workers' worlds together.
+    result.stdout.fnmatch_lines(
+        [
+            "harness: worlds of 2 ranks (gloo), peak resident memory per rank: * MiB (rank 0), "
+            "* MiB (rank 1); * worlds, 0 replaced for memory"
+        ]
+    )
     if "-n" in options:
         result.stdout.fnmatch_lines(["*worker* [[]9 items[]]*"])
     else:
@@ -117,146 +124,6 @@ def test_xdist_and_coverage_need_no_configuration(
     if "--cov=mypkg" in options:
         left.remove(str(pytester.path / ".coverage"))
     assert not left, f"coverage data files left behind: {left}"
-
-
-LAUNCHED_CONFTEST = """
-import os
-
-OUT = {out!r}
-
-def pytest_runtest_logreport(report):
-    if report.when == "call" or not report.passed:
-        with open(os.path.join(OUT, f"outcomes-{{os.environ['RANK']}}.txt"), "a") as f:
-            f.write(f"{{report.nodeid.split('::')[-1]}} {{report.when}} {{report.outcome}}\\n")
-
-def pytest_sessionfinish(session, exitstatus):
-    with open(os.path.join(OUT, f"exit-{{os.environ['RANK']}}.txt"), "w") as f:
-        f.write(str(int(exitstatus)))
-    # torchrun tears down all ranks as soon as one exits non-zero: exit 0 so that the other
-    # rank can finish writing its outcomes (the real status is in exit-RANK.txt).
-    session.exitstatus = 0
-"""
-
-LAUNCHED_TESTS = """
-import os
-import pytest
-import torch
-import torch.distributed as dist
-from harness import faults
-
-@pytest.mark.distributed(world_size=2)
-def test_two(rank, world_size, local_rank, local_device):
-    assert rank == int(os.environ["RANK"]) == dist.get_rank()
-    assert world_size == 2 and local_rank == int(os.environ["LOCAL_RANK"])
-    assert local_device == torch.device("cpu")
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2
-
-@pytest.mark.distributed(world_size=4)
-def test_four(rank):
-    pass
-
-@pytest.mark.distributed(world_size=2)
-def test_fails_on_rank_1(rank):
-    assert rank == 0
-
-@pytest.mark.distributed(world_size=2)
-def test_after_failure(rank):
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == 2
-
-@pytest.mark.distributed(world_size=2)
-def test_skips_on_rank_1(rank):
-    if rank == 1:
-        pytest.skip("rank 1 only")
-
-@pytest.mark.distributed(world_size=2)
-def test_skips_everywhere(rank):
-    pytest.skip("nowhere")
-
-@pytest.mark.distributed(world_size=2, backend="gloo")
-def test_gloo(rank):
-    assert dist.get_backend() == "gloo"
-
-@pytest.mark.distributed(world_size=2, backend="nccl")
-def test_nccl(rank):
-    pass
-
-@pytest.mark.distributed(world_size=2, init=False)
-def test_initless(rank):
-    pass
-
-@pytest.mark.distributed(world_size=2, restarts=1)
-def test_restarts(rank):
-    pass
-
-@pytest.mark.distributed(world_size=2, faults=[faults.kill(rank=1, at=1)])
-def test_faults(rank):
-    dist.barrier()
-
-def test_dist_world_still_spawns(dist_world):
-    world = dist_world(1)
-    assert world.run(os.getpid) != [os.getpid()]
-    assert world.run(dist.get_world_size) == [1]
-
-def test_plain():
-    pass
-"""
-
-LAUNCHED_EXPECTED = [
-    "test_two call passed",
-    "test_four call skipped",
-    "test_fails_on_rank_1 call failed",
-    "test_after_failure call passed",
-    "test_skips_on_rank_1 call failed",
-    "test_skips_everywhere call skipped",
-    "test_gloo call passed",
-    "test_nccl call skipped",
-    "test_initless call skipped",
-    "test_restarts call skipped",
-    "test_faults call skipped",
-    "test_dist_world_still_spawns call passed",
-    "test_plain call passed",
-]
-
-
-def test_under_torchrun_every_rank_reaches_the_same_outcome(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the launched world is Gloo everywhere
-    out = pytester.mkdir("out")
-    pytester.makeconftest(LAUNCHED_CONFTEST.format(out=str(out)))
-    pytester.makepyfile(test_launched=LAUNCHED_TESTS)
-    result = pytester.run(
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        "-rA",
-        "test_launched.py",
-        timeout=SUBPROCESS_TIMEOUT_S,
-    )
-    assert result.ret == 0, result.stdout.str() + result.stderr.str()
-    outcomes = {rank: (out / f"outcomes-{rank}.txt").read_text().splitlines() for rank in (0, 1)}
-    assert outcomes[0] == LAUNCHED_EXPECTED
-    assert outcomes[1] == LAUNCHED_EXPECTED
-    assert [(out / f"exit-{rank}.txt").read_text() for rank in (0, 1)] == ["1", "1"]
-    text = result.stdout.str()
-    assert "failed on other ranks: rank 1: AssertionError: assert 1 == 0" in text
-    assert "skipped on ranks 1 only: rank 1 only" in text
-    assert "needs world size 4; the launcher's world has 2" in text
-    assert "needs backend 'nccl'; the launcher's world uses 'gloo'" in text
-    assert "needs ranks without a process group (init=False); under the launcher" in text
-    assert "needs restarts, which end and start the test's ranks; under the launcher" in text
-    assert "needs faults, which end and start the test's ranks; under the launcher" in text
 
 
 def test_the_downstream_example_passes(tmp_path: Path) -> None:

@@ -145,12 +145,19 @@ def test_too_many(rank, world_size):
 def test_in_the_marker(rank, n):
     record("marker")
 
+@QUICK
+@pytest.mark.distributed(world_size=[1, 2])
+@given(world_size=st.integers(1, 2))
+def test_in_both(rank, world_size):
+    record("both")
+
 def test_after():
-    assert lines("none") == lines("too_many") == lines("marker") == []
+    assert lines("none") == lines("too_many") == lines("marker") == lines("both") == []
 """,
     )
     result = pytester.runpytest("-o", "dist_max_world_size=2", "-p", "no:randomly")
-    result.assert_outcomes(failed=3, passed=1)
+    # test_in_both is one test (no [ws1], [ws2] cases), which fails.
+    result.assert_outcomes(failed=4, passed=1)
     out = result.stdout.str()
     # (Brackets are fnmatch's: plain substrings here.)
     for line in (
@@ -160,6 +167,8 @@ def test_after():
         "world has 1 to 2 ranks (ini dist_max_world_size = 2)",
         "invalid @pytest.mark.distributed: world_size=integers(min_value=1, max_value=2) is a "
         "Hypothesis strategy; draw it with the test's arguments instead",
+        "invalid @pytest.mark.distributed: world_size=[1, 2] in the marker and "
+        "@given(world_size=integers(min_value=1, max_value=2)) both give the world size",
     ):
         assert line in out
 

@@ -129,7 +129,9 @@ def test_verified(rank, fault):
     )
     result.stdout.fnmatch_lines(
         [
-            "*verify checkpoint_is_whole failed after kill(rank=1, at=2) (collective #2)*",
+            # The kill point's collective, as the example's run found it.
+            "*verify checkpoint_is_whole failed after kill(rank=1, at=2) (collective #2: "
+            "all_reduce at test_faulty.py:*)*",
             "minimal example (2 ranks, * examples run): "
             "test_verified(fault=faults.kill(rank=1, at=2))",
         ]

@@ -72,22 +72,24 @@ def test_restarts_resume_resize_and_run_out(pytester: pytest.Pytester) -> None:
             "*_ test_resumes_after_a_lost_rank _*",
             "*- Captured attempts call -*",
             "attempt 0 (2 ranks): rank 0 raised RuntimeError: *; rank 1 killed (SIGKILL) before "
-            "collective #5 (barrier) on the default group (injected)",
+            "collective #5 (barrier at test_restart_examples.py:*) on the default group "
+            "(injected)",
             "attempt 1 (2 ranks): passed",
             "*_ test_resized_on_restart _*",
             "*- Captured attempts call -*",
-            "attempt 0 (3 ranks): *rank 2 killed (SIGKILL) before collective #1 (all_reduce) "
-            "on the default group (injected)",
+            "attempt 0 (3 ranks): *rank 2 killed (SIGKILL) before collective #1 (all_reduce "
+            "at test_restart_examples.py:*) on the default group (injected)",
             "attempt 1 (2 ranks): passed",
         ]
     )
     result.stdout.fnmatch_lines(
         [
             "RankError: rank 1 raised RuntimeError: *; rank 0 exited with code 3 before "
-            "collective #1 (all_reduce) on the default group (injected)",
+            "collective #1 (all_reduce at test_restart_examples.py:*) on the default group "
+            "(injected)",
             "*- attempts -*",
-            "attempt 0 (2 ranks): *rank 1 killed (SIGKILL) before collective #1 (all_reduce) "
-            "on the default group (injected)",
+            "attempt 0 (2 ranks): *rank 1 killed (SIGKILL) before collective #1 (all_reduce "
+            "at test_restart_examples.py:*) on the default group (injected)",
         ]
     )
     failure = result.stdout.str().split("_ test_out_of_restarts _", 1)[1].split("PASSES")[0]

@@ -144,6 +144,40 @@ def test_explicit_sweeps_are_summarised_too(pytester: pytest.Pytester) -> None:
     )
 
 
+def test_a_case_that_hangs_reads_alike_in_its_report_and_the_summary(
+    pytester: pytest.Pytester,
+) -> None:
+    # Rank 1 returns after #1, rank 0 waits in #2: a hang its collectives prove (the
+    # test's timeout is only a bound).
+    pytester.makepyfile(
+        """
+        import pytest
+        import torch.distributed as dist
+        from harness import faults
+
+
+        @pytest.mark.distributed(
+            world_size=2, faults=faults.sweep("delay", ranks=[1], at=[1], seconds=0)
+        )
+        def test_one_barrier_too_many(rank):
+            dist.barrier()
+            if rank == 0:
+                dist.barrier()
+        """
+    )
+    result = pytester.runpytest("-p", "no:randomly", "--dist-timeout=600")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "WorldHang: the run can never finish: rank 0 waits in a collective that *",
+            "test_*.py::test_one_barrier_too_many: delay, 1 case, 1 failed",
+            "  delay at #1 on rank 1: failed (WorldHang: blocked in a collective that can "
+            "never complete)",
+        ],
+        consecutive=False,
+    )
+
+
 def test_a_count_that_differs_between_clean_runs_fails_the_test(
     pytester: pytest.Pytester,
 ) -> None:

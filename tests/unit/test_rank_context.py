@@ -30,6 +30,7 @@ from harness.protocol.messages import (
 from harness.protocol.rank_files import RankFiles
 from harness.rank import current, inject, loop, recording
 from harness.rank.context import RankContext, Running, skip_kind
+from harness.rank.inject import Target
 from harness.rank.recording.recorder import Recorder
 
 
@@ -241,12 +242,18 @@ def test_plan_is_none_without_faults_of_this_rank(ctx: RankContext) -> None:
 def test_fire_tells_the_controller_with_the_trace_so_far(
     ctx: RankContext, pipe: tuple[Connection, Connection]
 ) -> None:
-    ctx.fire(0, "was delayed", False)
+    ctx.fire(0, "was delayed", False, Target(3, "all_reduce", "x.py:4", "backward (DDP)"))
     sent = pipe[1].recv()
     assert isinstance(sent, Fired)
     assert (sent.index, sent.what, sent.ends, sent.trace) == (0, "was delayed", False, None)
+    assert (sent.number, sent.op, sent.site, sent.origin) == (
+        3,
+        "all_reduce",
+        "x.py:4",
+        "backward (DDP)",
+    )
     ctx.running = Running(Recorder())
-    ctx.fire(1, "hung", True)
+    ctx.fire(1, "hung", True, Target(1, "barrier", "", ""))
     assert pipe[1].recv().trace is not None
 
 

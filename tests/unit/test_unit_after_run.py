@@ -104,9 +104,10 @@ def _failed() -> Outcome:
     return Outcome(error=RankError("rank 1 raised RuntimeError: boom", {1: failure}))
 
 
-def test_the_steps_run_verify_first() -> None:
-    assert after_run.STEPS[0] is after_run.verify
+def test_the_steps_hold_the_count_then_run_verify_first() -> None:
+    assert after_run.STEPS[:2] == (after_run.recount, after_run.verify)
     assert set(after_run.STEPS) == {
+        after_run.recount,
         after_run.verify,
         after_run.sweep_note,
         after_run.trace_folder,

@@ -27,7 +27,7 @@ from harness.faults import Fault, FaultFired, checks
         pytest.param(faults.kill(-1, 1), "rank must be an int >= 0, not -1", id="rank"),
         pytest.param(
             faults.kill(0, 0),
-            "at must be an int >= 1 (collectives are counted from 1), not 0",
+            "at must be an int >= 1 (collectives are counted from 1) or a faults.Collective, not 0",
             id="at",
         ),
         pytest.param(
@@ -206,6 +206,9 @@ def test_how_faults_read() -> None:
     )
     assert faults.kill(0, 2, when="after").id == "kill-after-r0-at2"
     assert str(faults.delay(1, 1, 2)) == "delay(rank=1, at=1, seconds=2)"
+    # A value of the wrong type reads as what it is.
+    assert str(faults.kill(rank="x", at="1")) == "kill(rank='x', at='1')"  # type: ignore[arg-type]
+    assert str(faults.hang(0, 1, group="01")) == "hang(rank=0, at=1, group='01')"  # type: ignore[arg-type]
     fired = FaultFired(faults.hang(1, 3), "hung before collective #3", 12.5)
     assert str(fired) == "rank 1 hung before collective #3"
     assert repr(fired) == "FaultFired(rank 1 hung before collective #3)"
@@ -235,9 +238,11 @@ def test_a_sweep_takes_a_kinds_name_or_function_and_keeps_every_pair_in_order() 
         (lambda: faults.sweep("kill", ranks=[0], at=[]), ValueError, "has no (rank, at) pair"),
     ],
 )
-def test_a_sweep_without_cases_or_a_kind_fails_when_made(make, error, message: str) -> None:
+def test_a_sweep_without_cases_or_a_kind_fails_when_checked(make, error, message: str) -> None:
+    made = make()  # at a test module's import: nothing fails yet
+    assert isinstance(made, faults.InvalidSweep)
     with pytest.raises(error) as info:
-        make()
+        checks.checked(made, 2)
     assert message in str(info.value)
 
 

@@ -106,6 +106,7 @@ def test_the_defaults() -> None:
     ):
         assert getattr(found, name) == getattr(expected, name), name
     assert (found.timeout, found.bisect_runs, found.confirm) == (120.0, 8, True)
+    assert (found.memory_growth, found.max_rank_memory) == (64 * 2**20, None)
 
 
 def test_the_command_line_wins_over_the_ini_file() -> None:
@@ -140,6 +141,26 @@ def test_each_flag_is_read() -> None:
     assert found.backend == "gloo"
     assert (found.isolate, found.mptc, found.verify) == (True, True, True)
     assert not found.check_collectives
+
+
+@pytest.mark.parametrize(
+    ("options", "ini", "limit"),
+    [
+        ({}, {"dist_max_rank_memory": " 2GiB "}, 2 * 2**30),
+        ({}, {"dist_max_rank_memory": "2GB"}, 2 * 10**9),
+        ({"dist_max_rank_memory": "512MiB"}, {"dist_max_rank_memory": "2GiB"}, 512 * 2**20),
+        ({"dist_max_rank_memory": "1234567"}, {}, 1234567),
+    ],
+)
+def test_the_memory_limit_is_a_size_from_the_command_line_else_the_ini_file(
+    options: dict[str, Any], ini: dict[str, Any], limit: int
+) -> None:
+    assert settings.read(FakeConfig(options, **ini)).max_rank_memory == limit
+
+
+def test_the_memory_growth_threshold_is_read_from_the_ini_file() -> None:
+    assert settings.read(FakeConfig(dist_memory_growth="16MiB")).memory_growth == 16 * 2**20
+    assert settings.read(FakeConfig(dist_memory_growth="0")).memory_growth == 0
 
 
 def test_the_desync_check_is_on_unless_the_flag_or_the_ini_says_off() -> None:
@@ -201,6 +222,14 @@ def test_the_settings_are_read_once_per_session() -> None:
         ),
         ({}, {"dist_bisect_runs": "-1"}, "dist_bisect_runs must be a whole number >= 0"),
         ({}, {"dist_bisect_runs": "2.5"}, "got '2.5'"),
+        (
+            {"dist_max_rank_memory": "lots"},
+            {},
+            "--dist-max-rank-memory must be a size: bytes (an int), or a number and a unit "
+            "such as 2GiB, 512MiB, 2GB, got 'lots'",
+        ),
+        ({}, {"dist_max_rank_memory": "2 parsecs"}, "ini option dist_max_rank_memory must be"),
+        ({}, {"dist_memory_growth": "-1"}, "ini option dist_memory_growth must be a size"),
     ],
 )
 def test_a_bad_session_value_is_a_usage_error_naming_it(
@@ -447,6 +476,7 @@ class FakeMetafunc:
 
     def __init__(self, mark: pytest.Mark) -> None:
         self.definition = FakeItem(mark)
+        self.function = lambda: None  # no @given test
         self.fixturenames = ["request"]
         self.calls: list[tuple[str, list[Any], list[str]]] = []
 

@@ -88,6 +88,19 @@ def test_an_open_sweeps_bad_argument_value_is_named_by_its_faults_when_resolved(
         (lambda: faults.sweep("kill", ranks="all", at="each"), ValueError, "at must be 'all'"),
         (lambda: faults.sweep("delay", ranks="all", at="all"), TypeError, "seconds"),
         (lambda: faults.sweep("boom", ranks="all", at="all"), ValueError, "unknown fault kind"),
+    ],
+)
+def test_bad_open_sweeps_fail_the_run_given_them(
+    make: object, error: type[Exception], message: str
+) -> None:
+    made = make()  # type: ignore[operator]  # at a test module's import: nothing fails yet
+    with pytest.raises(error, match=message):
+        checks.checked(made, 2)
+
+
+@pytest.mark.parametrize(
+    ("make", "error", "message"),
+    [
         (
             lambda: faults.sweep("kill", ranks="all", at="all").faults(2),  # type: ignore[union-attr]
             ValueError,

@@ -11,10 +11,13 @@ timer armed, or ``func_only``) and check the deadline and the report there.
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import pytest
 
 from harness.compat import pytest_internals as compat
-from harness.plugin import settings
+from harness.plugin import item_state, settings
 from harness.plugin.interrupts import taken_over
 
 LIMIT_S = 4
@@ -59,6 +62,34 @@ def test_each_place_pytest_timeout_is_set_is_the_deadline(
     with taken_over(item, HARNESS_TIMEOUT_S) as deadline:
         assert deadline.limit == LIMIT_S, deadline
         assert 0 < deadline.seconds <= LIMIT_S, deadline
+
+
+class _Armed:
+    """Records each limit pytest-timeout's timer is armed with, in its place."""
+
+    def __init__(self) -> None:
+        self.limits: list[float] = []
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item, settings: Any) -> bool:
+        self.limits.append(settings.timeout)
+        return True
+
+
+def test_once_the_ranks_used_the_limit_up_the_rest_is_bounded_by_the_larger_one(
+    pytester: pytest.Pytester,
+) -> None:
+    # The rest of the test (its report, its teardown) must not get a short limit again: a
+    # loaded machine's garbage collection alone can outlast it.
+    item = _item(pytester, "--timeout", str(LIMIT_S))
+    found = compat.pytest_timeout_settings(item)
+    armed = _Armed()
+    item.config.pluginmanager.register(armed)
+    # pytest-timeout armed its timer longer ago than its limit: the ranks used it all up.
+    item_state.of(item).armed = (found, time.monotonic() - 2 * LIMIT_S)
+    with taken_over(item, HARNESS_TIMEOUT_S) as deadline:
+        assert deadline.limit == LIMIT_S, deadline
+    assert armed.limits == [HARNESS_TIMEOUT_S]
 
 
 def test_without_a_limit_the_harnesss_own_timeout_is_the_deadline(

@@ -9,7 +9,9 @@ is installed. Elsewhere :func:`install` wraps the module's Python functions as
 calls them through the module (``funcol.all_reduce(...)``), so the wrappers see its
 collectives. Each reads as the ``torch.distributed`` function that does the same, so that a
 rank calling either agrees: ``all_gather_tensor`` as ``all_gather_into_tensor``, its reduce
-op (``"sum"``) as ``SUM``.
+op (``"sum"``) as ``SUM``. A functional collective returns a tensor to wait for: its record
+reads issued once the function returned, in flight while a thread waits for it
+(``wait_tensor``, wrapped too), completed after.
 
 Not seen: the same ops called straight through ``torch.ops._c10d_functional`` (a compiled
 graph does), and collectives issued in C++ alone (DDP's).
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from harness import compat
+from harness.protocol.traces import COMPLETED, IN_FLIGHT, RAISED
 from harness.rank.recording.describe import (
     DTYPES,
     REDUCE_OP,
@@ -39,6 +42,7 @@ from harness.rank.recording.describe import (
     spec,
 )
 from harness.rank.recording.recorder import current
+from harness.rank.recording.records import Awaited
 
 
 def _always_async(value: Any, param: str, facts: Any) -> tuple[str, str]:
@@ -110,6 +114,9 @@ def install() -> None:
         except (TypeError, ValueError):
             continue  # a signature that cannot be read: left unwrapped
         setattr(funcol, name, _wrap(original, made))
+    wait = getattr(funcol, "wait_tensor", None)
+    if wait is not None and not hasattr(wait, _ORIGINAL):
+        funcol.wait_tensor = _wrap_wait(wait)
 
 
 def _wrap(fn: Callable[..., Any], made: Spec) -> Callable[..., Any]:
@@ -127,22 +134,30 @@ def _wrap(fn: Callable[..., Any], made: Spec) -> Callable[..., Any]:
         group = compat.functional_group(given, kwargs.get("tag", ""))
         if group is None:
             return fn(*args, **kwargs)
-        return recorder.call(made, fn, args, kwargs, group=group, waited=_Waited)
+        return recorder.call(made, fn, args, kwargs, group=group, waited=Awaited)
 
     setattr(traced, _ORIGINAL, fn)
     return traced
 
 
-class _Waited:
-    """Whether a functional collective completed, as far as this rank can tell: once the
-    tensor it returned was waited for (an ``AsyncCollectiveTensor`` notes it in
-    ``completed``; any other result was complete when returned). Until then it reads as in
-    flight, as a rank blocked in that wait is."""
+def _wrap_wait(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``wait_tensor``, which an ``AsyncCollectiveTensor`` calls as it is first used or
+    waited for, noting the wait in the record of the collective it waits for."""
 
-    __slots__ = ("result",)
+    @functools.wraps(fn)
+    def traced(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = None if torch.compiler.is_compiling() else current()
+        awaited = recorder.awaited(tensor) if recorder is not None else None
+        if awaited is None:
+            return fn(tensor, *args, **kwargs)
+        awaited.state = IN_FLIGHT
+        try:
+            done = fn(tensor, *args, **kwargs)
+        except BaseException:
+            awaited.state = RAISED
+            raise
+        awaited.state = COMPLETED
+        return done
 
-    def __init__(self, result: Any) -> None:
-        self.result = result
-
-    def is_completed(self) -> bool:
-        return bool(getattr(self.result, "completed", True))
+    setattr(traced, _ORIGINAL, fn)
+    return traced

@@ -204,7 +204,7 @@ def _pre(group: Any, args: Any) -> None:
             return
         record.work = Issuing(frame, thread)
         if recorder.plan and not kind.p2p:
-            placed = recorder.plan.take(record.group.ranks, record.seq)
+            placed = recorder.plan.take(record)
         later = placed is not None and placed[1].kind == "kill" and placed[1].when != "before"
         # torch calls the post hook on this thread, once it issued the collective.
         issuing[thread] = (group, record, placed if later else None)
@@ -329,7 +329,7 @@ def _act(
         failed(record)
         recorder.raised = True
     call = work.wait if work is not None and fault.when == "after" else _nothing
-    plan.act(placed, record.op.name, call, {"input_tensor_list": inputs})
+    plan.act(placed, record, call, {"input_tensor_list": inputs})
 
 
 def _nothing() -> None:

@@ -35,7 +35,8 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
@@ -59,7 +60,7 @@ from harness.rank import inject, sites
 from harness.rank.current import context_or_none
 from harness.rank.recording import describe, flight_recorder
 from harness.rank.recording.describe import Spec
-from harness.rank.recording.records import Group, Record, failed, returned
+from harness.rank.recording.records import Awaited, Group, Record, failed, returned
 
 if TYPE_CHECKING:
     from harness.faults import Fault
@@ -159,6 +160,14 @@ class Recorder:
             found.append(issued(op, ranks, f"{os.path.basename(file)}:{line}"))
         return found
 
+    def awaited(self, tensor: Any) -> Awaited | None:
+        """The recent functional collective whose result's wait is handed ``tensor``."""
+        for record in reversed(list(self._recent)):  # list(): another thread may record
+            work = record.work
+            if isinstance(work, Awaited) and work.tensor is tensor:
+                return work
+        return None
+
     def counts(self) -> dict[tuple[int, ...] | None, int]:
         """How many collectives the call issued on each group, by its sorted ranks (None:
         default)."""
@@ -199,7 +208,7 @@ class Recorder:
         holds = self.holds
         if holds is not None:
             holds.before(record)
-        placed = self.plan.take(record.group.ranks, record.seq) if self.plan else None
+        placed = self.plan.take(record) if self.plan else None
         if placed is not None and not placed[1].enters:
             # The trace then shows what the rank did: it stopped after the one before.
             self.forget(record)
@@ -246,7 +255,7 @@ class Recorder:
 
         if placed[1].kind == "error":
             record.state = RAISED
-        return self.plan.act(placed, spec.name, run, inject.bound(fn, args, kwargs))
+        return self.plan.act(placed, record, run, inject.bound(fn, args, kwargs))
 
     def _enter(self, spec: Spec, args: Any, kwargs: Any, group: Any) -> Record | None:
         at = spec.group_at
@@ -342,14 +351,33 @@ def _ended(result: Any) -> str:
 
 
 def current() -> Recorder | None:
-    """The recorder of the call in progress (None between calls, and outside a rank).
+    """The recorder of the call in progress (None between calls).
 
     Read from the rank's context: the wrappers installed into torch.distributed and torch's
-    hooks, called by user code, get no arguments of the harness's.
+    hooks, called by user code, get no arguments of the harness's. In a process that is no
+    harness rank, the block that :func:`recording` records.
     """
     ctx = context_or_none()
-    running = ctx.running if ctx is not None else None
+    if ctx is None:
+        return _outside
+    running = ctx.running
     return running.recorder if running is not None else None
+
+
+_outside: Recorder | None = None
+
+
+@contextmanager
+def recording() -> Iterator[Recorder]:
+    """Record the collectives of the block, run in a process that is no harness rank
+    (pytest's own, as a rank of a launcher such as torchrun); :func:`install` first."""
+    global _outside
+    saved, _outside = _outside, Recorder()
+    try:
+        with _outside as recorder:
+            yield recorder
+    finally:
+        _outside = saved
 
 
 def snapshot(main_thread: int) -> RankTrace:

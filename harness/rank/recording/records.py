@@ -23,6 +23,7 @@ from harness import compat
 from harness.protocol.traces import (
     COMPLETED,
     IN_FLIGHT,
+    ISSUED,
     RAISED,
     SEQUENCE_CAP,
     GroupHistory,
@@ -49,8 +50,9 @@ class Record:
     """One collective (``seq`` its number in the group) or point-to-point op (``seq`` 0).
 
     ``work``: for a collective issued below the Python functions, :class:`Issuing` until
-    torch's post hook hands over its ``Work``, whose completion :meth:`state_now` reads
-    (None: none, or dropped once the call ended).
+    torch's post hook hands over its ``Work``, whose completion :meth:`state_now` reads; for
+    a functional collective without those hooks, :class:`Awaited` (None: none, or dropped
+    once the call ended).
     """
 
     __slots__ = ("group", "op", "place", "seq", "state", "work")
@@ -83,11 +85,33 @@ class Record:
         return False
 
 
+class Awaited:
+    """``Record.work`` of a functional collective on torch without process-group hooks,
+    which returns a tensor to wait for instead of a ``Work``: issued once the function
+    returned, as an ``async_op=True`` call is; in flight while a thread waits for it
+    (``wait_tensor``, which :mod:`harness.rank.functional` wraps); completed once that wait
+    returned (raised, where it raised).
+
+    Attributes:
+        tensor: What its wait is handed (an ``AsyncCollectiveTensor``'s inner tensor); None
+            for any other result, complete when returned.
+        state: Its state now.
+    """
+
+    __slots__ = ("state", "tensor")
+
+    def __init__(self, result: Any) -> None:
+        self.tensor = getattr(result, "elem", None)
+        self.state = ISSUED if self.tensor is not None else COMPLETED
+
+
 def _state_of(work: Any, noted: str) -> str:
     """The state of a collective that has the ``Work`` ``work`` (``noted``: where it cannot
     tell)."""
     if isinstance(work, Issuing):
         return RAISED if work.left() else IN_FLIGHT
+    if isinstance(work, Awaited):
+        return work.state
     try:
         if not work.is_completed():
             return IN_FLIGHT
