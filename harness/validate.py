@@ -85,19 +85,30 @@ def positive_int(value: object, where: str, *, text: bool = False) -> int:
     return value
 
 
-def whole(value: object, where: str) -> int:
+def whole(value: object, where: str, *, text: bool = False, what: str = "") -> int:
     """Check and return an integer of at least 0.
 
-    For example a number of GPUs per rank.
+    For example a number of GPUs per rank, or a seed.
+
+    Args:
+        value: The value; parsed first if ``text`` (a command-line argument) and a string.
+        where: What it is, for the message (``"gpus_per_rank"``, ``"--dist-schedules"``).
+        text: Whether ``value`` may be text to parse.
+        what: What the number is, for the message (``" (a seed)"``).
 
     Raises:
         TypeError: It is not an int (``True`` and ``1.0`` are not).
-        ValueError: It is negative.
+        ValueError: It is negative, or text that is not an integer.
     """
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{where} must be an int >= 0{what}, not {value!r}") from None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{where} must be an int >= 0, not {value!r}")
+        raise TypeError(f"{where} must be an int >= 0{what}, not {value!r}")
     if value < 0:
-        raise ValueError(f"{where} must be >= 0, got {value}")
+        raise ValueError(f"{where} must be {'an int ' if what else ''}>= 0{what}, got {value}")
     return value
 
 
@@ -168,16 +179,7 @@ def seed(value: object, where: str, *, text: bool = False) -> int:
         TypeError: It is not an int (``True`` and ``7.0`` are not).
         ValueError: It is negative, or text that is not an integer.
     """
-    if text and isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
-            raise ValueError(f"{where} must be an int >= 0 (a seed), not {value!r}") from None
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{where} must be an int >= 0 (a seed), not {value!r}")
-    if value < 0:
-        raise ValueError(f"{where} must be an int >= 0 (a seed), got {value}")
-    return value
+    return whole(value, where, text=text, what=" (a seed)")
 
 
 def schedule(value: object, where: str) -> Schedule:

@@ -155,7 +155,7 @@ def _schedule_options(config: pytest.Config) -> dict[str, Any]:
     if delay is None:
         delay, said = config.getini("dist_schedule_delay"), "ini dist_schedule_delay"
     return {
-        "schedules": validate.whole(int(count) if str(count).isdecimal() else count, where),
+        "schedules": validate.whole(count, where, text=True),
         "schedule_seed": (
             None if seed is None else validate.seed(seed, "--dist-schedule-seed", text=True)
         ),

@@ -141,36 +141,27 @@ def test_first_writer(rank, tmp_path, config):
     result.stdout.fnmatch_lines(["test_fresh.py::test_first_writer: 3 schedules passed*"])
 
 
-@pytest.mark.parametrize(
-    ("argument", "message"),
-    [
-        ("schedules=-1", "schedules must be >= 0, got -1"),
-        ("schedules='many'", "schedules must be an int >= 0, not 'many'"),
-        ("schedule_seed=1.5", "schedule_seed must be an int >= 0 (a seed), not 1.5"),
-        ("schedule_delay=0", "schedule_delay must be a positive number of seconds, got 0"),
-    ],
-)
-def test_a_bad_schedule_argument_fails_its_test_alone(
-    pytester: pytest.Pytester, argument: str, message: str
-) -> None:
-    pytester.makepyfile(
-        test_bad=f"""
-import pytest
+BAD_ARGUMENTS = {
+    "schedules=-1": "schedules must be >= 0, got -1",
+    "schedules='many'": "schedules must be an int >= 0, not 'many'",
+    "schedule_seed=1.5": "schedule_seed must be an int >= 0 (a seed), not 1.5",
+    "schedule_delay=0": "schedule_delay must be a positive number of seconds, got 0",
+}
 
 
-@pytest.mark.distributed(world_size=2, {argument})
-def test_bad(rank):
-    pass
-
-
-@pytest.mark.distributed(world_size=2, schedules=1)
-def test_good(rank):
-    pass
-"""
+def test_a_bad_schedule_argument_fails_its_test_alone(pytester: pytest.Pytester) -> None:
+    bad = "".join(
+        f"\n\n@pytest.mark.distributed(world_size=2, {argument})\ndef test_bad_{n}(rank):\n"
+        "    pass\n"
+        for n, argument in enumerate(BAD_ARGUMENTS)
     )
+    good = "\n\n@pytest.mark.distributed(world_size=2, schedules=1)\ndef test_good(rank):\n"
+    pytester.makepyfile(test_bad=f"import pytest\n{bad}{good}    pass\n")
     result = pytester.runpytest("-p", "no:randomly")
-    result.assert_outcomes(failed=1, passed=1)
-    assert f"invalid @pytest.mark.distributed: {message}" in result.stdout.str()
+    result.assert_outcomes(failed=len(BAD_ARGUMENTS), passed=1)
+    out = result.stdout.str()
+    for message in BAD_ARGUMENTS.values():
+        assert f"invalid @pytest.mark.distributed: {message}" in out
 
 
 @pytest.mark.parametrize(
