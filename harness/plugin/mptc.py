@@ -13,6 +13,7 @@ private test API goes through :mod:`harness.compat`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -139,8 +140,9 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
             return _CaseTest(replace(step, options=options), case, fn, world_size)
 
         exploration = schedules.Exploration(
-            session.runner, item, make, _verdict, _outcome, shape, holder, isolate, option
-        )
+            session.runner, item, make, _verdict, _outcome, shape, holder, isolate, option,
+            _set_up_again(case, call),
+        )  # fmt: skip
         explored = exploration.explore(options, seeds, run.schedule_delay)
         held, note = explored.held, explored.lines + explored.held.note
         option = f"{option} {explored.option}".strip()
@@ -208,6 +210,32 @@ def _empty_store(path: str) -> None:
     if os.path.exists(path):
         with open(path, "wb"):
             pass
+
+
+def _set_up_again(case: Any, call: CaseCall) -> Callable[[], None]:
+    """What runs the case's ``tearDown`` and ``setUp`` again before each run of its test
+    but the first (under schedules), so that each starts from what its ``setUp`` makes, as
+    a native test does: ``distributed_test``'s makes a new ``TEMP_DIR``, whose barrier files
+    are named after the processes that wrote them, and a run on new processes would count
+    the earlier run's too. The ranks keep the first run's store file (emptied before each
+    run); the environment ``setUp`` left is theirs."""
+    runs = 0
+
+    def again() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            return
+        case.tearDown()
+        case.setUp()
+        if case.file_name != call.file_name:
+            with contextlib.suppress(OSError):
+                os.remove(case.file_name)
+            case.file_name = call.file_name
+        call.environ.clear()
+        call.environ.update(os.environ)
+
+    return again
 
 
 def _verdict(ended: _Ended) -> str:

@@ -84,6 +84,8 @@ class Exploration(Generic[_T]):
         holder: Whose GPUs its worlds lease.
         isolate: Whether each run has fresh processes of its own.
         option: What a command that runs it needs besides its id (``--dist-backend=gloo``).
+        fresh_state: What puts the test's state back before each of its runs (None: its
+            ``tmp_path``, :func:`fresh_tmp_path`).
     """
 
     runner: Runner
@@ -95,6 +97,7 @@ class Exploration(Generic[_T]):
     holder: Holder
     isolate: bool
     option: str
+    fresh_state: Callable[[], None] | None = None
     _options: CallOptions = field(init=False)
     _restore: Callable[[], None] = field(init=False)
 
@@ -102,7 +105,7 @@ class Exploration(Generic[_T]):
         """Run the test without holds, then, where it passed, under the schedule of each
         of ``seeds`` (each hold at most ``delay`` seconds) until one fails, as the module's
         docstring says; ``options``: how each run is called."""
-        self._options, self._restore = options, fresh_tmp_path(self.item)
+        self._options, self._restore = options, self.fresh_state or fresh_tmp_path(self.item)
         held, earlier = self._first()
         if self.verdict(held.result) != PASSED or held.failure is not None:
             return Explored(held)
@@ -260,7 +263,7 @@ def passed_line(nodeid: str, seeds: tuple[int, ...], ranks: int, boundaries: int
 
 @dataclass
 class _Restoring(Generic[_T]):
-    """A test whose each run first restores its ``tmp_path`` (:func:`fresh_tmp_path`)."""
+    """A test whose each run first puts its state back (``Exploration.fresh_state``)."""
 
     test: Runnable[_T]
     restore: Callable[[], None]

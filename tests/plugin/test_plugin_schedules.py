@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from plugin_testutil import TWO_RANKS
 
 RACE = """
 import pytest
@@ -235,31 +236,38 @@ def test_marked(rank, n):
 
 
 def test_mptc_classes_and_fault_sweeps_run_their_schedules(pytester: pytest.Pytester) -> None:
+    # Each run of a class's test starts from its setUp, run again: a new directory here.
     pytester.makepyfile(
-        test_both="""
+        test_both=TWO_RANKS
+        + """
+import os
+import shutil
+import tempfile
+
 import pytest
-import torch
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
 
 from harness import faults
 
 
-class Case(MultiProcessTestCase):
-    @property
-    def world_size(self):
-        return 2
-
+class Case(TwoRanks):
+    # Each run starts from what setUp makes, as a native test does: a new directory.
     def setUp(self):
+        self.run_dir = tempfile.mkdtemp()
+        os.environ["RUN_DIR"] = self.run_dir
         super().setUp()
-        self._spawn_processes()
+
+    def tearDown(self):
+        shutil.rmtree(self.run_dir)
+        super().tearDown()
 
     def test_all_reduce(self):
-        store = dist.FileStore(self.file_name, self.world_size)
-        dist.init_process_group("gloo", store=store, rank=self.rank, world_size=2)
+        self.init_gloo()
         total = torch.ones(1)
         dist.all_reduce(total)
         self.assertEqual(total.item(), 2.0)
+        self.assertEqual(os.listdir(os.environ["RUN_DIR"]), [])
+        dist.barrier()
+        open(os.path.join(os.environ["RUN_DIR"], str(self.rank)), "w").close()
         dist.destroy_process_group()
 
 
@@ -276,7 +284,7 @@ def test_survivor(rank):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "test_both.py::Case::test_all_reduce: 2 schedules passed (2 ranks, 4 boundaries)*",
+            "test_both.py::Case::test_all_reduce: 2 schedules passed (2 ranks, 8 boundaries)*",
             "test_both.py::test_survivor[[]kill-r1-at2[]]: 2 schedules passed (2 ranks, *",
         ]
     )
