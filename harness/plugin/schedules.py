@@ -218,8 +218,12 @@ def _head(number: int, count: int, seed: int, counts: Mapping[int, int], failure
     )
     boundaries = sum(counts.values())
     return (
-        f"{which} (seed {seed}; {len(counts)} ranks, {boundaries} boundaries) {how}; its holds:\n"
+        f"{which} (seed {seed}; {len(counts)} ranks, {_boundaries(boundaries)}) {how}; its holds:\n"
     )
+
+
+def _boundaries(count: int) -> str:
+    return f"{count} boundary" if count == 1 else f"{count} boundaries"
 
 
 def _shrunk(shrunk: Schedule, outcome: Outcome) -> str:
@@ -255,7 +259,7 @@ def passed_line(nodeid: str, seeds: tuple[int, ...], ranks: int, boundaries: int
         return f"{nodeid}: the schedule of seed {seeds[0]} passed"
     escape = escape_probability(boundaries, len(seeds))
     return (
-        f"{nodeid}: {len(seeds)} schedules passed ({ranks} ranks, {boundaries} boundaries): "
+        f"{nodeid}: {len(seeds)} schedules passed ({ranks} ranks, {_boundaries(boundaries)}): "
         f"a race that holding one rank at one boundary shows escaped them all with "
         f"probability <= {escape:.2g}"
     )

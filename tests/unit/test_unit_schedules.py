@@ -142,6 +142,11 @@ def test_the_summary_says_what_the_schedules_bound() -> None:
     assert schedules.passed_line("t.py::test_a", (9,), 2, 8) == (
         "t.py::test_a: the schedule of seed 9 passed"
     )
+    # One boundary, held by every schedule: nothing escapes.
+    assert schedules.passed_line("t.py::test_a", (1, 2), 2, 1) == (
+        "t.py::test_a: 2 schedules passed (2 ranks, 1 boundary): a race that holding one "
+        "rank at one boundary shows escaped them all with probability <= 0"
+    )
 
 
 def test_tmp_path_is_put_back_as_the_fixtures_left_it(tmp_path: Path) -> None:
