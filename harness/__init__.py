@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from harness.faults import FaultFired
     from harness.plugin.rank_fixtures import fixture
     from harness.protocol.messages import CallOptions
+    from harness.protocol.schedules import Schedule
     from harness.protocol.traces import IssuedCollective
     from harness.rank.recording.issued import collectives
 
@@ -64,6 +65,7 @@ _LAZY = {
     "World": "harness.controller.world",
     "run": "harness.controller.fresh",
     "CallOptions": "harness.protocol.messages",
+    "Schedule": "harness.protocol.schedules",
     "RankMemory": "harness.controller.memory",
     "IssuedCollective": "harness.protocol.traces",
     "collectives": "harness.rank.recording.issued",
@@ -114,6 +116,7 @@ __all__ = [
     "RankFailure",
     "RankLeak",
     "RankMemory",
+    "Schedule",
     "ShadowMismatch",
     "ShadowUnfaithful",
     "World",

@@ -1,9 +1,10 @@
 """Hypothesis strategies for distributed code: world sizes, meshes, placements, shapes, dtypes,
-faults.
+faults, schedules.
 
 Use them in ``@given`` on a distributed test (see the how-to page *Property-based
 distributed tests*). Each one shrinks towards the simple case: the smallest world, a 1-D
-mesh, replicated placements, the smallest shape, ``float32``, the first rank and collective.
+mesh, replicated placements, the smallest shape, ``float32``, the first rank and collective,
+no hold.
 So a failing example is reported as the simplest one that still fails. Hypothesis is an
 optional dependency (``pip install hypothesis``, or fhelium's ``test`` extra); torch is
 imported only by the strategies that make torch objects, when they are called.
@@ -25,12 +26,21 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from harness import validate
 from harness.faults import Fault
 from harness.faults.makers import for_kind
+from harness.protocol.schedules import DEPTH, Schedule
 
 if TYPE_CHECKING:
     import torch
     from torch.distributed.tensor.placement_types import Placement
 
-__all__ = ["dtypes", "faults", "mesh_shapes", "placements", "tensor_shapes", "world_sizes"]
+__all__ = [
+    "dtypes",
+    "faults",
+    "mesh_shapes",
+    "placements",
+    "schedules",
+    "tensor_shapes",
+    "world_sizes",
+]
 
 _DTYPES = {
     # Each backend's dtypes for every collective, float32 first: the one to shrink to.
@@ -218,6 +228,39 @@ def faults(
     maker(0, 1, **kwargs)  # an argument the kind has no parameter for is named now
     rank, point = _ints(ranks, "ranks"), _ints(at, "at")
     return st.builds(lambda r, n: maker(r, n, **kwargs), rank, point)
+
+
+def schedules(
+    *,
+    ranks: int | range | list[int] | tuple[int, ...] | st.SearchStrategy[int],
+    at: int | range | list[int] | tuple[int, ...] | st.SearchStrategy[int] = range(1, 33),
+    max_holds: int = DEPTH,
+) -> st.SearchStrategy[Schedule]:
+    """Schedules that hold up to ``max_holds`` drawn ranks back, each at a drawn collective
+    boundary (a rank numbers the boundaries it crosses from 1: entering a collective,
+    returning from it, waiting on its ``Work``): draw the test's ``schedule`` with it, and
+    each example runs under that schedule (see the how-to page *Races on demand*).
+
+    Shrinks towards no hold (the plain run), then the fewest holds, the first of ``ranks``
+    and the first of ``at``. Two holds are never at the same boundary. A hold on a rank the
+    example's world lacks, or at a boundary its rank never crosses, does nothing.
+
+    Args:
+        ranks: The ranks held: one, a range or list of them, or a strategy of ints.
+        at: The boundaries, from 1: one, a range or list of them, or a strategy of ints.
+        max_holds: The most holds one schedule places (an int >= 1).
+
+    Returns:
+        The strategy.
+
+    Raises:
+        ValueError: ``ranks`` or ``at`` is empty, or ``max_holds`` is below 1.
+        TypeError: ``ranks``, ``at`` or ``max_holds`` is none of those.
+    """
+    validate.positive_int(max_holds, "max_holds")
+    hold = st.tuples(_ints(ranks, "ranks"), _ints(at, "at"))
+    holds = st.lists(hold, max_size=max_holds, unique_by=lambda pair: pair[1])
+    return st.builds(lambda drawn: Schedule(tuple(sorted(drawn, key=lambda h: h[1]))), holds)
 
 
 def _ints(value: object, name: str) -> st.SearchStrategy[int]:

@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from harness.protocol.schedules import Schedule
+
 BACKEND_CHOICES = ("auto", "gloo", "nccl", "ucc", "mpi", "xccl")
 """Every backend name the harness accepts, wherever it is named (``World``, the marker,
 ``--dist-backend``, ``python -m harness check --backend``): ``"auto"`` and the backends
@@ -83,19 +85,30 @@ def positive_int(value: object, where: str, *, text: bool = False) -> int:
     return value
 
 
-def whole(value: object, where: str) -> int:
+def whole(value: object, where: str, *, text: bool = False, what: str = "") -> int:
     """Check and return an integer of at least 0.
 
-    For example a number of GPUs per rank.
+    For example a number of GPUs per rank, or a seed.
+
+    Args:
+        value: The value; parsed first if ``text`` (a command-line argument) and a string.
+        where: What it is, for the message (``"gpus_per_rank"``, ``"--dist-schedules"``).
+        text: Whether ``value`` may be text to parse.
+        what: What the number is, for the message (``" (a seed)"``).
 
     Raises:
         TypeError: It is not an int (``True`` and ``1.0`` are not).
-        ValueError: It is negative.
+        ValueError: It is negative, or text that is not an integer.
     """
+    if text and isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ValueError(f"{where} must be an int >= 0{what}, not {value!r}") from None
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{where} must be an int >= 0, not {value!r}")
+        raise TypeError(f"{where} must be an int >= 0{what}, not {value!r}")
     if value < 0:
-        raise ValueError(f"{where} must be >= 0, got {value}")
+        raise ValueError(f"{where} must be {'an int ' if what else ''}>= 0{what}, got {value}")
     return value
 
 
@@ -202,6 +215,52 @@ def seconds(value: object, where: str, *, optional: bool = False, text: bool = F
         also = " or None" if optional else ""
         raise ValueError(f"{where} must be a positive number of seconds{also}, got {value!r}")
     return float(number)
+
+
+def seed(value: object, where: str, *, text: bool = False) -> int:
+    """Check and return a seed: an int >= 0 (a schedule's, ``--dist-schedule-seed``).
+
+    Raises:
+        TypeError: It is not an int (``True`` and ``7.0`` are not).
+        ValueError: It is negative, or text that is not an integer.
+    """
+    return whole(value, where, text=text, what=" (a seed)")
+
+
+def schedule(value: object, where: str) -> Schedule:
+    """Check a :class:`~harness.protocol.schedules.Schedule` a user made or drew: its holds
+    ``(rank >= 0, boundary >= 1)`` pairs of ints, its delay None or positive seconds.
+
+    Raises:
+        TypeError: It is not a schedule, or its holds are not pairs of ints, naming it.
+        ValueError: A hold's rank or boundary, or its delay, is out of range, naming it.
+    """
+    if not isinstance(value, Schedule):
+        raise TypeError(
+            f"{where} must be a harness.Schedule (draw it with harness.strategies.schedules), "
+            f"not {short_repr(value)}"
+        )
+    holds = value.holds
+    pairs = isinstance(holds, tuple) and all(
+        isinstance(hold, tuple)
+        and len(hold) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) for n in hold)
+        for hold in holds
+    )
+    if not pairs:
+        raise TypeError(
+            f"{where} must hold (rank, boundary) pairs of ints, e.g. holds=((0, 3),), "
+            f"not holds={short_repr(holds)}"
+        )
+    for rank, at in holds:
+        if rank < 0 or at < 1:
+            raise ValueError(
+                f"{where} has the hold ({rank}, {at}): a rank is >= 0 and a boundary >= 1 "
+                "(counted from 1)"
+            )
+    if value.delay is not None:
+        seconds(value.delay, f"{where}'s delay")
+    return value
 
 
 def size(value: object, where: str) -> int:

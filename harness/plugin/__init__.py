@@ -58,6 +58,7 @@ from harness.plugin.marker import (  # noqa: E402
     marker_name,
     run_mark,
 )
+from harness.protocol.schedules import DEFAULT_DELAY_S  # noqa: E402
 from harness.validate import BACKEND_CHOICES  # noqa: E402
 
 _MPTC = "harness-mptc"  # mptc.CasePlugin's name, when --dist-mptc is on
@@ -110,6 +111,8 @@ _INI = {
     f"{validate.DEFAULT_MEMORY_GROWTH // 2**20}MiB; 0: no look)",
     "dist_max_world_size": "the largest world a Hypothesis-drawn world_size may ask for: a "
     "strategy that can draw more fails its test before any example runs (default: 8)",
+    "dist_schedules": "as --dist-schedules (default: 0)",
+    "dist_schedule_delay": f"as --dist-schedule-delay, in seconds (default: {DEFAULT_DELAY_S:g})",
 }
 _BOOL_INI = {
     "dist_no_collective_check": "as --dist-no-collective-check (false)",
@@ -164,6 +167,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "simulated world of N ranks (a shadow world) and compare every group's collectives "
         "there; may be given more than once (a marker's shadow=False opts a test out)",
     )
+    group.addoption(
+        "--dist-schedules",
+        metavar="N",
+        help="run each distributed test again under N seeded schedules after it passed: each "
+        "holds ranks back at a few collective boundaries, to turn a race between ranks into "
+        "a failure that replays from its seed (default: ini dist_schedules, else 0; a "
+        "marker's schedules= wins)",
+    )
+    group.addoption(
+        "--dist-schedule-seed",
+        metavar="SEED",
+        help="run only the schedule of this seed (a failure's report names it), for every "
+        "distributed test that runs schedules or that this option alone asks to",
+    )
+    group.addoption(
+        "--dist-schedule-delay",
+        metavar="SECONDS",
+        help="the longest a schedule holds a rank back at one boundary (default: ini "
+        f"dist_schedule_delay, else {DEFAULT_DELAY_S:g}); a hold ends sooner once "
+        "every other rank waits",
+    )
     for flag, text in _FLAGS.items():
         group.addoption(flag, action="store_true", default=False, help=text)
     for name, text in _INI.items():
@@ -190,7 +214,8 @@ def pytest_configure(config: pytest.Config) -> None:
             f"{name}(world_size=2, *, backend='auto', timeout=None, isolate=False, "
             "init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
             "ranks_per_gpu=None, restarts=0, "
-            "verify=None, shadow=()): run the test body on every rank "
+            "verify=None, shadow=(), schedules=None, schedule_seed=None, "
+            "schedule_delay=None): run the test body on every rank "
             "of a torch.distributed world (lists of world sizes or backends, and a sweep of "
             "faults, parametrize the test; init=False: the ranks have the torchrun "
             "environment but no process group, the test makes its own; "
@@ -201,7 +226,10 @@ def pytest_configure(config: pytest.Config) -> None:
             "run starts again on fresh ranks when a rank fails, or each restart's world size; "
             "verify: a module-level function run on the ranks of a fresh world after each "
             "case of a sweep; shadow: larger world sizes on which the body runs again once "
-            "it passed, every rank simulated, their collectives compared)",
+            "it passed, every rank simulated, their collectives compared; schedules: how many "
+            "seeded schedules the test runs after it passed, 0 for none (default: "
+            "--dist-schedules); schedule_seed: the one schedule it runs; schedule_delay: the "
+            "longest a schedule holds a rank, in seconds)",
         )
     # A bad --dist-timeout, dist_timeout, dist_leaks... is a usage error at once.
     chosen = settings.read(config)
@@ -251,6 +279,7 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         report.GPU_TESTS: [],
         report.SHADOWS: [],
         sweep_summary.CASE: [],
+        report.SCHEDULES: [],
     }
     for reports in terminalreporter.stats.values():
         for made in reports:
@@ -271,10 +300,11 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         cases = (sweep_summary.Case.loads(text) for text in noted[sweep_summary.CASE])
         for line in sweep_summary.summary(cases):
             terminalreporter.write_line(line)
-    if noted[report.SHADOWS]:  # each shadowed test: the sizes it was checked at, the time
-        terminalreporter.write_sep("=", "harness: shadow worlds")
-        for line in noted[report.SHADOWS]:
-            terminalreporter.write_line(line)
+    for key, title in ((report.SHADOWS, "shadow worlds"), (report.SCHEDULES, "schedules")):
+        if noted[key]:  # each shadowed test (its sizes, its time); each that ran schedules
+            terminalreporter.write_sep("=", f"harness: {title}")
+            for line in noted[key]:
+                terminalreporter.write_line(line)
     for line in memory_report.of(config).lines():
         terminalreporter.write_line(line)
     gpu_tests = noted[report.GPU_TESTS]

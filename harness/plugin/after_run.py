@@ -21,8 +21,8 @@ from harness.plugin import interrupts, report, sweep_cases, sweep_recount
 
 if TYPE_CHECKING:
     from harness.controller.world import World
+    from harness.plugin.item_settings import TestSettings, WorldShape
     from harness.plugin.leases import Holder
-    from harness.plugin.settings import TestSettings, WorldShape
     from harness.plugin.trace_folders import TraceFolders
     from harness.protocol.messages import CallOptions
     from harness.protocol.pytest_calls import FixturePlan, TestRef

@@ -27,8 +27,8 @@ from harness import compat
 from harness.errors import RankError
 from harness.faults import OpenSweep
 from harness.plugin import properties, property_checks
+from harness.plugin.item_settings import TestSettings
 from harness.plugin.marker import find_mark, parse_mark
-from harness.plugin.settings import TestSettings
 from harness.protocol.failures import RankFailure, ranks_phrase
 from harness.rank.identity import rank_value
 

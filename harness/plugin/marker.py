@@ -46,6 +46,9 @@ class MarkSpec:
     restarts: Any = 0
     verify: Any = None
     shadow: Any = ()
+    schedules: Any = None
+    schedule_seed: Any = None
+    schedule_delay: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ private test API goes through :mod:`harness.compat`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import pickle
@@ -27,10 +28,18 @@ import pytest
 
 from harness import compat, validate
 from harness.errors import DistributedError, RankCrash, WorldTimeout
-from harness.plugin import after_run, gpu_needs, refs, replay, report, settings
+from harness.plugin import (
+    after_run,
+    gpu_needs,
+    item_settings,
+    refs,
+    replay,
+    report,
+    schedules,
+)
+from harness.plugin.item_settings import WorldShape
 from harness.plugin.leases import Holder
 from harness.plugin.marker import launched
-from harness.plugin.settings import WorldShape
 from harness.protocol.messages import CallOptions
 from harness.protocol.pytest_calls import CaseCall, CaseExit
 
@@ -113,7 +122,7 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # The run's desync check (--dist-no-collective-check) as for a marked test: a class has
     # no marker to turn it off for one test.
     run = session.settings
-    keep = settings.keep_traces(run, ())
+    keep = item_settings.keep_traces(run, ())
     options = CallOptions(
         compat.mptc_timeout(case),
         run.output,
@@ -132,15 +141,31 @@ def run_case(session: DistSession, item: pytest.Function, case: Any, fn: Any) ->
     # collectives, sized at its first use, that no call empties) expects it new, as its
     # native processes have it: it runs on fresh ranks.
     isolate = run.isolate or any(v in call.environ for v in compat.FLIGHT_RECORDER_VARIABLES)
-    test = _CaseTest(step, case, fn, world_size)
-    held = session.runner.run(item, test, shape, holder, isolate, "--dist-mptc")
+    seeds, option = item_settings.schedule_seeds(run), "--dist-mptc"
+    if seeds:
+
+        def make(options: CallOptions) -> _CaseTest:
+            return _CaseTest(replace(step, options=options), case, fn, world_size)
+
+        exploration = schedules.Exploration(
+            session.runner, item, make, _verdict, _outcome, shape, holder, isolate, option,
+            _set_up_again(case, call),
+        )  # fmt: skip
+        explored = exploration.explore(options, seeds, run.schedule_delay)
+        held, note = explored.held, explored.lines + explored.held.note
+        option = f"{option} {explored.option}".strip()
+    else:
+        held = session.runner.run(
+            item, _CaseTest(step, case, fn, world_size), shape, holder, isolate, option
+        )
+        note = held.note
     if held.failure is not None:
         raise held.failure
     ended = held.result
     # The world's backend only names it; the test's own groups say theirs, where they do.
     backend = getattr(type(case), "backend", None)
     named = replace(shape, backend=backend if isinstance(backend, str) else "gloo")
-    ran = after_run.Ran(item, ended.outcome, named, options, holder, "--dist-mptc", held.note)
+    ran = after_run.Ran(item, ended.outcome, named, options, holder, option, note)
     _settle(item, ended, after_run.after_run(session, ran).outcome.error)
 
 
@@ -193,6 +218,42 @@ def _empty_store(path: str) -> None:
     if os.path.exists(path):
         with open(path, "wb"):
             pass
+
+
+def _set_up_again(case: Any, call: CaseCall) -> Callable[[], None]:
+    """What runs the case's ``tearDown`` and ``setUp`` again before each run of its test
+    but the first (under schedules), so that each starts from what its ``setUp`` makes, as
+    a native test does: ``distributed_test``'s makes a new ``TEMP_DIR``, whose barrier files
+    are named after the processes that wrote them, and a run on new processes would count
+    the earlier run's too. The ranks keep the first run's store file (emptied before each
+    run); the environment ``setUp`` left is theirs."""
+    runs = 0
+
+    def again() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 1:
+            return
+        case.tearDown()
+        case.setUp()
+        if case.file_name != call.file_name:
+            with contextlib.suppress(OSError):
+                os.remove(case.file_name)
+            case.file_name = call.file_name
+        call.environ.clear()
+        call.environ.update(os.environ)
+
+    return again
+
+
+def _verdict(ended: _Ended) -> str:
+    """A run's verdict: its class's check's."""
+    return ended.verdict
+
+
+def _outcome(ended: _Ended) -> Outcome:
+    """What a run's ranks did."""
+    return ended.outcome
 
 
 @dataclass

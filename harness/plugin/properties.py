@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,7 +38,14 @@ from harness import compat, validate
 from harness.controller.pickling import pickle_problem
 from harness.errors import DistributedError
 from harness.faults import Fault
-from harness.plugin import after_run, interrupts, property_checks, settings, sweep_cases
+from harness.plugin import (
+    after_run,
+    interrupts,
+    property_checks,
+    schedules,
+    settings,
+    sweep_cases,
+)
 from harness.plugin.leases import Holder
 from harness.plugin.replay import Step, verdict_of
 from harness.plugin.runner import Held, Reused, Runnable, Runner
@@ -47,7 +55,7 @@ from harness.rank.property_body import run_example
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
-    from harness.plugin.settings import TestSettings, WorldShape
+    from harness.plugin.item_settings import TestSettings, WorldShape
     from harness.protocol.messages import CallOptions
 
 _DRAWN = "\x1fdrawn "  # a drawn argument's key among the plan's values: never a fixture's
@@ -101,10 +109,12 @@ def prepare(
 
     Raises:
         pytest.fail.Exception: Its ``world_size`` strategy can draw outside 1 to ini
-            ``dist_max_world_size``, or ini ``dist_max_world_size`` is not an int >= 1.
+            ``dist_max_world_size``, ini ``dist_max_world_size`` is not an int >= 1, or
+            its marker asks for schedules (an example's is drawn).
     """
     bound = settings.max_world_size(item.config)
     property_checks.check_bounds(item, bound)
+    property_checks.check_schedules(item)
     return PropertyTest(item, test, ref, plan, session, bound)
 
 
@@ -123,6 +133,7 @@ class _Example:
         return self.marked.step
 
     def attempt(self, world: World, fresh: bool) -> tuple[str, Outcome]:
+        self.test.restore()
         outcome = self.marked.attempt(world, fresh)[1]
         prop, fault = self.test, self.drawn.get(property_checks.FAULT_ARG)
         outcome = sweep_cases.after_case(
@@ -162,6 +173,7 @@ class PropertyTest:
         bound: The largest drawn world size (ini ``dist_max_world_size``).
         holder: Whose GPUs its worlds lease.
         examples: How many examples ran.
+        restore: Puts its ``tmp_path`` back before each example that draws a schedule.
     """
 
     item: pytest.Function
@@ -172,10 +184,16 @@ class PropertyTest:
     bound: int
     holder: Holder = field(init=False)
     examples: int = 0
+    restore: Callable[[], None] = field(init=False)
     _last: _Ran | None = None
 
     def __post_init__(self) -> None:
         self.holder = Holder(self.item.nodeid)
+        # A drawn schedule's race (a file one rank writes for another) shows only where the
+        # file is not there already: each example starts from tmp_path as its fixtures left
+        # it, as each schedule of a marked test does.
+        drawn = property_checks.SCHEDULE_ARG in compat.given_strategies(self.item.obj)
+        self.restore = schedules.fresh_tmp_path(self.item) if drawn else lambda: None
 
     @property
     def option(self) -> str:
@@ -242,6 +260,7 @@ class PropertyTest:
         """
         size = property_checks.drawn_size(drawn, self.test.world_size, self.bound)
         placed = property_checks.drawn_faults(drawn, self.test.call.faults, size)
+        schedule = property_checks.drawn_schedule(drawn, self.test.schedule_delay)
         for name, value in drawn.items():
             problem = pickle_problem(value)
             if problem is not None:
@@ -251,7 +270,9 @@ class PropertyTest:
                 )
         timeout = self.test.call.timeout or validate.DEFAULT_TIMEOUT_S
         with interrupts.taken_over(self.item, timeout) as deadline:
-            options = replace(self.test.call, timeout=deadline.seconds, faults=placed)
+            # A schedule's holds are counted outside the test's deadline.
+            seconds = deadline.seconds + (schedule.longest if schedule is not None else 0)
+            options = replace(self.test.call, timeout=seconds, faults=placed, schedule=schedule)
             example = self._example(dict(drawn), size, options)
             shape = self.test.world.sized(size)
             runner = self.session.runner
@@ -286,9 +307,11 @@ class PropertyTest:
         drawn, size = last.example.drawn, last.example.size
         args = ", ".join(f"{name}={value!r}" for name, value in drawn.items())
         ranks = f"{size} rank" + ("" if size == 1 else "s")
+        schedule = last.example.step.options.schedule
+        holds = "" if schedule is None else schedules.holds_lines(schedule, last.outcome)
         return (
             f"minimal example ({ranks}, {self.examples} examples run): "
-            f"{self.item.originalname}({args})\n"
+            f"{self.item.originalname}({args})\n{holds}"
             f"to replay it first, add above @given: @example({args})\n"
         )
 

@@ -1,6 +1,7 @@
 """What a ``@given`` distributed test is checked for: its ``world_size`` strategy before any
 example runs, and each example's drawn world size and faults (a marker whose ``world_size``
-is a strategy fails with the test's settings, :mod:`harness.plugin.settings`).
+is a strategy fails with the test's settings, :mod:`harness.plugin.settings`), and
+the schedule each example runs under (:func:`drawn_schedule`).
 
 The checks before any example fail the test with one line naming the bad value and what
 would be valid (:func:`check_bounds`); those of an example (:func:`drawn_size`,
@@ -11,17 +12,23 @@ a fault on a rank the drawn world does not have, reject it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from harness import compat
+from harness import compat, validate
 from harness.faults import Fault
 from harness.faults.checks import checked
+from harness.plugin.marker import parse_mark, run_mark
 from harness.plugin.settings import MAX_WORLD_SIZE_INI
+from harness.protocol.schedules import Schedule
 
 FAULT_ARG = "fault"
 """The drawn argument whose value (a fault, a list of them, or None) each example injects."""
+
+SCHEDULE_ARG = "schedule"
+"""The drawn argument whose value (a ``harness.Schedule``, or None) each example runs under."""
 
 
 def check_bounds(item: pytest.Function, bound: int) -> None:
@@ -102,3 +109,36 @@ def drawn_faults(
 
         reject()
     return checked([*marked, *mine], size, f"drawn argument {FAULT_ARG!r}")
+
+
+def drawn_schedule(drawn: Mapping[str, Any], delay: float) -> Schedule | None:
+    """The schedule an example runs under: its drawn ``schedule`` (None: none), each hold
+    at most ``delay`` seconds where the schedule does not say.
+
+    Raises:
+        TypeError, ValueError: The drawn ``schedule`` is neither None nor a valid
+            ``harness.Schedule``, naming it.
+    """
+    value = drawn.get(SCHEDULE_ARG)
+    if value is None:
+        return None
+    schedule = validate.schedule(value, f"drawn argument {SCHEDULE_ARG!r}")
+    return schedule if schedule.delay is not None else replace(schedule, delay=delay)
+
+
+def check_schedules(item: pytest.Function) -> None:
+    """Fail a ``@given`` test whose marker asks for schedules: Hypothesis draws an
+    example's schedule, as another argument.
+
+    Raises:
+        pytest.fail.Exception: The marker has ``schedules`` (but 0) or ``schedule_seed``.
+    """
+    mark = run_mark(item)
+    spec = parse_mark(mark) if mark is not None else None
+    if spec is not None and (spec.schedules or spec.schedule_seed is not None):
+        raise pytest.fail.Exception(
+            f"{item.name} is a @given test: draw its schedule as another argument, "
+            f"@given(..., {SCHEDULE_ARG}=harness.strategies.schedules(ranks=range(2))), "
+            "instead of the marker's schedules= or schedule_seed=",
+            pytrace=False,
+        )

@@ -34,6 +34,10 @@ VERIFIED = "dist_verify"
 """The ``user_properties`` name under which a test run again on fresh processes under
 ``--dist-verify`` notes whether the two verdicts agreed (``"same"``) or not (``"differs"``)."""
 
+SCHEDULES = "dist_schedules"
+"""The ``user_properties`` name under which a test run under schedules
+(:mod:`harness.plugin.schedules`) notes what they did, one line for the terminal summary."""
+
 GPU_TESTS = "dist_gpus"
 """The ``user_properties`` name under which a distributed test that needs GPUs notes
 ``"ran"`` (it got them) or ``"skipped"`` (the run has fewer than it needs)."""

@@ -25,8 +25,9 @@ import pytest
 from harness.controller import restarts
 from harness.errors import OrderDependenceWarning, RankLeak
 from harness.plugin import order, report
+from harness.plugin.item_settings import WorldShape
 from harness.plugin.replay import FAILED, History, Step, on_fresh
-from harness.plugin.settings import Settings, WorldShape
+from harness.plugin.settings import Settings
 
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome

@@ -33,6 +33,7 @@ from harness.errors import DistributedError
 from harness.plugin import (
     after_run,
     interrupts,
+    item_settings,
     item_state,
     memory_report,
     properties,
@@ -40,15 +41,16 @@ from harness.plugin import (
     refs,
     replay,
     report,
+    schedules,
     settings,
     sweep_cases,
     sweep_recount,
     trace_folders,
 )
+from harness.plugin.item_settings import TestSettings, WorldShape
 from harness.plugin.leases import Holder, Leases
 from harness.plugin.marker import launched
 from harness.plugin.runner import Held, Runner
-from harness.plugin.settings import TestSettings, WorldShape
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions
 from harness.protocol.pytest_calls import FixturePlan, LogSettings, TestRef
 from harness.rank.entry import end_scopes, run_test
@@ -206,7 +208,7 @@ class DistSession:
             compat.relax_settings(item.obj)
         if self._preload_failure():
             raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
-        test = settings.for_test(self.settings, item, self.resolve_backend)
+        test = item_settings.for_test(self.settings, item, self.resolve_backend)
         world = test.world
         self.leases.check(item, world.size, world.gpus)
         devices = world.gpus.count(world.size) or None
@@ -263,12 +265,20 @@ class DistSession:
                         self._world(test.world, holder)
                     seconds = math.ceil(max(end - time.monotonic(), 0.1) * 10) / 10
                 options = replace(test.call, timeout=seconds)
+                explored: schedules.Explored[Outcome] | None = None
                 if known is not None:
                     held = Held(known)
                 elif len(test.attempts) > 1:
                     held = self.runner.run_attempts(
                         item, marked, options, test.world, holder, test.attempts
                     )
+                elif test.schedules:
+                    exploration = schedules.Exploration(
+                        self.runner, item, marked, replay.verdict_of, _outcome, test.world,
+                        holder, test.isolate, option,
+                    )  # fmt: skip
+                    explored = exploration.explore(options, test.schedules, test.schedule_delay)
+                    held = explored.held
                 else:
                     held = self.runner.run(
                         item, marked(options), test.world, holder, test.isolate, option
@@ -277,8 +287,11 @@ class DistSession:
                 raise pytest.fail.Exception(str(exc), pytrace=False) from None
             if self._preload_failure():  # found as its first world started
                 raise pytest.fail.Exception(self._preload_failure(), pytrace=False)
+        note = held.note
+        if explored is not None and explored.option:
+            option, note = f"{option} {explored.option}", explored.lines + note
         ran = after_run.Ran(
-            item, held.result, test.world, options, holder, option, held.note,
+            item, held.result, test.world, options, holder, option, note,
             held.failure, test, seconds=time.monotonic() - started, call=(ref, plan),
         )  # fmt: skip
         return ran, deadline
@@ -294,7 +307,9 @@ class DistSession:
         if self.launcher is not None:
             self.launcher.run_item(
                 item,
-                functools.partial(settings.for_test, self.settings, item, self.resolve_backend),
+                functools.partial(
+                    item_settings.for_test, self.settings, item, self.resolve_backend
+                ),
             )
         elif state.call is not None:
             kept, state.call = state.call, None
@@ -356,6 +371,11 @@ class _MarkedTest:
                 ending = world.call(end_scopes, (None,), options=options)
                 outcome = ending if ending.error is not None else outcome
         return replay.verdict_of(outcome), outcome
+
+
+def _outcome(outcome: Outcome) -> Outcome:
+    """A marked test's run is its outcome."""
+    return outcome
 
 
 def _log_settings(config: pytest.Config) -> LogSettings | None:

@@ -37,7 +37,7 @@ from harness.rank.sweep_body import RANK_ARGS, counted, verified
 if TYPE_CHECKING:
     from harness.controller.outcome import Outcome
     from harness.controller.world import World
-    from harness.plugin.settings import TestSettings
+    from harness.plugin.item_settings import TestSettings
 
 
 def resolve(metafunc: pytest.Metafunc, spec: MarkSpec, sweep: OpenSweep) -> list[Any]:

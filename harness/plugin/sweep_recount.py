@@ -31,7 +31,7 @@ from harness.protocol.traces import call_text
 if TYPE_CHECKING:
     import pytest
 
-    from harness.plugin.settings import TestSettings
+    from harness.plugin.item_settings import TestSettings
 
 _RUN_AGAIN = "this session's cases were made from the old count: run again for the new one"
 

@@ -12,6 +12,8 @@ It is shared by both sides, and imports only the stdlib.
   exception, or from how a process ended) and rendered for a reader
 * :mod:`~harness.protocol.traces`      the collectives a rank issued during a call, and how
   they read in a report
+* :mod:`~harness.protocol.schedules`   where a call's ranks are held back at collective
+  boundaries, what each hold did, a seed's holds
 * :mod:`~harness.protocol.devices`     the GPUs of a world's lease as each rank sees them, and
   which is its own
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.protocol.failures import RankFailure
+from harness.protocol.schedules import Schedule
 from harness.protocol.traces import Fingerprint, RankTrace
 
 STACKS_SIGNAL = signal.SIGUSR1
@@ -93,6 +94,8 @@ class CallOptions:
         restarts: How many restarts the run has (``TORCHELASTIC_MAX_RESTARTS``).
         keep_traces: Whether a call that succeeds also brings back every rank's whole trace
             (``Outcome.traces``; ``--dist-trace-all``), asked of the ranks after it.
+        schedule: Where the ranks fall behind at collective boundaries
+            (:mod:`harness.protocol.schedules`); None: nowhere, and nothing is counted.
     """
 
     timeout: float | None = None
@@ -104,6 +107,7 @@ class CallOptions:
     attempt: int = 0
     restarts: int = 0
     keep_traces: bool = False
+    schedule: Schedule | None = None
 
 
 @dataclass(frozen=True)

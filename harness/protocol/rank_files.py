@@ -14,6 +14,8 @@ One layout, written by the ranks and read by the controller, both through this m
                                     RankTrace; see harness.protocol.traces)
     <workdir>/rank<N>.exit          where rank N called os._exit: file:line, then its stack
     <workdir>/.coverage.rank<N>.*   rank N's coverage data, merged by the controller
+    <workdir>/progress              under a schedule, where each rank is in the call, read
+                                    by the others (written and read by the ranks alone)
 
 Files are used rather than pipes because they survive the process: the controller reads a
 rank's output and its last stacks after the rank was killed or crashed.
@@ -43,6 +45,12 @@ def rendezvous_path(workdir: str, number: int) -> str:
     The controller numbers them, so no two rendezvous of a generation share a file.
     """
     return os.path.join(workdir, f"rendezvous.{number}")
+
+
+def progress_path(workdir: str) -> str:
+    """The file where a generation's ranks tell each other how far they are in a call under
+    a schedule (:mod:`harness.rank.holds`)."""
+    return os.path.join(workdir, "progress")
 
 
 def coverage_data_file(workdir: str) -> str:

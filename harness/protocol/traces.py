@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from harness.protocol.failures import ranks_phrase
+from harness.protocol.schedules import Held
 
 # A collective's state (``Collective.state``).
 IN_FLIGHT = "in flight"  # entered, not returned: the rank is (or was, when it stopped) in it
@@ -239,12 +240,18 @@ class RankTrace:
             each, oldest first: ``"all_reduce float32[20] on pg 0, #5 (scheduled) at
             test_x.py:12"``; empty where torch's process-group hooks show them to the
             recording (torch >= 2.14) or the recorder is off.
+        held: Under a schedule, what the rank did at each of its holds so far
+            (:class:`~harness.protocol.schedules.Held`), in order.
+        boundaries: Under a schedule, how many collective boundaries the rank crossed
+            (0 without one).
     """
 
     recent: tuple[Collective, ...] = ()
     groups: dict[str, GroupHistory] = field(default_factory=dict)
     blocked_at: str = ""
     recorded: tuple[str, ...] = ()
+    held: tuple[Held, ...] = ()
+    boundaries: int = 0
 
     @property
     def in_flight(self) -> Collective | None:

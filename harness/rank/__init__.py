@@ -17,6 +17,7 @@ Everything here runs INSIDE a rank process, never in the controller.
 * :mod:`~harness.rank.recording`    the collectives a call issues, from every source (a package)
 * :mod:`~harness.rank.sites`        a collective's call site, a blocked thread's position
 * :mod:`~harness.rank.inject`       faults placed at collectives (``harness.faults``), acted out
+* :mod:`~harness.rank.holds`        a schedule's holds at collective boundaries, acted out
 * :mod:`~harness.rank.output`       where a call's stdout/stderr go (captured, prefixed)
 * :mod:`~harness.rank.logs`         a call's log records, for pytest's "Captured log" sections
 * :mod:`~harness.rank.pytest_body`  where a pytest test body runs
@@ -45,8 +46,9 @@ modules are preloaded into the forkserver, so none may touch CUDA at import time
 What a rank keeps lives on its :class:`~harness.rank.context.RankContext`, reached through
 :mod:`~harness.rank.current` by code that is handed no context: that is the rank side's
 module-level state. Besides it, modules keep only constants, caches of what does not change
-in a process, and :mod:`~harness.rank.recording.hooks`' own (the groups its hooks are on, the
-collectives between their two hooks, the warnings it gave once).
+in a process, :mod:`~harness.rank.recording.hooks`' own (the groups its hooks are on, the
+collectives between their two hooks, the warnings it gave once) and
+:mod:`~harness.rank.holds`' (the number of its calls with holds).
 """
 
 import os

@@ -47,6 +47,7 @@ from harness.rank import (
     coverage,
     current,
     exits,
+    holds,
     identity,
     inject,
     leaks,
@@ -208,7 +209,12 @@ def _run(ctx: RankContext, call: Call, redirection: output.Redirection | None) -
         return Failed(failure(exc, rank, context), time.monotonic())
     # After the output redirection started: its pumps and descriptors are the harness's.
     watch = leaks.Watch(enabled=call.check_leaks, own=ctx.setup.workdir, groups=ctx.setup.init)
-    recorder = recording.Recorder(inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit))
+    plan = inject.Plan(call.options.faults, ctx.rank, ctx.fire, ctx.exit)
+    schedule, setup = call.options.schedule, ctx.setup
+    held = None
+    if schedule is not None:
+        held = holds.Holds(schedule, rank, setup.world_size, setup.workdir)
+    recorder = recording.Recorder(plan, held)
     running = Running(recorder, watch)
     try:
         # The call's warning filters end with it; so do the watch on its threads, the

@@ -17,9 +17,9 @@ from harness.errors import RankError
 from harness.faults import kill
 from harness.plugin import after_run, item_state, session
 from harness.plugin.interrupts import Deadline
+from harness.plugin.item_settings import TestSettings, WorldShape
 from harness.plugin.leases import Holder
 from harness.plugin.marker import CleanRun, check_verify
-from harness.plugin.settings import TestSettings, WorldShape
 from harness.plugin.sweep_summary import CASE
 from harness.protocol.failures import RankFailure
 from harness.protocol.messages import OUTPUT_CAPTURE, CallOptions, Skipped

@@ -11,14 +11,14 @@ from test_unit_settings import FakeConfig, FakeItem
 
 from harness import compat
 from harness.controller import backends
-from harness.plugin import gpu_needs, settings
+from harness.plugin import gpu_needs, item_settings, settings
 from harness.plugin.gpu_needs import GpuNeed
 from harness.plugin.settings import Settings
 
 
-def _test(session: Settings | None = None, **kwargs: Any) -> settings.TestSettings:
+def _test(session: Settings | None = None, **kwargs: Any) -> item_settings.TestSettings:
     mark = pytest.mark.distributed(**kwargs).mark
-    return settings.for_test(session or Settings(), FakeItem(mark))
+    return item_settings.for_test(session or Settings(), FakeItem(mark))
 
 
 def _fails(**kwargs: Any) -> str:

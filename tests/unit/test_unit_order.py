@@ -20,9 +20,10 @@ from harness.controller.outcome import Outcome
 from harness.errors import OrderDependenceWarning, RankError
 from harness.faults import kill
 from harness.plugin import order, replay, report, runner
+from harness.plugin.item_settings import WorldShape
 from harness.plugin.leases import Holder
 from harness.plugin.replay import FAILED, PASSED, SKIPPED
-from harness.plugin.settings import Settings, WorldShape
+from harness.plugin.settings import Settings
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions, Skipped
 
 ROOT = Path("/proj")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from harness import faults
-from harness.plugin import marker, settings
+from harness.plugin import item_settings, marker, settings
 from harness.plugin.marker import BACKEND_PARAM, FAULT_PARAM, WORLD_SIZE_PARAM, MarkSpec
 from harness.plugin.settings import Settings
 from harness.protocol.messages import OUTPUT_CAPTURE, OUTPUT_PREFIX, CallOptions
@@ -70,7 +70,7 @@ def _other(name: str, *args: Any, **kwargs: Any) -> Any:
 
 
 def _test(*args: Any, session: Settings | None = None, **kwargs: Any) -> Any:
-    return settings.for_test(session or Settings(), FakeItem(_mark(*args, **kwargs)))
+    return item_settings.for_test(session or Settings(), FakeItem(_mark(*args, **kwargs)))
 
 
 def _fails(*args: Any, **kwargs: Any) -> str:
@@ -258,7 +258,7 @@ def test_a_tests_call_is_named_after_it_and_seeded_from_its_id() -> None:
     assert first.seed == zlib.crc32(b"tests/test_x.py::test_a")
     other = FakeItem(_mark())
     other.nodeid = "tests/test_x.py::test_b"
-    assert settings.for_test(Settings(), other).call.seed != first.seed
+    assert item_settings.for_test(Settings(), other).call.seed != first.seed
     assert _test().call == first  # the same numbers, whatever ran before
 
 
@@ -329,14 +329,14 @@ def test_a_parametrized_case_takes_its_world_size_backend_and_fault() -> None:
         _mark([2, 4], backend=["gloo", "auto"], faults=sweep),
         params={WORLD_SIZE_PARAM: 4, BACKEND_PARAM: "auto", FAULT_PARAM: fault},
     )
-    test = settings.for_test(Settings(backend="nccl"), item)
+    test = item_settings.for_test(Settings(backend="nccl"), item)
     assert (test.world_size, test.backend, test.call.faults) == (4, "nccl", (fault,))
 
 
 def test_the_closest_marker_is_used_and_looked_up_once() -> None:
     item = FakeItem(_mark(3), _mark(2, timeout=9))
-    first = settings.for_test(Settings(), item)
-    again = settings.for_test(Settings(), item)
+    first = item_settings.for_test(Settings(), item)
+    again = item_settings.for_test(Settings(), item)
     assert first.world_size == again.world_size == 3
     assert item.looked_up == 1
 
@@ -345,7 +345,7 @@ def test_a_marker_under_another_name_is_the_plugins() -> None:
     config = FakeConfig(dist_marker="multi")
     item = FakeItem(_mark(4), _other("multi", 3, init="no"), config=config)
     with pytest.raises(pytest.fail.Exception) as info:
-        settings.for_test(Settings(), item)
+        item_settings.for_test(Settings(), item)
     assert info.value.msg == "invalid @pytest.mark.multi: init must be True or False, not 'no'"
 
 
@@ -555,3 +555,86 @@ def test_an_unwritable_trace_dir_is_a_usage_error_naming_it(tmp_path: Any) -> No
     (tmp_path / "a-file").write_text("")
     found = _usage_error(_TraceConfig(tmp_path, dist_trace_dir="a-file/traces"))
     assert found.startswith(f"ini dist_trace_dir '{tmp_path / 'a-file' / 'traces'}' cannot be used")
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_schedules_are_the_markers_then_the_command_lines_then_the_ini_files() -> None:
+    assert _test().schedules == ()
+    assert _test(schedules=3).schedules == (1, 2, 3)
+    session = settings.read(FakeConfig({"dist_schedules": "5"}, dist_schedules="7"))
+    assert session.schedules == 5
+    assert settings.read(FakeConfig(dist_schedules=" 7 ")).schedules == 7
+    assert _test(session=session).schedules == (1, 2, 3, 4, 5)
+    assert _test(schedules=2, session=session).schedules == (1, 2)
+    # schedules=0 opts a test out of the session's schedules, and of its seed.
+    seeded = settings.read(FakeConfig({"dist_schedules": "5", "dist_schedule_seed": "9"}))
+    assert _test(schedules=0, session=seeded).schedules == ()
+
+
+def test_a_seed_runs_its_schedule_alone() -> None:
+    session = settings.read(FakeConfig({"dist_schedule_seed": "9"}))
+    assert session.schedule_seed == 9
+    assert _test(session=session).schedules == (9,)
+    assert _test(schedules=50, session=session).schedules == (9,)
+    assert _test(schedules=50, schedule_seed=4, session=session).schedules == (4,)
+
+
+def test_the_longest_hold_is_the_markers_then_the_command_lines_then_the_ini_files() -> None:
+    assert _test().schedule_delay == 1.0
+    config = FakeConfig({"dist_schedule_delay": "0.5"}, dist_schedule_delay="2")
+    session = settings.read(config)
+    assert session.schedule_delay == 0.5
+    assert settings.read(FakeConfig(dist_schedule_delay="2")).schedule_delay == 2.0
+    assert _test(schedule_delay=3, session=session).schedule_delay == 3.0
+
+
+def test_a_sweeps_clean_run_and_a_test_with_restarts_run_no_schedule() -> None:
+    session = settings.read(FakeConfig({"dist_schedules": "5"}))
+    item = FakeItem(_mark(), params={FAULT_PARAM: marker.CleanRun(1)})
+    assert item_settings.for_test(session, item).schedules == ()
+    assert _test(restarts=1, session=session).schedules == ()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"schedules": -1}, "schedules must be >= 0, got -1"),
+        ({"schedules": "many"}, "schedules must be an int >= 0, not 'many'"),
+        ({"schedules": 2.5}, "schedules must be an int >= 0, not 2.5"),
+        ({"schedule_seed": "7"}, "schedule_seed must be an int >= 0 (a seed), not '7'"),
+        ({"schedule_seed": -2}, "schedule_seed must be an int >= 0 (a seed), got -2"),
+        ({"schedule_delay": 0}, "schedule_delay must be a positive number of seconds, got 0"),
+        ({"schedule_delay": "1s"}, "got '1s'"),
+        ({"schedules": 3, "restarts": 1}, "schedules and restarts do not combine"),
+    ],
+)
+def test_a_bad_schedule_argument_fails_the_test_naming_it(
+    kwargs: dict[str, Any], message: str
+) -> None:
+    assert message in _fails(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("options", "ini", "message"),
+    [
+        ({"dist_schedules": "lots"}, {}, "--dist-schedules must be an int >= 0, not 'lots'"),
+        ({}, {"dist_schedules": "-3"}, "ini dist_schedules must be >= 0, got -3"),
+        (
+            {"dist_schedule_seed": "x"},
+            {},
+            "--dist-schedule-seed must be an int >= 0 (a seed), not 'x'",
+        ),
+        (
+            {"dist_schedule_delay": "-1"},
+            {},
+            "--dist-schedule-delay must be a positive number of seconds, got '-1'",
+        ),
+        ({}, {"dist_schedule_delay": "nan"}, "ini dist_schedule_delay must be a positive"),
+    ],
+)
+def test_a_bad_schedule_option_is_a_usage_error_naming_it(
+    options: dict[str, Any], ini: dict[str, Any], message: str
+) -> None:
+    assert message in _usage_error(FakeConfig(options, **ini))

@@ -222,6 +222,8 @@ def _pre(group: Any, args: Any) -> None:
     except Exception as exc:
         _warn(args, exc)
         return
+    if recorder.holds is not None:
+        recorder.holds.before(record)
     if placed is not None:
         _act(recorder, record, placed, list(args.input_tensors or args.output_tensors))
 
@@ -232,6 +234,8 @@ def _raised(recorder: Recorder, record: Record) -> None:
         record.work = None
         failed(record)
         recorder.raised = True
+        if recorder.holds is not None:
+            recorder.holds.raised(record)
 
 
 def _post(group: Any, args: Any) -> None:
@@ -252,10 +256,11 @@ def _post(group: Any, args: Any) -> None:
     except Exception as exc:
         record.work = None
         _warn(args, exc)
-    if placed is not None:
-        recorder = current()
-        if recorder is not None:
-            _act(recorder, record, placed, [], work)
+    recorder = current()
+    if recorder is not None and recorder.holds is not None:
+        recorder.holds.after(record, work)
+    if placed is not None and recorder is not None:
+        _act(recorder, record, placed, [], work)
 
 
 def note_below(

@@ -64,6 +64,7 @@ from harness.rank.recording.records import Awaited, Group, Record, failed, retur
 
 if TYPE_CHECKING:
     from harness.faults import Fault
+    from harness.rank.holds import Holds
 
 RECENT = 16
 """How many of the last records a trace keeps with their state."""
@@ -83,12 +84,14 @@ class Recorder:
         busy: The threads inside a recorded collective: what they call from there is torch's.
         raised: Whether a recorded collective raised (and the call went on: ``Done.reusable``).
         plan: The faults placed at this call's collectives on this rank (None: none).
+        holds: The call's boundaries under its schedule (None: it has none).
     """
 
-    def __init__(self, plan: inject.Plan | None = None) -> None:
+    def __init__(self, plan: inject.Plan | None = None, holds: Holds | None = None) -> None:
         self.busy: set[int] = set()
         self.raised = False
         self.plan = plan or None
+        self.holds = holds
         self._started_ns = 0  # on the wall clock, as torch's flight recorder dates entries
         self._groups: dict[Any, Any] = {}  # a group's handle -> its Group (or _NOT_MEMBER)
         self._ended: list[Group] | None = None  # the call's groups, once the block ended
@@ -110,6 +113,8 @@ class Recorder:
         for group in self._ended:
             group.handle = None
         self._groups.clear()
+        if self.holds is not None:
+            self.holds.finish()
 
     def _records(self) -> list[Group]:
         if self._ended is not None:
@@ -125,13 +130,16 @@ class Recorder:
         seen = {(r.op.name, r.place) for r in records}
         count = sum(group.count for group in self._records())
         recorded = flight_recorder.recorded(self._started_ns, count, seen)
-        if not records and not recorded:
+        holds = self.holds
+        held = holds.holding() if holds is not None else ()
+        if not records and not recorded and not held:
             return EMPTY
         recent = tuple(
             Collective(r.group.id, r.seq, r.op, *r.place, r.state_now()) for r in records
         )
         groups = {g.id: g.history() for g in self._records() if g.count}
-        return RankTrace(recent, groups, recorded=recorded)
+        crossed = holds.crossed if holds is not None else 0
+        return RankTrace(recent, groups, recorded=recorded, held=held, boundaries=crossed)
 
     def fingerprint(self) -> Fingerprint:
         """Per group, what the desync check compares (sent after every passing call)."""
@@ -197,6 +205,9 @@ class Recorder:
             record = None  # never let recording break the user's call (a bad argument)
         if record is None:
             return fn(*args, **kwargs)
+        holds = self.holds
+        if holds is not None:
+            holds.before(record)
         placed = self.plan.take(record) if self.plan else None
         if placed is not None and not placed[1].enters:
             # The trace then shows what the rank did: it stopped after the one before.
@@ -211,12 +222,16 @@ class Recorder:
         except BaseException:
             failed(record)
             self.raised = True
+            if holds is not None:
+                holds.raised(record)
             raise
         finally:
             self.busy.discard(thread)
         returned(record, _ended(result))
         if waited is not None:
             record.work = waited(result)
+        if holds is not None:
+            holds.after(record, result)
         return result
 
     def _faulted(
