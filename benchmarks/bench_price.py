@@ -462,6 +462,14 @@ def main(argv: list[str] | None = None) -> int:
         + (f", REV {args.rev} = {revs['REV']}" if args.rev else "")
     )
     print("\n".join(lines))
+    busiest = max(load[0], os.getloadavg()[0])
+    if busiest > (os.cpu_count() or 1):
+        print(
+            f"\nCAUTION: load average {busiest:.1f} on {os.cpu_count()} CPUs: other processes "
+            "shared the CPUs with every child, so the wall figures (and the verdicts) say "
+            "more about them than about the harness; the CPU column is the steadier one. "
+            "Rerun on a quiet machine."
+        )
     return 0
 
 
