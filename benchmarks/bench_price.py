@@ -194,19 +194,13 @@ def percentile(values: list[float], pct: int) -> float:
 
 def revision(tree: Path) -> str:
     """``tree``'s commit, ``+`` where its working tree differs from it."""
-    head = subprocess.run(
-        ["git", "-C", str(tree), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout.strip()
-    return (head or "?") + ("+" if dirty else "")
+
+    def git(*argv: str) -> str:
+        run = subprocess.run(["git", "-C", str(tree), *argv], capture_output=True, text=True)
+        return run.stdout.strip()
+
+    dirty = git("status", "--porcelain", "--untracked-files=no")
+    return (git("rev-parse", "--short", "HEAD") or "?") + ("+" if dirty else "")
 
 
 def write_project(project: Path, tests: int, sizes: set[int]) -> None:
