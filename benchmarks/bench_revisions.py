@@ -41,13 +41,17 @@ the rounds' differences. Use an even ``--rounds``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+import workload as wl
 
 WARM_TESTS = 200
 CHILD_TIMEOUT_S = 900.0
@@ -73,29 +77,12 @@ import os
 import time
 
 import harness
+from workload import tree_cpu
 
 WARM = int(os.environ["BENCH_WARM"])
 LAST = int(os.environ["BENCH_TESTS"])
-TICK = os.sysconf("SC_CLK_TCK")
 _marks = []
 _started = 0
-
-
-def _tree_cpu():
-    """CPU seconds of this process and all its descendants alive now."""
-    total, pending = 0.0, [os.getpid()]
-    while pending:
-        pid = pending.pop()
-        try:
-            with open(f"/proc/{pid}/stat") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / TICK  # utime, stime
-            for task in os.listdir(f"/proc/{pid}/task"):
-                with open(f"/proc/{pid}/task/{task}/children") as handle:
-                    pending += map(int, handle.read().split())
-        except OSError:
-            pass  # gone meanwhile
-    return total
 
 
 def _wait_for_peers():
@@ -117,7 +104,7 @@ def pytest_runtest_logstart(nodeid, location):
         _wait_for_peers()
     # The last test's start is the end mark: the ranks are gone by the session's end.
     if _started in (WARM + 1, LAST):
-        _marks.append((time.perf_counter(), _tree_cpu()))
+        _marks.append((time.perf_counter(), tree_cpu()))
 
 
 def pytest_sessionfinish(session):
@@ -129,6 +116,38 @@ def pytest_sessionfinish(session):
 '''
 
 
+@contextlib.contextmanager
+def checked_out(rev: str, where: Path) -> Iterator[Path]:
+    """``rev`` checked out into a temporary git worktree under ``where``, removed at the end."""
+    tree = where / "rev"
+    subprocess.run(
+        ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), rev],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield tree
+    finally:
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+            check=False,
+            capture_output=True,
+        )
+
+
+def tree_env(tree: Path, env: dict[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with ``tree``'s harness first on ``PYTHONPATH``."""
+    env = dict(os.environ if env is None else env)
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
+    return env
+
+
+def check_tree(tree: Path, imported: str) -> None:
+    """Exit, saying so, where a child meant to run ``tree``'s harness imported ``imported``."""
+    if not imported.startswith(str(tree) + os.sep):
+        sys.exit(f"the child on {tree} imported {imported}: is an install shadowing it?")
+
+
 def start_child(
     tree: Path, project: Path, key: str, tests: int, world_size: int, ready: Path | None
 ) -> tuple[subprocess.Popen[str], Path]:
@@ -137,9 +156,8 @@ def start_child(
     result = project / f"result-{key}.json"
     result.unlink(missing_ok=True)
     env = {
-        **os.environ,
+        **tree_env(tree, wl.child_env()),
         **({"BENCH_READY_DIR": str(ready), "BENCH_PEERS": "2"} if ready else {}),
-        "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
         "BENCH_TESTS": str(WARM_TESTS + tests),
         "BENCH_WARM": str(WARM_TESTS),
         "BENCH_WORLD_SIZE": str(world_size),
@@ -163,8 +181,7 @@ def finish_child(tree: Path, proc: subprocess.Popen[str], result: Path) -> dict[
     if proc.returncode != 0 or not result.exists():
         sys.exit(f"pytest on {tree} failed (exit {proc.returncode}):\n{output}")
     found = json.loads(result.read_text())
-    if not found["harness"].startswith(str(tree) + os.sep):
-        sys.exit(f"the child on {tree} imported {found['harness']}: is an install shadowing it?")
+    check_tree(tree, found["harness"])
     return {"wall": found["wall"], "cpu": found["cpu"]}
 
 
@@ -201,67 +218,55 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})  # children inherit
-    with tempfile.TemporaryDirectory(prefix="bench_revisions_") as tmp:
-        base = Path(tmp) / "rev"
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.rev],
-            check=True,
-            capture_output=True,
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_revisions_") as tmp,
+        checked_out(args.rev, Path(tmp)) as base,
+    ):
+        project = Path(tmp) / "project"
+        project.mkdir()
+        fixtures = ", ".join(filter(None, args.fixtures.split(",")))
+        (project / "test_empty.py").write_text(
+            TEST_FILE.replace(", {fixtures}", f", {fixtures}" if fixtures else "")
         )
-        try:
-            project = Path(tmp) / "project"
-            project.mkdir()
-            fixtures = ", ".join(filter(None, args.fixtures.split(",")))
-            (project / "test_empty.py").write_text(
-                TEST_FILE.replace(", {fixtures}", f", {fixtures}" if fixtures else "")
-            )
-            (project / "conftest.py").write_text(CONFTEST)
-            (project / "pytest.ini").write_text("[pytest]\n")
-            runs: dict[str, dict[str, list[float]]] = {
-                "rev": {"wall": [], "cpu": []},
-                "tree": {"wall": [], "cpu": []},
-            }
-            for round_ in range(args.rounds):
-                order = [("rev", base), ("tree", ROOT)]
-                pending: dict[str, tuple[Path, subprocess.Popen[str], Path]] = {}
-                results: dict[str, dict[str, float]] = {}
-                ready = None
+        (project / "conftest.py").write_text(CONFTEST)
+        (project / "pytest.ini").write_text("[pytest]\n")
+        runs: dict[str, dict[str, list[float]]] = {
+            "rev": {"wall": [], "cpu": []},
+            "tree": {"wall": [], "cpu": []},
+        }
+        for round_ in range(args.rounds):
+            order = [("rev", base), ("tree", ROOT)]
+            pending: dict[str, tuple[Path, subprocess.Popen[str], Path]] = {}
+            results: dict[str, dict[str, float]] = {}
+            ready = None
+            if args.together:
+                ready = Path(tmp) / f"ready-{round_}"
+                ready.mkdir()
+            for key, tree in order if round_ % 2 == 0 else order[::-1]:
+                proc, result = start_child(tree, project, key, args.tests, args.world_size, ready)
                 if args.together:
-                    ready = Path(tmp) / f"ready-{round_}"
-                    ready.mkdir()
-                for key, tree in order if round_ % 2 == 0 else order[::-1]:
-                    proc, result = start_child(
-                        tree, project, key, args.tests, args.world_size, ready
-                    )
-                    if args.together:
-                        pending[key] = (tree, proc, result)
-                    else:
-                        results[key] = finish_child(tree, proc, result)
-                for key, (tree, proc, result) in pending.items():
+                    pending[key] = (tree, proc, result)
+                else:
                     results[key] = finish_child(tree, proc, result)
-                for key, found in results.items():
-                    for figure, value in found.items():
-                        runs[key][figure].append(value)
-                print(
-                    f"round {round_ + 1}: wall REV {runs['rev']['wall'][-1] * 1e3:.3f} ms, "
-                    f"this tree {runs['tree']['wall'][-1] * 1e3:.3f} ms; CPU REV "
-                    f"{runs['rev']['cpu'][-1] * 1e3:.3f} ms, this tree "
-                    f"{runs['tree']['cpu'][-1] * 1e3:.3f} ms",
-                    flush=True,
-                )
-            shape = f"{args.world_size} ranks, {args.tests} timed tests per child"
-            shape += f", fixtures: {fixtures}" if fixtures else ""
-            shape += f", on CPUs {args.cpus}" if args.cpus else ""
-            shape += ", both children at once" if args.together else ""
-            print(f"REV = {args.rev}; {shape}")
-            for figure in ("wall", "cpu"):
-                print(summary(f"{figure} per test", runs["rev"][figure], runs["tree"][figure]))
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)],
-                check=False,
-                capture_output=True,
+            for key, (tree, proc, result) in pending.items():
+                results[key] = finish_child(tree, proc, result)
+            for key, found in results.items():
+                for figure, value in found.items():
+                    runs[key][figure].append(value)
+            print(
+                f"round {round_ + 1}: wall REV {runs['rev']['wall'][-1] * 1e3:.3f} ms, "
+                f"this tree {runs['tree']['wall'][-1] * 1e3:.3f} ms; CPU REV "
+                f"{runs['rev']['cpu'][-1] * 1e3:.3f} ms, this tree "
+                f"{runs['tree']['cpu'][-1] * 1e3:.3f} ms",
+                flush=True,
             )
+        shape = f"{args.world_size} ranks, {args.tests} timed tests per child"
+        shape += f", fixtures: {fixtures}" if fixtures else ""
+        shape += f", on CPUs {args.cpus}" if args.cpus else ""
+        shape += ", both children at once" if args.together else ""
+        print(f"REV = {args.rev}; {shape}")
+        for figure in ("wall", "cpu"):
+            print(summary(f"{figure} per test", runs["rev"][figure], runs["tree"][figure]))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
 def all_reduce_barrier() -> float:
@@ -57,6 +58,40 @@ def workload_loop(times: int) -> None:
     """The workload ``times`` times in a row inside one call: the floor a call is set against."""
     for _ in range(times):
         all_reduce_barrier()
+
+
+def small_all_reduce(rank: int) -> None:
+    """The body of a typical small test: an all_reduce of 4 elements, told its rank."""
+    tensor = torch.ones(4) * (rank + 1)
+    dist.all_reduce(tensor)
+
+
+def small_all_reduce_here() -> None:
+    """:func:`small_all_reduce` as a ``World.run`` body (its rank read from the group)."""
+    small_all_reduce(dist.get_rank())
+
+
+def small_loop(times: int) -> None:
+    """:func:`small_all_reduce_here` ``times`` times in a row inside one call: its floor."""
+    for _ in range(times):
+        small_all_reduce_here()
+
+
+def tree_cpu() -> float:
+    """CPU seconds of this process and all its descendants alive now (Linux: ``/proc``)."""
+    total, pending = 0.0, [os.getpid()]
+    while pending:
+        pid = pending.pop()
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / _TICK  # utime, stime
+            for task in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{task}/children", encoding="ascii") as handle:
+                    pending += map(int, handle.read().split())
+        except OSError:
+            pass  # gone meanwhile
+    return total
 
 
 def memory_mib(pid: int | str = "self") -> tuple[float, float]:

@@ -224,8 +224,10 @@ def split(item: pytest.Function) -> None:
     item.fixturenames = [
         n for n in item.fixturenames if n not in rank_names or n == _SHARED_FACTORY
     ]
+    # A built-in's arguments are pytest's, not the rank's (builtin_fixtures makes its value):
+    # `rank` alone asks for no request, nor the ranks' view of the config it carries.
     side.wants_request = "request" in argnames or any(
-        "request" in fixturedef.argnames for fixturedef in side.fixtures
+        "request" in fixturedef.argnames for fixturedef in side.fixtures if not _builtin(fixturedef)
     )
     item.stash[_SIDE] = side
 
@@ -267,7 +269,9 @@ def plan(item: pytest.Function, logs: LogSettings | None = None) -> FixturePlan:
             scope_key=scope_node(item, str(fixturedef.scope))[0],
             function=_function_ref(fixturedef),
             builtin=None if _function_ref(fixturedef) is not None else fixturedef.argname,
-            args=tuple((arg, source(arg, fixturedef)) for arg in fixturedef.argnames),
+            args=()
+            if _builtin(fixturedef)
+            else tuple((arg, source(arg, fixturedef)) for arg in fixturedef.argnames),
             param=params.get(fixturedef.argname),
             has_param=fixturedef.argname in params and fixturedef.params is not None,
         )
