@@ -145,9 +145,9 @@ class WorldHang(WorldTimeout):
 
     The ranks' collectives prove it, before the timeout: nothing timed out, and waiting
     longer would not help. Ranks wait in a collective that a peer never joins (it returned
-    from the call, or died, after fewer collectives on that group), or every member of a group
-    waits in collective #N and they called different collectives there (another op, reduce op,
-    root, shape or dtype; with the desync check on). The ranks were then killed.
+    from the call, or died, after fewer collectives on that group). The ranks were then
+    killed. Ranks that called different collectives are a :class:`CollectiveMismatch`
+    instead, whether they hang in them or not.
 
     A subclass of :class:`WorldTimeout`, so that ``except WorldTimeout`` catches both ways
     a run can hang; ``timeout`` is None. ``verdicts`` say which collective cannot complete,
@@ -192,11 +192,15 @@ class RankLeak(DistributedError):
 class CollectiveMismatch(DistributedError):
     """The ranks' collectives did not match.
 
-    The call returned on every rank. This is the desync check, on by default;
-    ``check_collectives=False`` turns it off. It finds a collective with another op, reduce
-    op, root, shape or dtype on some ranks, or more collectives on some ranks than on others.
-    Nothing hung, but the results may be wrong: Gloo completes ``all_reduce(SUM)`` on one rank
-    against ``all_reduce(MAX)`` on another.
+    This is the desync check, on by default; ``check_collectives=False`` turns it off. When
+    the call returned on every rank, it finds a collective with another op, reduce op, root,
+    shape or dtype on some ranks, or more collectives on some ranks than on others: nothing
+    hung, but the results may be wrong (Gloo completes ``all_reduce(SUM)`` on one rank against
+    ``all_reduce(MAX)`` on another). When ranks were still running as the call was ended (at
+    the deadline, or early once their collectives proved it could not pass) and no rank
+    raised, a collective that differs is the error too: it is the root cause, whether the
+    backend completed it or hangs in it. Those ranks were then killed; ``failures`` holds
+    their stacks.
 
     ``summary`` names the first finding, ``verdicts`` holds them all, ``collectives`` each
     rank's trace; there is no traceback (no rank raised).

@@ -1,7 +1,10 @@
 """Finding hangs that can never end while a call runs.
 
 The ranks' traces are asked for once a call has run :data:`FIRST_PROBE_S`, then every
-:data:`PROBE_EVERY_S`, and judged by :func:`verdicts.can_never_finish`.
+:data:`PROBE_EVERY_S`, and judged by :func:`verdicts.can_never_finish`. What ends a call
+early is the proof, not its verdict: with the desync check on, ranks inside collectives that
+differ are a mismatch, reported as one (:mod:`~harness.controller.classify`) as it would be
+had the backend completed them or the deadline come first.
 
 A call that returns sooner costs nothing. The request is answered by each rank's watchdog
 thread (as at a deadline), and read back without blocking: the supervisor keeps reading
@@ -38,7 +41,7 @@ _READ_EVERY_S = 0.01
 
 class HangWatch:
     """Ask the silent or returned ranks for their traces, round after round, and say when one
-    round proves the call can never finish.
+    round proves the call can never finish, or never pass.
 
     A rank that an injected ``hang`` fault holds is judged as one that ended where the fault
     acted: it never issues another collective. So is one that returned after an injected

@@ -64,6 +64,11 @@ def _ending(seen: Evidence) -> Callable[[Evidence], Classified]:
         return _crashed if isinstance(seen.replies[first], Died) else _raised
     if skipped:
         return _skipped_on_some
+    # Ranks still silent. A collective that differs is the root cause, whether the backend
+    # completes it (then the desync check finds it) or hangs in it, and whether the hang
+    # was proven before the deadline: the verdict must not depend on which came first.
+    if seen.check_collectives and _first_mismatch(seen) is not None:
+        return _mismatched
     return _hung if seen.certain else _timed_out
 
 
@@ -178,14 +183,30 @@ def _skipped_on_some(seen: Evidence) -> Classified:
     return _failed(seen, RankError(summary, failures))
 
 
+def _mismatched(seen: Evidence) -> Classified:
+    """Ranks were still silent when the wait stopped (at the deadline, or once their traces
+    proved the call could not pass), and the ranks' collectives differ: that mismatch."""
+    found = _first_mismatch(seen)
+    assert found is not None
+    silent = _silent(seen)
+    if seen.certain:
+        what = "stopped: the ranks' collectives differ"
+        stopped = f"the run was stopped with {ranks_phrase(silent)} still running"
+        stacks = "their stacks follow"
+    else:
+        what = "still running" + (f" after {seen.timeout:g} s" if seen.timeout is not None else "")
+        stopped, stacks = f"{ranks_phrase(silent)} {what}", "their stacks at the deadline follow"
+    summary = (
+        f"the ranks' collectives do not match: {found.text}; {stopped} ({stacks}; the ranks "
+        f"were then killed){_by_faults(seen)}"
+    )
+    return _failed(seen, CollectiveMismatch(summary, _still_running(seen, what)))
+
+
 def _hung(seen: Evidence) -> Classified:
     """The ranks' traces proved that the silent ranks' collectives can never complete."""
     silent = _silent(seen)
-    what = "blocked in a collective that can never complete"
-    failures = {
-        rank: RankFailure.still_running(rank, what, seen.stacks[rank], "WorldHang")
-        for rank in silent
-    }
+    failures = _still_running(seen, "blocked in a collective that can never complete", "WorldHang")
     waits = "waits in a collective that" if len(silent) == 1 else "wait in collectives that"
     summary = (
         f"the run can never finish: {ranks_phrase(silent)} {waits} cannot complete "
@@ -200,9 +221,7 @@ def _timed_out(seen: Evidence) -> Classified:
     bound = f" within {timeout:g} s" if timeout is not None else ""
     what = f"still running after {timeout:g} s" if timeout is not None else "still running"
     silent = _silent(seen)
-    failures = {
-        rank: RankFailure.still_running(rank, what, seen.stacks.get(rank, "")) for rank in silent
-    }
+    failures = _still_running(seen, what)
     after = ""
     if seen.fired:
         rank, first = _fired_in_order(seen)[0]
@@ -314,6 +333,16 @@ def _silent(seen: Evidence) -> list[int]:
     return [rank for rank in range(seen.world_size) if rank not in seen.replies]
 
 
+def _still_running(
+    seen: Evidence, what: str, error: str = "WorldTimeout"
+) -> dict[int, RankFailure]:
+    """The failure of each rank silent when the wait stopped: ``what`` it was doing, its stack."""
+    return {
+        rank: RankFailure.still_running(rank, what, seen.stacks.get(rank, ""), error)
+        for rank in _silent(seen)
+    }
+
+
 def _every_stack(seen: Evidence) -> dict[int, str]:
     """Every rank's stack ('' where none was taken), by rank."""
     return {rank: seen.stacks.get(rank, "") for rank in range(seen.world_size)}
@@ -352,16 +381,30 @@ def _of(seen: Evidence, kind: type[_Kind]) -> dict[int, _Kind]:
 
 def _add_collectives(error: DistributedError, seen: Evidence) -> None:
     """Give a failed call's error each rank's collectives and the verdicts on them."""
-    traces: dict[int, RankTrace | None] = {}
-    states: dict[int, str] = {}
-    for rank in range(seen.world_size):
-        traces[rank], states[rank] = _trace_and_state(rank, seen)
+    traces, states = _traces_and_states(seen)
     if not any(trace is not None and trace.recent for trace in traces.values()):
         return  # the call issued no collective: nothing to show
     error.collectives = traces
     found = _verdicts(traces, states, seen.world_size)
     error.verdicts = [mark.text for mark in found]
     error.marks = [(mark.group, mark.seq, mark.kind) for mark in found]
+
+
+def _first_mismatch(seen: Evidence) -> verdicts.Finding | None:
+    """The first collective that differs between the ranks, compared as the desync check
+    compares them (before a collective that raised); None where they agree."""
+    traces, states = _traces_and_states(seen)
+    found = _verdicts(traces, states, seen.world_size, until_raised=True)
+    return next((finding for finding in found if finding.kind == verdicts.MISMATCH), None)
+
+
+def _traces_and_states(seen: Evidence) -> tuple[dict[int, RankTrace | None], dict[int, str]]:
+    """Each rank's trace of the failed call, and where it stood, by rank."""
+    traces: dict[int, RankTrace | None] = {}
+    states: dict[int, str] = {}
+    for rank in range(seen.world_size):
+        traces[rank], states[rank] = _trace_and_state(rank, seen)
+    return traces, states
 
 
 def _trace_and_state(rank: int, seen: Evidence) -> tuple[RankTrace | None, str]:

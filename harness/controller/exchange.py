@@ -107,7 +107,7 @@ def _send(ranks: list[RankProcess], message: Call | Regroup | None) -> None:
 
 def _wait(ranks: list[RankProcess], timeout: float | None, options: CallOptions | None) -> _Waited:
     """Wait for every rank's reply (or death) within ``timeout``; a call's wait also ends
-    once the ranks' traces prove it can never finish."""
+    once the ranks' traces prove it can never finish, or never pass."""
     deadline = time.monotonic() + timeout if timeout is not None else None
     fired: dict[int, Fired] = {}
     watch = None

@@ -68,7 +68,8 @@ def run(
         WorldTimeout: The run did not finish in time.
         WorldHang: Its collectives can never complete.
         RankCrash: A rank process died during the run.
-        CollectiveMismatch: Every rank returned, but their collectives differ.
+        CollectiveMismatch: Every rank returned, or was stopped, and their collectives
+            differ.
         FaultNotFired: A fault never acted.
         DistributedError: Something could not be pickled, or a rank did not start.
         TypeError: An argument of the wrong type (``world_size``, ``args``, ``init``,

@@ -67,7 +67,7 @@ class Evidence:
         faults: The call's faults.
         fired: What each rank said as its fault acted, by rank.
         stopped: ``time.monotonic()`` when the wait ended.
-        certain: The ranks' traces proved the call can never finish.
+        certain: The ranks' traces proved the call can never finish, or never pass.
     """
 
     replies: Mapping[int, Reply]

@@ -125,14 +125,15 @@ def can_never_finish(
     desync_check: bool = True,
     deadline: float | None = None,
 ) -> bool:
-    """Whether the traces prove a running call can never finish.
+    """Whether the traces prove a running call can never finish, or never pass.
 
     They prove it when, on some group,
 
     * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
       another member is inside: it never issues that one;
     * or every member is inside collective #N and their ops (op, reduce op, root, shapes,
-      dtypes) differ;
+      dtypes) differ: the call cannot pass, whether or not the backend completes them, and
+      is reported as that mismatch (:mod:`~harness.controller.classify`);
 
     unless the waiting collectives raise by themselves first: a ``monitored_barrier``, or
     any collective of a group whose own timeout is shorter than the call's ``deadline``

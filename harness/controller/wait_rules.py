@@ -11,7 +11,7 @@ its fixtures' teardown (``Failing``): that is the rank's ``Failed`` from then on
 the body failed, also when it is torn down before it answers. A rank whose injected fault
 ended it (``Fired.ends``) is waited for no longer. With a watch
 (:class:`~harness.controller.certain.HangWatch`), the wait also ends once the ranks' traces
-prove the call can never finish.
+prove the call can never finish, or never pass.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SKIP_GRACE_S = 2.0
 DEADLINE = "deadline"
 """Why the wait stopped: the deadline passed."""
 CERTAIN = "certain"
-"""Why the wait stopped: the ranks' traces prove the call can never finish."""
+"""Why the wait stopped: the ranks' traces prove the call can never finish, or never pass."""
 
 
 class State(enum.Enum):

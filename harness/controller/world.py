@@ -218,8 +218,8 @@ class World:
             args, kwargs: Arguments for ``fn``, pickled and sent to every rank.
             timeout: Bound in seconds for this run; None uses the World's timeout.
             check_collectives: Whether the ranks' collectives are compared after a call
-                that returned on every rank (the desync check; see
-                :class:`~harness.errors.CollectiveMismatch`).
+                that returned on every rank, or whose ranks were stopped, with none failed
+                (the desync check; see :class:`~harness.errors.CollectiveMismatch`).
             faults: Faults to inject (:mod:`harness.faults`), each at its rank's collective
                 ``#at``. A rank a fault kills, exits, hangs, or whose fault's error escapes
                 ``fn`` is no failure: its slot holds a :class:`~harness.faults.FaultFired`,
@@ -238,8 +238,9 @@ class World:
             WorldHang: The ranks' collectives can never complete (a ``WorldTimeout``
                 raised before the deadline); carries every rank's stack.
             RankCrash: A rank process died during the run.
-            CollectiveMismatch: Every rank returned, but their collectives differ; with
-                ``check_collectives=False`` the values are returned instead.
+            CollectiveMismatch: Every rank returned, or was stopped, and their
+                collectives differ; with ``check_collectives=False`` the values are
+                returned instead (or the run hangs, a ``WorldTimeout``).
             FaultNotFired: A fault never acted (its rank made fewer collectives).
             DistributedError: ``fn``, an argument or a return value could not be pickled,
                 or the world could not be rebuilt after an earlier failure.

@@ -1,4 +1,6 @@
-"""Hangs the ranks' collectives prove can never end fail early, with the deadline's report.
+"""Hangs the ranks' collectives prove can never end fail early, with the deadline's report
+(a ``WorldHang``; a ``CollectiveMismatch`` where the ranks' collectives differ, however the
+call ended).
 
 Each real run has a 600 s bound: that such a test passes at all shows the call ended early
 (no time is measured). A rank merely slow in Python code is never failed early: the test
@@ -8,6 +10,7 @@ lets it go on only after the supervisor has judged it, blocked peer and all.
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 from array import array
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ import pytest
 import harness
 from harness.controller import verdicts
 from harness.controller.certain import HangWatch
-from harness.controller.classify import classify
+from harness.controller.classify import classify, desync
 from harness.controller.outcome import Evidence
 from harness.protocol.messages import Done
 from harness.protocol.traces import (
@@ -54,34 +57,44 @@ def _early(world: harness.World, fn: Any, **kwargs: Any) -> harness.WorldHang:
     return error
 
 
-def test_every_member_in_a_collective_with_another_op_fails_early() -> None:
+def _stopped_mismatch(world: harness.World, fn: Any) -> harness.CollectiveMismatch:
+    with pytest.raises(harness.CollectiveMismatch) as info:
+        world.run(fn)
+    error = info.value
+    assert "; the run was stopped with " in error.summary, error.summary  # not the deadline
+    assert not error.hint  # no bound to change: waiting longer would not help
+    return error
+
+
+def test_every_member_in_a_collective_with_another_op_fails_early_as_a_mismatch() -> None:
     with harness.World(2, backend="gloo", timeout=LONG_S) as world:
-        error = _early(world, fns.all_reduce_against_broadcast)
-    assert error.summary == (
-        "the run can never finish: ranks 0, 1 wait in collectives that cannot complete "
-        "(their stacks follow; the ranks were then killed)"
-    )
-    assert error.verdicts == [
+        error = _stopped_mismatch(world, fns.all_reduce_against_broadcast)
+    verdict = (
         "collective #2 on the default group differs: "
         f"rank 0 all_reduce(SUM, float32[4]) at {fns.line_of('op-rank0')}; "
         f"rank 1 broadcast(src=0, float32[4]) at {fns.line_of('op-rank1')}"
-    ]
+    )
+    assert error.summary == (
+        f"the ranks' collectives do not match: {verdict}; the run was stopped with ranks 0, 1 "
+        "still running (their stacks follow; the ranks were then killed)"
+    )
+    assert error.verdicts == [verdict]
     # As at a deadline: each rank's stack where it blocks, then the collectives.
     text = str(error)
-    assert text.splitlines()[1] == error.verdicts[0]
     for rank, tag in ((0, "op-rank0"), (1, "op-rank1")):
         line = fns.line_of(tag).split(":")[1]
-        assert (
-            f'hangs_rankfns.py", line {line}, in all_reduce_against_broadcast'
-            in (error.stacks[rank])
+        assert f'hangs_rankfns.py", line {line}, in all_reduce_against_broadcast' in (
+            error.failures[rank].traceback
         )
     assert "---------- rank 1 ----------" in text
     assert "#2 broadcast(src=0, float32[4]) at" in text
     assert "[in flight]" in text
 
 
-def test_members_of_a_subgroup_with_other_roots_fail_early(world3: harness.World) -> None:
-    error = _early(world3, fns.roots_differ_in_a_subgroup)
+def test_members_of_a_subgroup_with_other_roots_fail_early_as_a_mismatch(
+    world3: harness.World,
+) -> None:
+    error = _stopped_mismatch(world3, fns.roots_differ_in_a_subgroup)
     where = fns.line_of("root")
     assert error.verdicts == [
         "collective #1 on the group of ranks 0, 1 differs: "
@@ -291,6 +304,66 @@ def test_classify_reports_a_certain_hang_as_the_deadline_would_with_its_own_summ
     late = classify(Evidence({}, 2, timeout=600.0, stacks=stacks)).error
     assert type(late) is harness.WorldTimeout
     assert late.timeout == 600.0
+
+
+_MAX = Op("all_reduce", "all_reduce(MAX, float32[4])", "all_reduce MAX float32[4]", "MAX")
+_SUM_MAX = "collective #1 on the default group differs: rank 0 all_reduce(SUM, float32[4]) at "
+
+
+def test_a_mismatch_is_the_verdict_however_the_call_ended() -> None:
+    # SUM against MAX: Gloo may complete it (the desync check sees it), or the ranks may be
+    # seen inside it first (the hang watch stops the call), or the deadline may come first.
+    # Which happens is timing; the verdict is the mismatch each time.
+    stacks = {0: "stack zero\n", 1: "stack one\n"}
+    inside = {0: _trace([_AR]), 1: _trace([_MAX])}
+    done = {0: _trace([_AR], COMPLETED), 1: _trace([_MAX], COMPLETED)}
+    returned = classify(
+        Evidence(dict.fromkeys(range(2), Done(pickle.dumps(None))), 2, timeout=600.0)
+    )
+    assert returned.values == [None, None]
+    ended = [
+        desync(replace(returned, suspect=True), done, 2).error,
+        classify(Evidence({}, 2, timeout=600.0, stacks=stacks, traces=inside, certain=True)).error,
+        classify(Evidence({}, 2, timeout=600.0, stacks=stacks, traces=inside)).error,
+    ]
+    for error in ended:
+        assert type(error) is harness.CollectiveMismatch
+        assert len(error.verdicts) == 1
+        assert error.verdicts[0].startswith(_SUM_MAX), error.verdicts
+        assert error.verdicts[0] in error.summary
+    stopped, late = ended[1:]
+    assert stopped.summary.endswith(
+        "; the run was stopped with ranks 0, 1 still running (their stacks follow; the ranks "
+        "were then killed)"
+    )
+    assert late.summary.endswith(
+        "; ranks 0, 1 still running after 600 s (their stacks at the deadline follow; the "
+        "ranks were then killed)"
+    )
+    assert {rank: f.traceback for rank, f in late.failures.items()} == stacks
+
+
+def test_a_returned_rank_after_a_mismatch_is_the_mismatch() -> None:
+    # Rank 1 returned after a SUM against MAX that completed; rank 0 is seen inside a
+    # collective that rank 1 never issues: proven, but the mismatch came first.
+    traces = {0: _trace([_AR, _AR]), 1: _trace([_MAX], COMPLETED)}
+    seen = Evidence({1: Done(b"")}, 2, timeout=600.0, traces=traces, certain=True)
+    error = classify(seen).error
+    assert type(error) is harness.CollectiveMismatch
+    assert error.summary.startswith(f"the ranks' collectives do not match: {_SUM_MAX}")
+    assert set(error.failures) == {0}
+
+
+def test_without_a_mismatch_or_the_desync_check_a_stopped_call_is_a_hang() -> None:
+    inside = {0: _trace([_AR]), 1: _trace([_MAX])}
+    # Without the desync check, the ops are not judged: the deadline's verdict.
+    seen = Evidence({}, 2, timeout=600.0, traces=inside, check_collectives=False)
+    assert type(classify(seen).error) is harness.WorldTimeout
+    # A collective that raised (a test may handle that on purpose) is no mismatch, nor is
+    # what follows it: the watch's proof stands.
+    raised = {0: _trace([_BC, _AR], raised=1), 1: _trace([_MAX, _AR])}
+    seen = Evidence({}, 2, timeout=600.0, traces=raised, certain=True)
+    assert type(classify(seen).error) is harness.WorldHang
 
 
 # ---------------------------------------------------------------- HangWatch rounds
