@@ -100,8 +100,11 @@ def pytest_sessionfinish(session):
         # unless they may be deselected.
         pytest.param("marked", ["--collect-only", "test_files.py"], id="named-collect-only"),
         pytest.param("marked", ["-k", "plain", "test_files.py::test_plain"], id="named-k"),
-        # xdist's controller runs no test (its worker does, and starts a server of its own).
-        pytest.param("marked", ["-n", "1", "test_files.py"], id="named-xdist-controller"),
+        # xdist's controller runs no test (its worker does, and starts a server of its own;
+        # the worker runs the plain test alone, as the controller's check needs no world).
+        pytest.param(
+            "marked", ["-n", "1", "test_files.py::test_plain"], id="named-xdist-controller"
+        ),
     ],
 )
 def test_no_distributed_test_selected_starts_nothing(
@@ -154,29 +157,20 @@ def test_distributed(rank):
 """
 
 
-@pytest.mark.parametrize(
-    ("args", "started"),
-    [
-        # A file named alone: test_pytest_does_not_rewrite_the_harnesss_own_modules.
-        pytest.param(["test_named.py::test_distributed"], True, id="test-id"),
-        pytest.param([], False, id="directory"),
-    ],
-)
-def test_a_named_file_with_distributed_tests_starts_the_server_before_the_conftests(
-    pytester: pytest.Pytester, args: list[str], started: bool
+def test_without_a_file_named_the_server_starts_after_the_conftests(
+    pytester: pytest.Pytester,
 ) -> None:
-    # Its torch import then overlaps the conftests' imports (often torch, through the library
-    # under test), pytest's header and collection: the first distributed test waits less.
-    # Without a file named, collection finds the tests (and starts it).
+    # A named file starts it before them (its torch import then overlaps the conftests'
+    # imports, often torch through the library under test, pytest's header and collection):
+    # a test id in test_pytest_does_not_rewrite_the_harnesss_own_modules, a file alone in
+    # test_a_server_started_for_a_marker_a_conftest_then_claims_is_stopped. Without a file
+    # named, collection finds the tests (and starts it).
     pytester.makeconftest(SERVER_STARTED)
     pytester.makepyfile(test_named=NAMED)
-    result = pytester.runpytest_subprocess("-s", *args)
+    result = pytester.runpytest_subprocess("-s")
     assert result.ret == 0
     result.stdout.fnmatch_lines(
-        [
-            f"forkserver at conftest import: {started}",
-            f"forkserver at session start: {started}",
-        ]
+        ["forkserver at conftest import: False", "forkserver at session start: False"]
     )
 
 
@@ -220,9 +214,7 @@ def test_pytest_does_not_rewrite_the_harnesss_own_modules(pytester: pytest.Pytes
     # pytest rewrites every module of a plugin's distribution; where it cannot cache that
     # (read-only install, PYTHONDONTWRITEBYTECODE) it did so again in every run, ~0.1 s before
     # the first distributed test. The harness opts out before importing the rest of itself.
-    # The same run shows the file named alone starting the server before the conftests, as
-    # test_a_named_file_with_distributed_tests_starts_the_server_before_the_conftests does
-    # for the other ways of naming tests.
+    # The same run shows a named test id starting the server before the conftests.
     pytester.makeconftest(
         SERVER_STARTED
         + """
@@ -239,7 +231,7 @@ def pytest_sessionfinish(session):
 """
     )
     pytester.makepyfile(test_named=NAMED)
-    result = pytester.runpytest_subprocess("-s", "test_named.py")
+    result = pytester.runpytest_subprocess("-s", "test_named.py::test_distributed")
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         ["forkserver at conftest import: True", "forkserver at session start: True"]
