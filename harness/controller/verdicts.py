@@ -130,10 +130,11 @@ def can_never_finish(
     They prove it when, on some group,
 
     * a member that returned or died (``DONE``, ``DIED``) issued fewer collectives than
-      another member is inside: it never issues that one;
-    * or every member is inside collective #N and their ops (op, reduce op, root, shapes,
-      dtypes) differ: the call cannot pass, whether or not the backend completes them, and
-      is reported as that mismatch (:mod:`~harness.controller.classify`);
+      another member is inside (one that saw none of its own raise): it never issues that
+      one;
+    * or every member is inside collective #N and their ops (op, root, shapes, dtypes;
+      not the reduce op alone, which the backend completes) differ: the call cannot pass,
+      and is reported as that mismatch (:mod:`~harness.controller.classify`);
 
     unless the waiting collectives raise by themselves first: a ``monitored_barrier``, or
     any collective of a group whose own timeout is shorter than the call's ``deadline``
@@ -158,16 +159,22 @@ def can_never_finish(
             continue
         ended = [r for r in group_ranks if r in known and states.get(r) in (DONE, DIED)]
         fewest = min((known[rank].count(group) for rank in ended), default=None)
-        for last in inside.values():
+        for rank, last in inside.items():
             joined = desync_check or last.op.name in _EVERY_MEMBER_JOINS
-            if fewest is not None and fewest < last.seq and joined:
+            # A collective this rank saw raise may never have reached the backend (torch
+            # rejected its arguments), so its numbers may run ahead of its peers': no proof.
+            counted = not known[rank].groups[group].raised
+            if fewest is not None and fewest < last.seq and joined and counted:
                 return True
         if not desync_check or len(inside) < len(group_ranks):
             continue
         if any(known[rank].groups[group].raised for rank in group_ranks):
             continue  # a collective raised: the test may handle such errors on purpose
         seqs = {last.seq for last in inside.values()}
-        if len(seqs) == 1 and not _alike([last.op for last in inside.values()]):
+        ops = [last.op for last in inside.values()]
+        # Ops that differ in their reduce op alone complete (SUM against MAX): the desync
+        # check finds them once every rank returned, however slow the backend is.
+        if len(seqs) == 1 and not _alike(ops) and len({_without_reduce_op(op) for op in ops}) > 1:
             return True
     return False
 

@@ -252,6 +252,28 @@ def test_certain_needs_every_member_inside_and_no_raised_collective() -> None:
     assert not verdicts.can_never_finish(raised, running, 2)
 
 
+def test_certain_not_where_only_the_reduce_op_differs() -> None:
+    # SUM against MAX completes: the desync check reports it once the ranks return.
+    total, most = (
+        Op("all_reduce", f"all_reduce({op}, float32[4])", f"all_reduce({op}, float32[4])", op)
+        for op in ("SUM", "MAX")
+    )
+    running = {0: RUN, 1: RUN}
+    assert not verdicts.can_never_finish({0: _trace([total]), 1: _trace([most])}, running, 2)
+    wider = Op("all_reduce", "all_reduce(MAX, float32[8])", "all_reduce(MAX, float32[8])", "MAX")
+    assert verdicts.can_never_finish({0: _trace([total]), 1: _trace([wider])}, running, 2)
+
+
+def test_certain_not_where_a_waiting_rank_saw_a_collective_raise() -> None:
+    # Rank 0's broadcast #1 raised (a bad root torch rejects before the backend) and was
+    # handled; its all_reduce #2 is rank 1's #1, which rank 1 finished: no proof.
+    states = {0: RUN, 1: DONE}
+    returned = _trace([_AR], COMPLETED)
+    assert not verdicts.can_never_finish({0: _trace([_BC, _AR], raised=1), 1: returned}, states, 2)
+    # Where the waiting rank saw none raise, the returned rank's count is the proof.
+    assert verdicts.can_never_finish({0: _trace([_BC, _AR]), 1: returned}, states, 2)
+
+
 _MB = Op("monitored_barrier", "monitored_barrier()", "monitored_barrier")
 
 

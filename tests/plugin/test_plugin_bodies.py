@@ -299,7 +299,8 @@ def test_unpicklable_fixture_fails_that_test_naming_it(pytester: pytest.Pytester
         pytest.param(
             "world_size=2, workers=3",
             "unknown argument(s) 'workers'; valid: world_size, backend, timeout, isolate, "
-            "init, check_collectives, faults, gpus_per_rank, ranks_per_gpu, restarts, verify",
+            "init, check_collectives, faults, gpus_per_rank, ranks_per_gpu, restarts, verify, "
+            "shadow, schedules, schedule_seed, schedule_delay",
             id="unknown-argument",
         ),
         pytest.param(

@@ -24,7 +24,8 @@ def test_marker_is_registered(pytester: pytest.Pytester) -> None:
         [
             "@pytest.mark.distributed(world_size=2, [*], backend='auto', timeout=None, "
             "isolate=False, init=True, check_collectives=True, faults=(), gpus_per_rank=None, "
-            "ranks_per_gpu=None, restarts=0, verify=None): run the test body*"
+            "ranks_per_gpu=None, restarts=0, verify=None, shadow=(), schedules=None, "
+            "schedule_seed=None, schedule_delay=None): run the test body*"
         ]
     )
     assert result.ret == 0
