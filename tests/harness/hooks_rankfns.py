@@ -33,14 +33,14 @@ def recording_that_fails() -> tuple[list[float], list[str]]:
     def broken(*args: object) -> None:
         raise ValueError("a broken description")
 
-    saved = hooks._note
-    hooks._note = broken  # type: ignore[assignment]
+    saved = hooks.note_below
+    hooks.note_below = broken  # type: ignore[assignment]
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             total = funcol.all_reduce(torch.ones(2), "sum", dist.group.WORLD).tolist()
     finally:
-        hooks._note = saved
+        hooks.note_below = saved
     return total, [str(warning.message) for warning in caught]
 
 
