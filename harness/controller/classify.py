@@ -3,6 +3,7 @@ files, no processes, so every case is unit-tested on plain data."""
 
 from __future__ import annotations
 
+import functools
 import pickle
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -67,8 +68,9 @@ def _ending(seen: Evidence) -> Callable[[Evidence], Classified]:
     # Ranks still silent. A collective that differs is the root cause, whether the backend
     # completes it (then the desync check finds it) or hangs in it, and whether the hang
     # was proven before the deadline: the verdict must not depend on which came first.
-    if seen.check_collectives and _first_mismatch(seen) is not None:
-        return _mismatched
+    found = _first_mismatch(seen) if seen.check_collectives else None
+    if found is not None:
+        return functools.partial(_mismatched, found)
     return _hung if seen.certain else _timed_out
 
 
@@ -183,11 +185,10 @@ def _skipped_on_some(seen: Evidence) -> Classified:
     return _failed(seen, RankError(summary, failures))
 
 
-def _mismatched(seen: Evidence) -> Classified:
+def _mismatched(found: verdicts.Finding, seen: Evidence) -> Classified:
     """Ranks were still silent when the wait stopped (at the deadline, or once their traces
-    proved the call could not pass), and the ranks' collectives differ: that mismatch."""
-    found = _first_mismatch(seen)
-    assert found is not None
+    proved the call could not pass), and the ranks' collectives differ: ``found``, the first
+    collective that does."""
     silent = _silent(seen)
     if seen.certain:
         what = "stopped: the ranks' collectives differ"
