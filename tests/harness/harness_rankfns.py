@@ -456,3 +456,12 @@ def print_between_calls(go: str, done: str) -> None:
         open(f"{done}{rank}", "w").close()
 
     threading.Thread(target=later, daemon=True).start()
+
+
+def scheduling_policies() -> tuple[int, int]:
+    """This rank's scheduling policy, and that of a thread it starts."""
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(os.sched_getscheduler(0)))
+    thread.start()
+    thread.join()
+    return os.sched_getscheduler(0), seen[0]
